@@ -1,0 +1,66 @@
+/* Log-softmax of a small matrix through softlight's C ABI (CPU entry), checked against a
+ * double-precision reference computed here. Exit status 0 when every check passes. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <softlight/softlight.h>
+
+#define ROWS 5
+#define COLS 37
+#define STRIDE 40 /* rows are padded: the stride is larger than the row */
+
+static int failures = 0;
+
+static void expect(int ok, const char* what) {
+  if (!ok) {
+    fprintf(stderr, "FAILED: %s\n", what);
+    ++failures;
+  }
+}
+
+int main(void) {
+  float x[ROWS * STRIDE], y[ROWS * STRIDE];
+  unsigned seed = 12345u;
+  for (int i = 0; i < ROWS * STRIDE; ++i) {
+    seed = seed * 1664525u + 1013904223u;
+    x[i] = (float)((seed >> 8) % 20000) / 1000.0f - 10.0f;
+    y[i] = 7.0f; /* log-softmax is never positive: a 7 left behind was never written */
+  }
+  expect(softlight_version() == SOFTLIGHT_VERSION, "runtime version equals header version");
+
+  softlight_status st = softlight_log_softmax_forward_cpu(x, STRIDE, y, STRIDE, ROWS, COLS,
+                                                          SOFTLIGHT_FLOAT32, 0);
+  expect(st == SOFTLIGHT_SUCCESS, softlight_status_string(st));
+
+  double worst = 0.0;
+  for (int r = 0; r < ROWS; ++r) {
+    const float* xr = x + r * STRIDE;
+    double m = -INFINITY, s = 0.0;
+    for (int j = 0; j < COLS; ++j) m = xr[j] > m ? xr[j] : m;
+    for (int j = 0; j < COLS; ++j) s += exp(xr[j] - m);
+    for (int j = 0; j < COLS; ++j) {
+      const double ref = (xr[j] - m) - log(s);
+      const double err = fabs(y[r * STRIDE + j] - ref);
+      worst = err > worst ? err : worst;
+    }
+    for (int j = COLS; j < STRIDE; ++j) expect(y[r * STRIDE + j] == 7.0f, "padding left alone");
+  }
+  expect(worst < 1e-5, "within 1e-5 of the double-precision reference");
+
+  /* Bad arguments come back as named statuses, with nothing written. */
+  float before = y[0];
+  expect(softlight_log_softmax_forward_cpu(NULL, COLS, y, COLS, 1, COLS, SOFTLIGHT_FLOAT32, 0) ==
+             SOFTLIGHT_ERROR_NULL_POINTER, "null x refused");
+  expect(softlight_log_softmax_forward_cpu(x, COLS - 1, y, COLS, 2, COLS, SOFTLIGHT_FLOAT32, 0) ==
+             SOFTLIGHT_ERROR_INVALID_STRIDE, "short stride refused");
+  expect(softlight_log_softmax_forward_cpu(x, COLS, y, COLS, 1, COLS, (softlight_dtype)42, 0) ==
+             SOFTLIGHT_ERROR_UNSUPPORTED_DTYPE, "unknown dtype refused");
+  expect(softlight_log_softmax_forward_cpu(x, COLS, x + 1, COLS, 2, COLS, SOFTLIGHT_FLOAT32, 0) ==
+             SOFTLIGHT_ERROR_OVERLAP, "partial overlap refused");
+  expect(y[0] == before, "nothing written by refused calls");
+
+  printf("softlight %d: %d rows x %d cols, max |error| %.3g, %s\n", softlight_version(), ROWS, COLS,
+         worst, failures ? "FAILED" : "ok");
+  return failures ? EXIT_FAILURE : EXIT_SUCCESS;
+}

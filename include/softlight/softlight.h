@@ -1,0 +1,99 @@
+/*
+ * softlight: log-softmax over the rows of a matrix, on CUDA GPUs and on the CPU.
+ *
+ * Plain C. Only C types cross this interface; the stream is an opaque pointer (a cudaStream_t or
+ * CUstream, or NULL for the legacy default stream), so callers need no CUDA headers.
+ *
+ * Semantics (both entry points): for every row r in [0, rows),
+ *     y[r, :] = (x[r, :] - m) - log(sum_j exp(x[r, j] - m)),   m = max_j x[r, j]
+ * accumulated in float32 for float32/float16/bfloat16 and in float64 for float64. Special values
+ * follow torch.log_softmax: a row holding a NaN or +inf, and a row of all -inf, is all NaN; a -inf
+ * entry among finite ones gives -inf. See docs/semantics.md.
+ *
+ * Strides are in elements between the starts of consecutive rows; a row's elements are contiguous.
+ * x and y may be the same pointer with the same stride (in place); any other overlap is refused.
+ * Every argument is checked before any work is queued; a call that returns an error wrote nothing.
+ * No global state: calls are safe from many host threads on many streams.
+ */
+#ifndef SOFTLIGHT_SOFTLIGHT_H
+#define SOFTLIGHT_SOFTLIGHT_H
+
+#include <stdint.h>
+
+#define SOFTLIGHT_VERSION_MAJOR 0
+#define SOFTLIGHT_VERSION_MINOR 1
+#define SOFTLIGHT_VERSION_PATCH 0
+/* MAJOR * 10000 + MINOR * 100 + PATCH, as softlight_version() returns it. */
+#define SOFTLIGHT_VERSION \
+  (SOFTLIGHT_VERSION_MAJOR * 10000 + SOFTLIGHT_VERSION_MINOR * 100 + SOFTLIGHT_VERSION_PATCH)
+
+#if defined(_WIN32)
+#  if defined(SOFTLIGHT_BUILDING)
+#    define SOFTLIGHT_API __declspec(dllexport)
+#  else
+#    define SOFTLIGHT_API __declspec(dllimport)
+#  endif
+#else
+#  define SOFTLIGHT_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum softlight_status {
+  SOFTLIGHT_SUCCESS = 0,
+  SOFTLIGHT_ERROR_NULL_POINTER = 1,       /* x or y is NULL while rows * cols > 0 */
+  SOFTLIGHT_ERROR_INVALID_SIZE = 2,       /* rows or cols negative */
+  SOFTLIGHT_ERROR_INVALID_STRIDE = 3,     /* a row stride smaller than cols (rows > 1) */
+  SOFTLIGHT_ERROR_UNSUPPORTED_DTYPE = 4,  /* dtype is not one of softlight_dtype */
+  SOFTLIGHT_ERROR_OVERLAP = 5,            /* x and y overlap other than exactly (in place) */
+  SOFTLIGHT_ERROR_NOT_DEVICE_MEMORY = 6,  /* GPU entry: x or y is not device (or managed) memory */
+  SOFTLIGHT_ERROR_DEVICE_MISMATCH = 7,    /* GPU entry: x and y live on different devices */
+  SOFTLIGHT_ERROR_NO_DEVICE = 8,          /* GPU entry: no usable CUDA driver or device */
+  SOFTLIGHT_ERROR_UNSUPPORTED_DEVICE = 9, /* GPU entry: compute capability below 8.0 */
+  SOFTLIGHT_ERROR_CUDA = 10,              /* GPU entry: the CUDA runtime reported an error */
+  SOFTLIGHT_ERROR_INVALID_ARGUMENT = 11   /* any other bad argument (see the function's notes) */
+} softlight_status;
+
+typedef enum softlight_dtype {
+  SOFTLIGHT_FLOAT32 = 0,
+  SOFTLIGHT_FLOAT16 = 1,
+  SOFTLIGHT_BFLOAT16 = 2,
+  SOFTLIGHT_FLOAT64 = 3
+} softlight_dtype;
+
+/* A static, human-readable description of a status; never NULL. */
+SOFTLIGHT_API const char* softlight_status_string(softlight_status status);
+
+/* The library's version as MAJOR * 10000 + MINOR * 100 + PATCH (compare with SOFTLIGHT_VERSION). */
+SOFTLIGHT_API int softlight_version(void);
+
+/* Size in bytes of one element of dtype, or 0 for an unknown dtype. */
+SOFTLIGHT_API int softlight_dtype_size(softlight_dtype dtype);
+
+/*
+ * Log-softmax of each row of x into y, on the GPU that holds x and y, queued on `stream`.
+ * The call is asynchronous with respect to the host. The current device is left as it was.
+ */
+SOFTLIGHT_API softlight_status softlight_log_softmax_forward(
+    const void* x, int64_t x_row_stride,
+    void* y, int64_t y_row_stride,
+    int64_t rows, int64_t cols,
+    softlight_dtype dtype, void* stream);
+
+/*
+ * The same on the CPU: x and y are host memory; runs on the calling thread and, for large inputs,
+ * on worker threads it joins before returning (`num_threads` <= 0 picks the hardware's count).
+ */
+SOFTLIGHT_API softlight_status softlight_log_softmax_forward_cpu(
+    const void* x, int64_t x_row_stride,
+    void* y, int64_t y_row_stride,
+    int64_t rows, int64_t cols,
+    softlight_dtype dtype, int num_threads);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SOFTLIGHT_SOFTLIGHT_H */

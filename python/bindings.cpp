@@ -1,0 +1,147 @@
+// pybind11 glue over the C ABI: raw-pointer entry points, DLPack capsule reading, and the planner
+// (pure host code, exposed so that its choices are tested on machines without a GPU).
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "../src/plan.hpp"
+#include "softlight/softlight.h"
+
+namespace py = pybind11;
+
+namespace {
+
+// DLPack ABI (https://dmlc.github.io/dlpack/latest/), the parts a consumer reads.
+struct DLDevice { int32_t device_type; int32_t device_id; };
+struct DLDataType { uint8_t code; uint8_t bits; uint16_t lanes; };
+struct DLTensor {
+  void* data;
+  DLDevice device;
+  int32_t ndim;
+  DLDataType dtype;
+  int64_t* shape;
+  int64_t* strides;
+  uint64_t byte_offset;
+};
+struct DLManagedTensor {
+  DLTensor dl_tensor;
+  void* manager_ctx;
+  void (*deleter)(DLManagedTensor*);
+};
+struct DLPackVersion { uint32_t major; uint32_t minor; };
+struct DLManagedTensorVersioned {
+  DLPackVersion version;
+  void* manager_ctx;
+  void (*deleter)(DLManagedTensorVersioned*);
+  uint64_t flags;
+  DLTensor dl_tensor;
+};
+constexpr uint64_t kDLPackReadOnly = 1;
+
+// Reads a DLPack capsule without consuming it: the capsule's own destructor releases the tensor,
+// and the caller keeps the producing array alive for as long as the pointer is used.
+py::dict dlpack_view(py::capsule cap) {
+  const char* name = cap.name();
+  const DLTensor* t = nullptr;
+  bool readonly = false;
+  if (name && std::string(name) == "dltensor_versioned") {
+    auto* m = static_cast<DLManagedTensorVersioned*>(cap.get_pointer());
+    if (m->version.major != 1)
+      throw py::value_error("unsupported DLPack major version " + std::to_string(m->version.major));
+    t = &m->dl_tensor;
+    readonly = (m->flags & kDLPackReadOnly) != 0;
+  } else if (name && std::string(name) == "dltensor") {
+    t = &static_cast<DLManagedTensor*>(cap.get_pointer())->dl_tensor;
+  } else {
+    throw py::type_error("not an unconsumed DLPack capsule (name: " + std::string(name ? name : "none") + ")");
+  }
+  py::tuple shape(t->ndim), strides(t->ndim);
+  int64_t expected = 1;
+  for (int i = t->ndim - 1; i >= 0; --i) {
+    shape[i] = t->shape[i];
+    strides[i] = t->strides ? t->strides[i] : expected;  // no strides: C-contiguous
+    expected *= t->shape[i];
+  }
+  py::dict d;
+  d["ptr"] = reinterpret_cast<uintptr_t>(t->data) + t->byte_offset;
+  d["shape"] = shape;
+  d["strides"] = strides;
+  d["dtype_code"] = int(t->dtype.code);
+  d["dtype_bits"] = int(t->dtype.bits);
+  d["dtype_lanes"] = int(t->dtype.lanes);
+  d["device_type"] = int(t->device.device_type);
+  d["device_id"] = int(t->device.device_id);
+  d["readonly"] = readonly;
+  return d;
+}
+
+py::dict plan(int64_t rows, int64_t cols, int elem_bytes, bool aligned16, int cc_major,
+              int cc_minor, int sm_count, int64_t smem_optin, int max_cluster, int cluster,
+              int chunk_bytes) {
+  softlight::Problem p;
+  p.rows = rows;
+  p.cols = cols;
+  p.elem_bytes = elem_bytes;
+  p.aligned16 = aligned16;
+  softlight::DeviceInfo d;
+  d.cc_major = cc_major;
+  d.cc_minor = cc_minor;
+  d.sm_count = sm_count;
+  d.smem_per_block_optin = smem_optin;
+  d.max_cluster = max_cluster;
+  const softlight::Plan r = softlight::plan_rows(p, d, softlight::Overrides{cluster, chunk_bytes});
+  py::dict out;
+  out["family"] = softlight::family_name(r.family);
+  out["vec"] = r.vec;
+  out["threads"] = r.threads;
+  out["grid"] = r.grid;
+  out["group"] = r.group;
+  out["iters"] = r.iters;
+  out["resident"] = r.resident;
+  out["smem_bytes"] = r.smem_bytes;
+  out["cluster"] = r.cluster;
+  out["chunk_bytes"] = r.chunk_bytes;
+  out["ring_slots"] = r.ring_slots;
+  out["chunks_per_row"] = r.chunks_per_row;
+  out["chunks_per_cta"] = r.chunks_per_cta;
+  return out;
+}
+
+softlight_dtype as_dtype(int code) { return static_cast<softlight_dtype>(code); }
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "softlight's C ABI, bound for Python (internal: use softlight.log_softmax)";
+  m.def("version", &softlight_version);
+  m.def("status_string", [](int s) { return std::string(softlight_status_string(static_cast<softlight_status>(s))); });
+  m.def("dtype_size", [](int code) { return softlight_dtype_size(as_dtype(code)); });
+  m.def(
+      "forward",
+      [](uintptr_t x, int64_t xs, uintptr_t y, int64_t ys, int64_t rows, int64_t cols, int dtype,
+         uintptr_t stream) {
+        py::gil_scoped_release nogil;
+        return static_cast<int>(softlight_log_softmax_forward(
+            reinterpret_cast<const void*>(x), xs, reinterpret_cast<void*>(y), ys, rows, cols,
+            as_dtype(dtype), reinterpret_cast<void*>(stream)));
+      },
+      py::arg("x"), py::arg("x_stride"), py::arg("y"), py::arg("y_stride"), py::arg("rows"),
+      py::arg("cols"), py::arg("dtype"), py::arg("stream"));
+  m.def(
+      "forward_cpu",
+      [](uintptr_t x, int64_t xs, uintptr_t y, int64_t ys, int64_t rows, int64_t cols, int dtype,
+         int threads) {
+        py::gil_scoped_release nogil;
+        return static_cast<int>(softlight_log_softmax_forward_cpu(
+            reinterpret_cast<const void*>(x), xs, reinterpret_cast<void*>(y), ys, rows, cols,
+            as_dtype(dtype), threads));
+      },
+      py::arg("x"), py::arg("x_stride"), py::arg("y"), py::arg("y_stride"), py::arg("rows"),
+      py::arg("cols"), py::arg("dtype"), py::arg("threads") = 0);
+  m.def("dlpack_view", &dlpack_view, py::arg("capsule"));
+  m.def("plan", &plan, py::arg("rows"), py::arg("cols"), py::arg("elem_bytes"), py::arg("aligned16"),
+        py::arg("cc_major"), py::arg("cc_minor"), py::arg("sm_count"), py::arg("smem_optin"),
+        py::arg("max_cluster"), py::arg("cluster") = 0, py::arg("chunk_bytes") = 0);
+}

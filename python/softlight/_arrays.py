@@ -1,0 +1,144 @@
+"""Arrays in and out: reading any DLPack array, making a result of the same kind, and streams.
+
+Only the DLPack protocol is needed to read an array. Making a result array "like x" needs the
+array's framework; torch, CuPy, JAX and numpy are known. Any other DLPack producer works with
+``out=`` given.
+"""
+from dataclasses import dataclass
+import sys
+
+from . import _C
+from . import _dtypes
+from ._errors import InvalidArgumentError
+
+# DLPack device types (dlpack.h: DLDeviceType)
+CPU, CUDA, CUDA_HOST, CUDA_MANAGED = 1, 2, 3, 13
+_DEVICE_NAMES = {1: "cpu", 2: "cuda", 3: "cuda_host", 4: "opencl", 7: "vulkan", 8: "metal",
+                 10: "rocm", 13: "cuda_managed", 14: "oneapi"}
+
+
+@dataclass(frozen=True)
+class View:
+    """What softlight needs of an array, read from its DLPack export."""
+
+    ptr: int
+    shape: tuple
+    strides: tuple  # in elements
+    dtype: str
+    on_gpu: bool
+    device_id: int
+    readonly: bool
+
+    @property
+    def device(self):
+        return f"cuda:{self.device_id}" if self.on_gpu else "cpu"
+
+
+def dlpack_device(a):
+    """(DLPack device type, id) of an array, with a clear error for non-arrays."""
+    if not hasattr(a, "__dlpack__") or not hasattr(a, "__dlpack_device__"):
+        raise TypeError(f"softlight: expected an array supporting DLPack (numpy, torch, CuPy, JAX, ...), "
+                        f"got {type(a).__module__}.{type(a).__qualname__}")
+    dev_type, dev_id = a.__dlpack_device__()
+    dev_type = int(dev_type)
+    if dev_type not in (CPU, CUDA, CUDA_HOST, CUDA_MANAGED):
+        name = _DEVICE_NAMES.get(dev_type, f"device type {dev_type}")
+        raise InvalidArgumentError(f"softlight: arrays on {name} are not supported (CUDA and CPU arrays are)")
+    return dev_type, int(dev_id)
+
+
+def export(a, dev_type, stream_handle):
+    """A View of `a`. For CUDA arrays the producer is asked to make `a` ready on our stream."""
+    kwargs = {}
+    if dev_type in (CUDA, CUDA_MANAGED):
+        # DLPack reserves 0; 1 names the legacy default stream.
+        kwargs["stream"] = 1 if stream_handle == 0 else stream_handle
+    try:
+        cap = a.__dlpack__(max_version=(1, 0), **kwargs)
+    except TypeError:  # a producer from before DLPack 1.0
+        cap = a.__dlpack__(**kwargs)
+    except BufferError as e:
+        # numpy refuses to export read-only arrays to old consumers; say what is wrong plainly.
+        raise InvalidArgumentError(f"softlight: cannot read the array through DLPack: {e}") from e
+    d = _C.dlpack_view(cap)
+    dtype = _dtypes.from_dlpack(d["dtype_code"], d["dtype_bits"], d["dtype_lanes"])
+    readonly = d["readonly"]
+    flags = getattr(a, "flags", None)  # numpy's legacy export cannot signal read-only
+    if flags is not None and hasattr(flags, "writeable"):
+        readonly = readonly or not flags.writeable
+    return View(ptr=d["ptr"], shape=tuple(d["shape"]), strides=tuple(d["strides"]), dtype=dtype,
+                on_gpu=dev_type in (CUDA, CUDA_MANAGED), device_id=int(d["device_id"]), readonly=readonly)
+
+
+# --- frameworks ----------------------------------------------------------------------------------
+
+def _framework(a):
+    root = type(a).__module__.split(".", 1)[0]
+    if root in ("jax", "jaxlib"):
+        return "jax"
+    return root
+
+
+def _torch_stream(a, device_id):
+    torch = sys.modules["torch"]
+    return torch.cuda.current_stream(device_id).cuda_stream
+
+
+def _cupy_stream(a, device_id):
+    cupy = sys.modules["cupy"]
+    with cupy.cuda.Device(device_id):
+        return cupy.cuda.get_current_stream().ptr
+
+
+def default_stream(a, device_id):
+    """The stream work on `a` should follow by default: the framework's current stream where the
+    framework has one (torch, CuPy), else the legacy default stream (0)."""
+    fw = _framework(a)
+    if fw == "torch":
+        return _torch_stream(a, device_id)
+    if fw == "cupy":
+        return _cupy_stream(a, device_id)
+    return 0
+
+
+def prepare_input(a):
+    """The array as softlight reads it (torch tensors that require grad are read detached)."""
+    if _framework(a) == "torch" and getattr(a, "requires_grad", False):
+        return a.detach()
+    return a
+
+
+def empty_like(a, view):
+    """An uninitialised, C-contiguous array of the same kind, shape, dtype and device as `a`."""
+    fw = _framework(a)
+    if fw == "numpy":
+        import numpy as np
+        return np.empty(view.shape, dtype=a.dtype)
+    if fw == "torch":
+        torch = sys.modules["torch"]
+        return torch.empty(view.shape, dtype=a.dtype, device=a.device)
+    if fw == "cupy":
+        cupy = sys.modules["cupy"]
+        with cupy.cuda.Device(view.device_id):
+            return cupy.empty(view.shape, dtype=a.dtype)
+    if fw == "jax":
+        import jax.numpy as jnp
+        (device,) = a.devices()
+        out = jnp.empty(view.shape, dtype=a.dtype, device=device)
+        return out.block_until_ready()
+    raise TypeError(f"softlight: cannot make a result array like a {type(a).__module__}."
+                    f"{type(a).__qualname__}; pass out= (any writable DLPack array of the same shape)")
+
+
+def finish(a, view, stream_handle):
+    """Framework-specific completion. JAX tracks no foreign streams, so its arrays are handed back
+    only after the work is done; the other frameworks follow their stream."""
+    if _framework(a) == "jax" and view.on_gpu:
+        from ._streams import synchronize
+        synchronize(stream_handle, view.device_id)
+
+
+def ready_for_foreign_stream(a):
+    """JAX arrays are produced on JAX's own streams: wait for them before reading."""
+    if _framework(a) == "jax":
+        a.block_until_ready()

@@ -1,0 +1,98 @@
+// block_rows: one CTA per row (grid-stride over rows), any alignment, any architecture from sm_80.
+// Resident: the row is copied into shared memory on its one DRAM read; max, sum and the output
+// are then taken from shared memory. Streamed (row larger than shared memory): one pass keeps a
+// running (max, sum) per thread, a second pass re-reads the row and writes it.
+#include "common.cuh"
+#include "kernels.hpp"
+
+namespace softlight {
+namespace {
+
+constexpr int kBar = 1;  // named barrier id for the block reductions
+
+template <class T, int V>
+__global__ void __launch_bounds__(1024)
+block_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t ys, int64_t rows,
+                  int64_t cols, bool resident) {
+  using A = acc_t<T>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ A scratch[32];
+  T* buf = reinterpret_cast<T*>(smem);
+  const int64_t vectors = cols / V;  // V > 1 only when cols % V == 0
+  const int threads = blockDim.x;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* xr = x + row * xs;
+    T* yr = y + row * ys;
+    MaxSum<A> part{neg_inf<A>(), A(0)};
+    if (resident) {
+      A m = neg_inf<A>();
+#pragma unroll 4
+      for (int64_t i = threadIdx.x; i < vectors; i += threads) {
+        const Pack<T, V> pk = *reinterpret_cast<const Pack<T, V>*>(xr + i * V);
+        *reinterpret_cast<Pack<T, V>*>(buf + i * V) = pk;
+#pragma unroll
+        for (int j = 0; j < V; ++j) m = max_acc(m, to_acc(pk.v[j]));
+      }
+      m = block_max(m, scratch, threads, kBar);
+      A s = 0;
+      for (int64_t i = threadIdx.x; i < vectors; i += threads) {
+        A v[V];
+        load_pack<T, V>(buf + i * V, v);
+#pragma unroll
+        for (int j = 0; j < V; ++j) s += exp_shifted(v[j], m);
+      }
+      part = {m, block_sum(s, scratch, threads, kBar)};
+    } else {
+#pragma unroll 4
+      for (int64_t i = threadIdx.x; i < vectors; i += threads) {
+        A v[V];
+        load_pack<T, V>(xr + i * V, v);
+        A pm = part.m;
+#pragma unroll
+        for (int j = 0; j < V; ++j) pm = max_acc(pm, v[j]);
+        A s = part.s * rescale(part.m, pm);
+#pragma unroll
+        for (int j = 0; j < V; ++j) s += exp_shifted(v[j], pm);
+        part = {pm, s};
+      }
+      part = block_max_sum(part, scratch, threads, kBar);
+    }
+    const A log_sum = log_acc(part.s);
+    const T* src = resident ? buf : xr;
+#pragma unroll 4
+    for (int64_t i = threadIdx.x; i < vectors; i += threads) {
+      A v[V];
+      load_pack<T, V>(src + i * V, v);
+#pragma unroll
+      for (int j = 0; j < V; ++j) v[j] = log_softmax_out(v[j], part.m, log_sum);
+      store_pack<T, V>(yr + i * V, v);
+    }
+    __syncthreads();  // the buffer is refilled by the next row
+  }
+}
+
+template <class T, int V>
+cudaError_t launch(const Plan& p, const RowsArgs& a, cudaStream_t stream) {
+  auto kernel = block_rows_kernel<T, V>;
+  if (p.smem_bytes > 48 * 1024) {
+    const cudaError_t e = cudaFuncSetAttribute(
+        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(p.smem_bytes));
+    if (e != cudaSuccess) return e;
+  }
+  kernel<<<static_cast<unsigned>(p.grid), p.threads, p.smem_bytes, stream>>>(
+      static_cast<const T*>(a.x), a.x_stride, static_cast<T*>(a.y), a.y_stride, a.rows, a.cols,
+      p.resident);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t launch_block_rows(const Plan& p, const RowsArgs& a, cudaStream_t stream) {
+  return with_element_type(a.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int kVec = 16 / sizeof(T);
+    return p.vec == 1 ? launch<T, 1>(p, a, stream) : launch<T, kVec>(p, a, stream);
+  });
+}
+
+}  // namespace softlight

@@ -1,0 +1,149 @@
+// Device helpers shared by the kernel families: element types, 16-byte packs, the (max, sum)
+// algebra that keeps special values exactly as torch.log_softmax has them, and reductions by tier.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "softlight/softlight.h"
+
+namespace softlight {
+
+// Accumulation type: float for every type but double.
+template <class T> struct AccOf { using type = float; };
+template <> struct AccOf<double> { using type = double; };
+template <class T> using acc_t = typename AccOf<T>::type;
+
+__device__ __forceinline__ float to_acc(float v) { return v; }
+__device__ __forceinline__ double to_acc(double v) { return v; }
+__device__ __forceinline__ float to_acc(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_acc(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <class T> __device__ __forceinline__ T from_acc(acc_t<T> v);
+template <> __device__ __forceinline__ float from_acc<float>(float v) { return v; }
+template <> __device__ __forceinline__ double from_acc<double>(double v) { return v; }
+template <> __device__ __forceinline__ __half from_acc<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+template <class A> __device__ __forceinline__ A neg_inf();
+template <> __device__ __forceinline__ float neg_inf<float>() { return -__int_as_float(0x7f800000); }
+template <> __device__ __forceinline__ double neg_inf<double>() {
+  return -__longlong_as_double(0x7ff0000000000000LL);
+}
+
+__device__ __forceinline__ float exp_acc(float v) { return expf(v); }
+__device__ __forceinline__ double exp_acc(double v) { return exp(v); }
+__device__ __forceinline__ float log_acc(float v) { return logf(v); }
+__device__ __forceinline__ double log_acc(double v) { return log(v); }
+// fmax ignores a NaN operand; a NaN still reaches the result through the sum (see exp_shifted).
+__device__ __forceinline__ float max_acc(float a, float b) { return fmaxf(a, b); }
+__device__ __forceinline__ double max_acc(double a, double b) { return fmax(a, b); }
+
+// --- the (max, sum) algebra --------------------------------------------------------------------
+// A partial (m, s) means s = sum exp(x - m) over the elements seen, with the convention that a
+// partial whose max is -inf (nothing seen, or only -inf) is shifted by 0 instead: exp(-inf - -inf)
+// would be NaN and would poison rows that are finite elsewhere. A NaN element still makes s NaN,
+// and +inf makes it NaN through inf - inf, which is what torch gives for such rows.
+
+// exp(v - m), with the shift taken as 0 when m is -inf.
+template <class A> __device__ __forceinline__ A exp_shifted(A v, A m) {
+  return exp_acc(v - (m == neg_inf<A>() ? A(0) : m));
+}
+// The factor that moves a sum taken relative to m_old onto m_new >= m_old.
+template <class A> __device__ __forceinline__ A rescale(A m_old, A m_new) {
+  return m_old == neg_inf<A>() ? A(0) : exp_acc(m_old - m_new);
+}
+template <class A> struct MaxSum {
+  A m;
+  A s;
+};
+template <class A> __device__ __forceinline__ MaxSum<A> merge_max_sum(MaxSum<A> a, MaxSum<A> b) {
+  const A m = max_acc(a.m, b.m);
+  return {m, a.s * rescale(a.m, m) + b.s * rescale(b.m, m)};
+}
+// The output for one element, in the order torch evaluates it: (x - max) - log(sum).
+template <class A> __device__ __forceinline__ A log_softmax_out(A v, A m, A log_sum) {
+  return (v - m) - log_sum;
+}
+
+// --- 16-byte packs -----------------------------------------------------------------------------
+template <class T, int V> struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+
+template <class T, int V>
+__device__ __forceinline__ void load_pack(const T* p, acc_t<T> (&out)[V]) {
+  const Pack<T, V> pk = *reinterpret_cast<const Pack<T, V>*>(p);
+#pragma unroll
+  for (int i = 0; i < V; ++i) out[i] = to_acc(pk.v[i]);
+}
+
+template <class T, int V>
+__device__ __forceinline__ void store_pack(T* p, const acc_t<T> (&in)[V]) {
+  Pack<T, V> pk;
+#pragma unroll
+  for (int i = 0; i < V; ++i) pk.v[i] = from_acc<T>(in[i]);
+  *reinterpret_cast<Pack<T, V>*>(p) = pk;
+}
+
+// --- reductions by tier ------------------------------------------------------------------------
+template <class A> __device__ __forceinline__ A group_max(A v, int width) {
+  for (int o = width / 2; o > 0; o /= 2) v = max_acc(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+template <class A> __device__ __forceinline__ A group_sum(A v, int width) {
+  for (int o = width / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Barrier over the first `threads` threads of the CTA (a multiple of 32), on hardware barrier `id`.
+__device__ __forceinline__ void sync_threads_named(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Block-wide max and sum over the first `threads` threads; `scratch` holds 32 values. Every
+// participating thread gets the result. Safe to call back to back (a barrier guards the scratch).
+template <class A> __device__ __forceinline__ A block_max(A v, A* scratch, int threads, int bar) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = threads >> 5;
+  v = group_max(v, 32);
+  if (lane == 0) scratch[warp] = v;
+  sync_threads_named(bar, threads);
+  A r = lane < warps ? scratch[lane] : neg_inf<A>();
+  r = group_max(r, 32);
+  sync_threads_named(bar, threads);
+  return r;
+}
+template <class A> __device__ __forceinline__ A block_sum(A v, A* scratch, int threads, int bar) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = threads >> 5;
+  v = group_sum(v, 32);
+  if (lane == 0) scratch[warp] = v;
+  sync_threads_named(bar, threads);
+  A r = lane < warps ? scratch[lane] : A(0);
+  r = group_sum(r, 32);
+  sync_threads_named(bar, threads);
+  return r;
+}
+// Merge per-thread partials across the block: the max first, then the sums moved onto it.
+template <class A>
+__device__ __forceinline__ MaxSum<A> block_max_sum(MaxSum<A> p, A* scratch, int threads, int bar) {
+  const A m = block_max(p.m, scratch, threads, bar);
+  return {m, block_sum(p.s * rescale(p.m, m), scratch, threads, bar)};
+}
+
+// Calls f(T{}) with the element type that dtype names (the caller has validated dtype).
+template <class F> cudaError_t with_element_type(softlight_dtype dtype, F&& f) {
+  switch (dtype) {
+    case SOFTLIGHT_FLOAT32: return f(float{});
+    case SOFTLIGHT_FLOAT16: return f(__half{});
+    case SOFTLIGHT_BFLOAT16: return f(__nv_bfloat16{});
+    case SOFTLIGHT_FLOAT64: return f(double{});
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace softlight

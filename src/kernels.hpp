@@ -1,0 +1,28 @@
+// Launchers of the kernel families, one per family file. Host-side interface; no device code.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "plan.hpp"
+#include "softlight/softlight.h"
+
+namespace softlight {
+
+struct RowsArgs {
+  const void* x;
+  int64_t x_stride;  // elements
+  void* y;
+  int64_t y_stride;  // elements
+  int64_t rows;
+  int64_t cols;
+  softlight_dtype dtype;
+};
+
+cudaError_t launch_warp_rows(const Plan& plan, const RowsArgs& a, cudaStream_t stream);
+cudaError_t launch_block_rows(const Plan& plan, const RowsArgs& a, cudaStream_t stream);
+// Returns cudaErrorInvalidClusterSize when no cluster of plan.cluster CTAs can be scheduled.
+cudaError_t launch_cluster_rows(const Plan& plan, const RowsArgs& a, cudaStream_t stream);
+
+}  // namespace softlight

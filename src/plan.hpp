@@ -1,0 +1,74 @@
+// The planner: which kernel family runs a problem, and with what launch shape.
+// Pure host code (no CUDA headers), unit-tested on the CPU through the Python module.
+#pragma once
+
+#include <cstdint>
+
+namespace softlight {
+
+enum class Family : int {
+  none = 0,          // nothing to do (rows or cols is zero)
+  warp_rows = 1,     // short rows: a group of 1..32 lanes holds a row in registers
+  block_rows = 2,    // one CTA per row: the row in shared memory, or streamed twice if too long
+  cluster_rows = 3,  // Hopper: a cluster of CTAs per row, bulk copies into a ring of chunks
+};
+
+const char* family_name(Family f);
+
+// What the planner needs to know about the device (read once per call by the launcher).
+struct DeviceInfo {
+  int cc_major = 0;
+  int cc_minor = 0;
+  int sm_count = 0;
+  int64_t smem_per_block_optin = 0;  // largest dynamic shared memory one CTA may ask for
+  int max_cluster = 0;               // largest cluster size that can be scheduled (0: no clusters)
+};
+
+// The problem as the kernels see it.
+struct Problem {
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int elem_bytes = 4;
+  // 16-byte vector access is valid for x and y: both base pointers and both row strides (in
+  // bytes) are multiples of 16, and so is cols * elem_bytes.
+  bool aligned16 = false;
+};
+
+// Tuning overrides for experiments (0 = planner's choice).
+struct Overrides {
+  int cluster = 0;
+  int chunk_bytes = 0;
+};
+
+struct Plan {
+  Family family = Family::none;
+  int vec = 1;             // elements per memory access (16 bytes' worth, or 1)
+  int threads = 0;         // threads per CTA
+  int64_t grid = 0;        // CTAs for warp_rows / block_rows; cluster_rows: rows' clusters cap
+  // warp_rows
+  int group = 0;           // lanes per row (power of two, 1..32)
+  int iters = 0;           // vectors per lane per row (1, 2, 4 or 8)
+  // block_rows and cluster_rows
+  bool resident = false;   // the row (or slice) stays in shared memory: one DRAM read
+  int64_t smem_bytes = 0;  // dynamic shared memory per CTA
+  // cluster_rows
+  int cluster = 0;         // CTAs per row
+  int chunk_bytes = 0;     // bytes per bulk copy / ring slot
+  int ring_slots = 0;      // chunks the ring holds
+  int64_t chunks_per_row = 0;
+  int64_t chunks_per_cta = 0;
+};
+
+// Constants shared by the planner and the kernels.
+constexpr int kWarpRowsThreads = 128;
+constexpr int kWarpRowsMaxIters = 8;
+constexpr int kClusterConsumerThreads = 256;            // plus one producer warp
+constexpr int kClusterThreads = kClusterConsumerThreads + 32;
+constexpr int kClusterDefaultChunk = 16 * 1024;
+constexpr int kClusterReserveBytes = 1024;  // stats barriers, cluster partials, scratch
+constexpr int kBlockRowsReserveBytes = 1024;
+constexpr int kMaxCluster = 16;
+
+Plan plan_rows(const Problem& p, const DeviceInfo& d, const Overrides& o = Overrides{});
+
+}  // namespace softlight

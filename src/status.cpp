@@ -1,0 +1,36 @@
+// Status strings, version and dtype sizes: the parts of the C ABI that need no device.
+#include "softlight/softlight.h"
+
+extern "C" {
+
+const char* softlight_status_string(softlight_status status) {
+  switch (status) {
+    case SOFTLIGHT_SUCCESS: return "success";
+    case SOFTLIGHT_ERROR_NULL_POINTER: return "x or y is a null pointer";
+    case SOFTLIGHT_ERROR_INVALID_SIZE: return "rows or cols is negative, or the matrix is too large to address";
+    case SOFTLIGHT_ERROR_INVALID_STRIDE: return "a row stride is smaller than cols";
+    case SOFTLIGHT_ERROR_UNSUPPORTED_DTYPE: return "unsupported dtype (float32, float16, bfloat16 and float64 are supported)";
+    case SOFTLIGHT_ERROR_OVERLAP: return "x and y overlap without being the same array (only exact in-place is allowed)";
+    case SOFTLIGHT_ERROR_NOT_DEVICE_MEMORY: return "x or y is not CUDA device (or managed) memory";
+    case SOFTLIGHT_ERROR_DEVICE_MISMATCH: return "x and y are on different CUDA devices";
+    case SOFTLIGHT_ERROR_NO_DEVICE: return "no usable CUDA driver or device";
+    case SOFTLIGHT_ERROR_UNSUPPORTED_DEVICE: return "the CUDA device is older than compute capability 8.0";
+    case SOFTLIGHT_ERROR_CUDA: return "the CUDA runtime reported an error";
+    case SOFTLIGHT_ERROR_INVALID_ARGUMENT: return "invalid argument";
+  }
+  return "unknown softlight status";
+}
+
+int softlight_version(void) { return SOFTLIGHT_VERSION; }
+
+int softlight_dtype_size(softlight_dtype dtype) {
+  switch (dtype) {
+    case SOFTLIGHT_FLOAT32: return 4;
+    case SOFTLIGHT_FLOAT16: return 2;
+    case SOFTLIGHT_BFLOAT16: return 2;
+    case SOFTLIGHT_FLOAT64: return 8;
+  }
+  return 0;
+}
+
+}  // extern "C"

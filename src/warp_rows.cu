@@ -1,0 +1,87 @@
+// warp_rows: short rows (up to 256 vectors). A group of `group` lanes (a power of two, at most a
+// warp) holds one row in registers, ITERS packs of V elements per lane; the group reduces with
+// shuffles. One DRAM read, one write. Rows are walked warp by warp so that every lane of a warp
+// stays in the shuffles even where the last rows run out.
+#include "common.cuh"
+#include "kernels.hpp"
+
+namespace softlight {
+namespace {
+
+template <class T, int V, int ITERS>
+__global__ void __launch_bounds__(kWarpRowsThreads)
+warp_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t ys, int64_t rows,
+                 int cols, int group) {
+  using A = acc_t<T>;
+  const int lane = threadIdx.x & 31;
+  const int sub = lane & (group - 1);
+  const int rows_per_warp = 32 / group;
+  const int64_t warps = int64_t{gridDim.x} * (blockDim.x / 32);
+  const int64_t warp = int64_t{blockIdx.x} * (blockDim.x / 32) + (threadIdx.x >> 5);
+  for (int64_t base = warp * rows_per_warp; base < rows; base += warps * rows_per_warp) {
+    const int64_t row = base + lane / group;
+    const bool live = row < rows;
+    const T* xr = x + row * xs;
+    A v[ITERS][V];
+    A m = neg_inf<A>();
+#pragma unroll
+    for (int i = 0; i < ITERS; ++i) {
+      const int e = (i * group + sub) * V;
+      if (live && e < cols) {
+        load_pack<T, V>(xr + e, v[i]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < V; ++j) v[i][j] = neg_inf<A>();
+      }
+#pragma unroll
+      for (int j = 0; j < V; ++j) m = max_acc(m, v[i][j]);
+    }
+    m = group_max(m, group);
+    A s = 0;
+#pragma unroll
+    for (int i = 0; i < ITERS; ++i)
+#pragma unroll
+      for (int j = 0; j < V; ++j) s += exp_shifted(v[i][j], m);
+    s = group_sum(s, group);
+    const A log_sum = log_acc(s);
+    T* yr = y + row * ys;
+#pragma unroll
+    for (int i = 0; i < ITERS; ++i) {
+      const int e = (i * group + sub) * V;
+      if (live && e < cols) {
+#pragma unroll
+        for (int j = 0; j < V; ++j) v[i][j] = log_softmax_out(v[i][j], m, log_sum);
+        store_pack<T, V>(yr + e, v[i]);
+      }
+    }
+  }
+}
+
+template <class T, int V>
+cudaError_t launch_iters(const Plan& p, const RowsArgs& a, cudaStream_t stream) {
+  const T* x = static_cast<const T*>(a.x);
+  T* y = static_cast<T*>(a.y);
+  const int cols = static_cast<int>(a.cols);
+  const dim3 grid(static_cast<unsigned>(p.grid)), block(p.threads);
+  using Kernel = void (*)(const T*, int64_t, T*, int64_t, int64_t, int, int);
+  Kernel k = p.iters == 1   ? warp_rows_kernel<T, V, 1>
+             : p.iters == 2 ? warp_rows_kernel<T, V, 2>
+             : p.iters == 4 ? warp_rows_kernel<T, V, 4>
+             : p.iters == 8 ? warp_rows_kernel<T, V, 8>
+                            : nullptr;
+  if (k == nullptr) return cudaErrorInvalidValue;
+  k<<<grid, block, 0, stream>>>(x, a.x_stride, y, a.y_stride, a.rows, cols, p.group);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t launch_warp_rows(const Plan& p, const RowsArgs& a, cudaStream_t stream) {
+  return with_element_type(a.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int kVec = 16 / sizeof(T);
+    return p.vec == 1 ? launch_iters<T, 1>(p, a, stream) : launch_iters<T, kVec>(p, a, stream);
+  });
+}
+
+}  // namespace softlight

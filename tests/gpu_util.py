@@ -1,0 +1,63 @@
+"""Helpers for the GPU tests: skipping where there is no GPU, checking on the device."""
+import pytest
+
+from reference import POISON, TOL
+
+try:
+    import torch
+    HAVE_GPU = torch.cuda.is_available()
+    WHY = "no CUDA GPU visible to torch"
+except ImportError:  # the GPU tests build their arrays with torch
+    torch = None
+    HAVE_GPU = False
+    WHY = "torch is not installed (the GPU tests use torch arrays)"
+
+needs_gpu = pytest.mark.skipif(not HAVE_GPU, reason=WHY)
+
+DTYPES = ["float32", "float16", "bfloat16", "float64"]
+
+
+def tdtype(name):
+    return getattr(torch, name)
+
+
+def device_plan_args():
+    """The device properties the library plans with, read through torch."""
+    p = torch.cuda.get_device_properties(0)
+    optin = getattr(p, "shared_memory_per_block_optin", 232448 if p.major >= 9 else 166912)
+    return dict(cc_major=p.major, cc_minor=p.minor, sm_count=p.multi_processor_count, smem_optin=optin,
+                max_cluster=16 if p.major >= 9 else 0)
+
+
+def random_rows(rows, cols, dtype, scale=3.0, gen=None):
+    return (torch.randn(rows, cols, device="cuda", generator=gen) * scale).to(tdtype(dtype))
+
+
+def poisoned_like(x):
+    return torch.full_like(x, POISON)
+
+
+def assert_close_to_float64(y, x, dtype, what="", chunk_elems=1 << 28):
+    """y against float64 log-softmax of x (same shape, last axis), on the GPU, in row chunks:
+    NaN exactly where the reference has NaN, equal infinities, finite values within TOL."""
+    atol, rtol = TOL[dtype]
+    assert y.shape == x.shape and y.dtype == x.dtype
+    x2, y2 = x.reshape(-1, x.shape[-1]) if x.dim() else x.reshape(1, 1), y.reshape(-1, max(1, x.shape[-1] if x.dim() else 1))
+    step = max(1, chunk_elems // max(1, x2.shape[1]))
+    for r0 in range(0, x2.shape[0], step):
+        ref = torch.log_softmax(x2[r0:r0 + step].double(), -1)
+        yy = y2[r0:r0 + step].double()
+        nan_r = torch.isnan(ref)
+        mism = torch.nonzero(torch.isnan(yy) != nan_r)
+        assert mism.numel() == 0, f"{what}: NaN mismatch at rows/cols {(mism[:5] + torch.tensor([r0, 0], device=mism.device)).tolist()}"
+        inf_r = torch.isinf(ref)
+        assert torch.equal(yy[inf_r], ref[inf_r]), f"{what}: infinities differ"
+        fin = ~nan_r & ~inf_r
+        err = torch.where(fin, (yy - ref).abs(), torch.zeros_like(ref))
+        lim = atol + rtol * ref.abs()
+        over = err > lim
+        if over.any():
+            i = torch.nonzero(over)[0]
+            raise AssertionError(f"{what}: row {r0 + int(i[0])} col {int(i[1])}: |y - ref| = {float(err[i[0], i[1]]):.3e} "
+                                 f"> {float(lim[i[0], i[1]]):.3e} (y {float(yy[i[0], i[1]])}, ref {float(ref[i[0], i[1]])})")
+        del ref, yy

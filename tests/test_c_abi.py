@@ -1,0 +1,48 @@
+"""The C ABI from C: the example program compiled against the installed library, by hand and
+through CMake's find_package(softlight)."""
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import softlight
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "c"
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw)
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler on PATH")
+def test_c_program_links_and_checks_its_result(tmp_path):
+    lib = Path(softlight.library_path())
+    assert lib.is_file(), "the wheel ships libsoftlight"
+    exe = tmp_path / "cpu_example"
+    run(["cc", "-std=c99", "-Wall", "-Werror", f"-I{softlight.include_dir()}", str(EXAMPLE / "cpu_example.c"),
+         "-o", str(exe), f"-L{lib.parent}", "-lsoftlight", "-lm", f"-Wl,-rpath,{lib.parent}"])
+    out = run([str(exe)]).stdout
+    assert "ok" in out and "FAILED" not in out
+
+
+@pytest.mark.skipif(shutil.which("cmake") is None or shutil.which("cc") is None, reason="no cmake or C compiler")
+def test_find_package_softlight(tmp_path):
+    build = tmp_path / "build"
+    env = dict(os.environ)
+    run(["cmake", "-S", str(EXAMPLE), "-B", str(build), f"-Dsoftlight_DIR={softlight.cmake_dir()}"], env=env)
+    run(["cmake", "--build", str(build)], env=env)
+    out = run([str(build / "cpu_example")]).stdout
+    assert "ok" in out
+
+
+def test_header_is_plain_c(tmp_path):
+    # The public header compiles as C and as C++ with nothing but the standard library.
+    for compiler, flag in (("cc", "-std=c99"), ("c++", "-std=c++11")):
+        if shutil.which(compiler) is None:
+            pytest.skip(f"no {compiler}")
+        src = tmp_path / ("t.c" if compiler == "cc" else "t.cpp")
+        src.write_text("#include <softlight/softlight.h>\nint main(void) { return softlight_dtype_size(SOFTLIGHT_FLOAT32) == 4 ? 0 : 1; }\n")
+        run([compiler, flag, "-Wall", "-Werror", "-pedantic", f"-I{softlight.include_dir()}", "-c", str(src),
+             "-o", str(tmp_path / "t.o")])

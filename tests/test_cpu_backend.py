@@ -1,0 +1,122 @@
+"""The CPU backend through the Python API and the raw entry, against the float64 reference."""
+import numpy as np
+import pytest
+
+import softlight
+from reference import (POISON, SPECIAL_ROWS, assert_matches, from_bfloat16_bits, log_softmax_ref,
+                       special_matrix, to_bfloat16_bits)
+
+SHAPES = [(1, 1), (5, 1), (4, 3), (3, 4), (17, 32), (9, 100), (6, 1000), (5, 4097), (3, 65536),
+          (2, 1_000_003)]
+NP_DTYPES = {"float32": np.float32, "float64": np.float64, "float16": np.float16}
+
+
+@pytest.fixture
+def rng(request):
+    # Fresh data every run; the seed is printed so that a failure can be replayed.
+    seed = np.random.SeedSequence().entropy % (2**32)
+    print(f"seed={seed}")
+    return np.random.default_rng(seed)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("dtype", list(NP_DTYPES))
+def test_api_matches_float64(rng, shape, dtype):
+    x = (rng.standard_normal(shape) * 4).astype(NP_DTYPES[dtype])
+    out = np.full(shape, POISON, dtype=NP_DTYPES[dtype])
+    r = softlight.log_softmax(x, out=out)
+    assert r is out
+    assert_matches(out, log_softmax_ref(x), dtype, f"{dtype} {shape}")
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_raw_bfloat16_matches_float64(rng, shape):
+    xb = to_bfloat16_bits(rng.standard_normal(shape) * 4)
+    yb = np.full(shape, to_bfloat16_bits(np.float32(POISON)), dtype=np.uint16)
+    softlight.log_softmax_raw(xb.ctypes.data, yb.ctypes.data, shape[0], shape[1], dtype="bfloat16",
+                              device="cpu")
+    assert_matches(from_bfloat16_bits(yb), log_softmax_ref(from_bfloat16_bits(xb)), "bfloat16")
+
+
+def test_returns_new_numpy_array(rng):
+    x = rng.standard_normal((3, 7, 11)).astype(np.float32)
+    y = softlight.log_softmax(x)
+    assert isinstance(y, np.ndarray) and y.shape == x.shape and y.dtype == x.dtype
+    assert_matches(y, log_softmax_ref(x), "float32")
+    y0 = softlight.log_softmax(np.array(3.0, dtype=np.float32))
+    assert y0.shape == () and y0 == 0.0
+
+
+@pytest.mark.parametrize("dtype", list(NP_DTYPES))
+def test_special_values_table(dtype):
+    for row, expected in SPECIAL_ROWS:
+        x = np.array([row], dtype=NP_DTYPES[dtype])
+        assert_matches(softlight.log_softmax(x), np.array([expected]), dtype, f"row {row}")
+    # x - max overflows in float32 and gives -inf, as in torch; float64 keeps it finite.
+    y = softlight.log_softmax(np.array([[3e38, -3e38, 0.0]], dtype=np.float32))
+    assert y.tolist() == [[0.0, -np.inf, np.float32(-3e38)]]
+    assert softlight.log_softmax(np.array([[5.0]], dtype=np.float32)).tolist() == [[0.0]]
+
+
+@pytest.mark.parametrize("cols", [1, 3, 4097, 70_000])
+@pytest.mark.parametrize("dtype", list(NP_DTYPES))
+def test_special_values_random(rng, cols, dtype):
+    x = special_matrix(rng, cols, NP_DTYPES[dtype])
+    assert_matches(softlight.log_softmax(x), log_softmax_ref(x), dtype)
+
+
+@pytest.mark.parametrize("dtype", list(NP_DTYPES))
+def test_row_strided_views(rng, dtype):
+    big = (rng.standard_normal((6, 50)) * 3).astype(NP_DTYPES[dtype])
+    x = big[:, 3:40]  # rows 50 apart, 37 columns, offset start
+    out_big = np.full((6, 64), POISON, dtype=NP_DTYPES[dtype])
+    out = out_big[:, 5:42]
+    softlight.log_softmax(x, out=out)
+    assert_matches(out, log_softmax_ref(x), dtype)
+    assert (out_big[:, :5] == POISON).all() and (out_big[:, 42:] == POISON).all()  # gaps untouched
+
+
+def test_in_place(rng):
+    x = (rng.standard_normal((8, 333)) * 3).astype(np.float32)
+    ref = log_softmax_ref(x)
+    r = softlight.log_softmax(x, out=x)
+    assert r is x
+    assert_matches(x, ref, "float32")
+
+
+def test_collapsible_leading_axes(rng):
+    x = rng.standard_normal((4, 5, 6, 7)).astype(np.float32)
+    assert_matches(softlight.log_softmax(x, dim=3), log_softmax_ref(x), "float32")
+    assert_matches(softlight.log_softmax(x[1:3]), log_softmax_ref(x[1:3]), "float32")
+    assert_matches(softlight.log_softmax(x[:, 2:3, :1]), log_softmax_ref(x[:, 2:3, :1]), "float32")
+
+
+def test_empty_arrays():
+    for shape in [(0, 5), (5, 0), (0,), (2, 0, 3)]:
+        y = softlight.log_softmax(np.zeros(shape, np.float32))
+        assert y.shape == shape
+
+
+def test_many_threads_agree(rng):
+    x = (rng.standard_normal((257, 3001)) * 5).astype(np.float32)
+    ys = []
+    for threads in (1, 2, 7):
+        y = np.full_like(x, POISON)
+        softlight.log_softmax_raw(x.ctypes.data, y.ctypes.data, *x.shape, dtype="float32", device="cpu",
+                                  threads=threads)
+        ys.append(y)
+    assert_matches(ys[0], log_softmax_ref(x), "float32")
+    assert np.array_equal(ys[0], ys[1]) and np.array_equal(ys[0], ys[2])
+
+
+def test_float16_conversions_round_to_nearest_even():
+    # Every finite float16 value fed through a one-column row gives 0 (or NaN for NaN/inf): the
+    # conversion itself is checked by a two-column row whose output is exactly -log(2).
+    vals = np.arange(0, 1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    finite = vals[np.isfinite(vals)]
+    x = np.stack([finite, finite], axis=1)
+    y = softlight.log_softmax(x)
+    assert np.all(y == np.float16(-np.log(2.0)))
+    single = softlight.log_softmax(vals.reshape(-1, 1))
+    assert np.array_equal(np.isnan(single[:, 0]), ~np.isfinite(vals) | (vals == -np.inf))
+    assert np.all(single[np.isfinite(vals), 0] == 0)

@@ -1,0 +1,152 @@
+"""Bad input is refused by name, and nothing is written."""
+import numpy as np
+import pytest
+
+import softlight
+from softlight import InvalidArgumentError, SoftlightError, UnsupportedDTypeError
+from reference import POISON
+
+
+def poisoned(shape, dtype=np.float32):
+    return np.full(shape, POISON, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint8, np.bool_, np.complex64])
+def test_integer_and_other_dtypes_are_refused(dtype):
+    x = np.ones((2, 3), dtype=dtype)
+    with pytest.raises(UnsupportedDTypeError, match="unsupported dtype .*supported: float32"):
+        softlight.log_softmax(x)
+    assert issubclass(UnsupportedDTypeError, TypeError)
+
+
+def test_not_an_array():
+    with pytest.raises(TypeError, match="DLPack"):
+        softlight.log_softmax([[1.0, 2.0]])
+
+
+def test_stream_with_cpu_array():
+    with pytest.raises(TypeError, match="stream= applies to GPU arrays"):
+        softlight.log_softmax(np.ones((2, 3), np.float32), stream=0)
+
+
+def test_read_only_out_is_refused_and_untouched():
+    x = np.ones((2, 3), np.float32)
+    out = poisoned((2, 3))
+    out.flags.writeable = False
+    with pytest.raises(InvalidArgumentError, match="read-only"):
+        softlight.log_softmax(x, out=out)
+    assert (out == POISON).all()
+
+
+@pytest.mark.parametrize("bad,match", [
+    (poisoned((2, 4)), "shape"),
+    (poisoned((3, 2)), "shape"),
+    (poisoned((2, 3), np.float64), "dtype"),
+])
+def test_mismatched_out(bad, match):
+    with pytest.raises(InvalidArgumentError, match=match):
+        softlight.log_softmax(np.ones((2, 3), np.float32), out=bad)
+    assert (bad == POISON).all()
+
+
+def test_dim_must_be_last_and_in_range():
+    x = np.ones((2, 3, 4), np.float32)
+    with pytest.raises(InvalidArgumentError, match="last axis"):
+        softlight.log_softmax(x, dim=1)
+    with pytest.raises(IndexError, match="out of range"):
+        softlight.log_softmax(x, dim=3)
+    with pytest.raises(TypeError, match="dim must be an int"):
+        softlight.log_softmax(x, dim=1.0)
+    assert softlight.log_softmax(x, dim=-1).shape == x.shape
+    assert softlight.log_softmax(x, dim=2).shape == x.shape
+
+
+@pytest.mark.parametrize("make", [
+    lambda a: a[:, ::2],            # last axis not contiguous
+    lambda a: a.T,                  # column-major
+    lambda a: a.reshape(4, 3, 8)[:, ::2, :],  # leading axes not evenly spaced
+    lambda a: a.reshape(2, 6, 8)[:, 2:4, :],  # a slice of the middle axis
+], ids=["step2", "transposed", "gapped-3d", "middle-slice"])
+def test_unsupported_layouts(make):
+    a = np.arange(96, dtype=np.float32).reshape(12, 8)
+    with pytest.raises(InvalidArgumentError, match="contiguous|evenly spaced"):
+        softlight.log_softmax(make(a))
+
+
+def test_overlapping_out_is_refused():
+    buf = poisoned((5, 4))
+    x, out = buf[0:4], buf[1:5]  # same layout, shifted by a row
+    with pytest.raises(InvalidArgumentError, match="overlap"):
+        softlight.log_softmax(x, out=out)
+    assert (buf == POISON).all()
+
+
+class TestRawEntry:
+    def test_null_pointers(self):
+        y = poisoned((2, 3))
+        with pytest.raises(InvalidArgumentError, match="null pointer"):
+            softlight.log_softmax_raw(0, y.ctypes.data, 2, 3, dtype="float32", device="cpu")
+        assert (y == POISON).all()
+
+    def test_negative_sizes(self):
+        x, y = np.ones((2, 3), np.float32), poisoned((2, 3))
+        for rows, cols in [(-1, 3), (2, -3)]:
+            with pytest.raises(InvalidArgumentError, match="negative"):
+                softlight.log_softmax_raw(x.ctypes.data, y.ctypes.data, rows, cols, dtype="float32", device="cpu")
+        assert (y == POISON).all()
+
+    def test_stride_smaller_than_cols(self):
+        x, y = np.ones((2, 3), np.float32), poisoned((2, 3))
+        with pytest.raises(InvalidArgumentError, match="stride"):
+            softlight.log_softmax_raw(x.ctypes.data, y.ctypes.data, 2, 3, dtype="float32", x_stride=2,
+                                      device="cpu")
+        assert (y == POISON).all()
+
+    def test_partial_overlap(self):
+        buf = poisoned((4, 4))
+        with pytest.raises(InvalidArgumentError, match="overlap"):
+            softlight.log_softmax_raw(buf.ctypes.data, buf.ctypes.data + 4, 3, 3, dtype="float32", x_stride=4,
+                                      y_stride=4, device="cpu")
+        # same start but a different layout is an overlap too
+        with pytest.raises(InvalidArgumentError, match="overlap"):
+            softlight.log_softmax_raw(buf.ctypes.data, buf.ctypes.data, 2, 3, dtype="float32", x_stride=4,
+                                      y_stride=3, device="cpu")
+        assert (buf == POISON).all()
+
+    @pytest.mark.parametrize("dtype", ["int32", "float8", "complex64", np.int16])
+    def test_unsupported_dtype_names(self, dtype):
+        x, y = np.ones(4, np.float32), poisoned(4)
+        with pytest.raises(UnsupportedDTypeError):
+            softlight.log_softmax_raw(x.ctypes.data, y.ctypes.data, 1, 4, dtype=dtype, device="cpu")
+        assert (y == POISON).all()
+
+    def test_zero_sizes_are_a_no_op_even_with_null_pointers(self):
+        for device in ("cpu", "cuda"):
+            softlight.log_softmax_raw(0, 0, 0, 5, dtype="float32", device=device)
+            softlight.log_softmax_raw(0, 0, 5, 0, dtype="float16", device=device)
+
+    def test_gpu_entry_refuses_host_memory(self):
+        # Where a GPU is present: host memory is not device memory. Where none is: no device.
+        x, y = np.ones((2, 3), np.float32), poisoned((2, 3))
+        with pytest.raises(SoftlightError, match="not CUDA device|no usable CUDA") as e:
+            softlight.log_softmax_raw(x.ctypes.data, y.ctypes.data, 2, 3, dtype="float32")
+        assert e.value.status in (6, 8)
+        assert (y == POISON).all()
+
+    def test_bad_device_and_stream_arguments(self):
+        x, y = np.ones(4, np.float32), poisoned(4)
+        with pytest.raises(ValueError, match="device must be"):
+            softlight.log_softmax_raw(x.ctypes.data, y.ctypes.data, 1, 4, dtype="float32", device="tpu")
+        with pytest.raises(TypeError, match="stream"):
+            softlight.log_softmax_raw(x.ctypes.data, y.ctypes.data, 1, 4, dtype="float32", stream="s")
+        with pytest.raises(ValueError, match="non-negative"):
+            softlight.log_softmax_raw(x.ctypes.data, y.ctypes.data, 1, 4, dtype="float32", stream=-1)
+        assert (y == POISON).all()
+
+
+def test_status_strings_and_version():
+    from softlight import _C
+    for s in range(0, 12):
+        assert _C.status_string(s) and "unknown" not in _C.status_string(s)
+    assert "unknown" in _C.status_string(99)
+    assert ".".join(map(str, softlight.version())) == softlight.__version__

@@ -1,0 +1,291 @@
+"""GPU tests: every kernel family against float64 for all four dtypes, across each family's
+boundaries, misaligned and strided memory, in place, many rows, tensors over 2^31 elements,
+special values equal to torch's, and torch/CuPy/JAX arrays in and out. Skipped without a GPU."""
+import threading
+
+import numpy as np
+import pytest
+
+import softlight
+from softlight import _C
+from gpu_util import (DTYPES, HAVE_GPU, assert_close_to_float64, device_plan_args, needs_gpu, poisoned_like,
+                      random_rows, tdtype, torch)
+from reference import POISON, SPECIAL_ROWS, TOL, special_matrix
+
+pytestmark = needs_gpu
+
+ELEM = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+# Boundaries of each family for each element size (warp: 256 vectors; block: up to 32 KB rows on
+# Hopper; cluster: resident up to a 16-CTA cluster's ring, streamed beyond).
+COLS = [1, 2, 3, 4, 7, 8, 31, 32, 33, 100, 127, 128, 255, 256, 257, 512, 1000, 1023, 1024, 1025, 2048,
+        2049, 4096, 4100, 8191, 8192, 16384, 16392, 32768, 50257, 65536, 131072, 262144, 393216,
+        1048576, 4194304]
+
+
+def rows_for(cols, dtype, budget=1 << 24):
+    return int(max(1, min(129, budget // (cols * ELEM[dtype]))))
+
+
+def planned(rows, cols, dtype, aligned=True):
+    return _C.plan(rows, cols, ELEM[dtype], aligned and cols * ELEM[dtype] % 16 == 0, **device_plan_args())
+
+
+def run_and_check(x, dtype, what, out=None):
+    y = poisoned_like(x) if out is None else out
+    r = softlight.log_softmax(x, out=y)
+    assert r is y
+    torch.cuda.synchronize()
+    assert_close_to_float64(y, x, dtype, what)
+    return y
+
+
+def test_the_cols_list_reaches_every_family():
+    fams = set()
+    for dtype in DTYPES:
+        for cols in COLS:
+            p = planned(rows_for(cols, dtype), cols, dtype)
+            fams.add((p["family"], p["resident"] if p["family"] != "warp_rows" else None))
+    expected = {("warp_rows", None), ("block_rows", True)}
+    if torch.cuda.get_device_capability()[0] >= 9:
+        expected |= {("cluster_rows", True), ("cluster_rows", False)}
+    else:
+        expected |= {("block_rows", False)}
+    assert expected <= fams, fams
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cols", COLS)
+def test_families_against_float64(cols, dtype):
+    x = random_rows(rows_for(cols, dtype), cols, dtype)
+    p = planned(*x.shape, dtype)
+    run_and_check(x, dtype, f"{dtype} {tuple(x.shape)} {p['family']} cluster={p['cluster']}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cols", [33, 1000, 4096, 8192, 50000, 393216])
+def test_misaligned_pointers(cols, dtype):
+    rows = rows_for(cols, dtype, 1 << 22)
+    buf = random_rows(1, rows * cols + 1, dtype).reshape(-1)
+    x = buf[1:].view(rows, cols)  # one element past an aligned start
+    run_and_check(x, dtype, f"misaligned x {dtype} {rows}x{cols}")
+    out_buf = torch.full((rows * cols + 1,), POISON, dtype=tdtype(dtype), device="cuda")
+    run_and_check(random_rows(rows, cols, dtype), dtype, "misaligned y", out=out_buf[1:].view(rows, cols))
+    assert float(out_buf[0]) == POISON  # the element before y is left alone
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cols,pad", [(100, 3), (1000, 8), (8192, 64), (131072, 8), (131072, 5)])
+def test_row_strided(cols, pad, dtype):
+    rows = rows_for(cols, dtype, 1 << 22)
+    big = random_rows(rows, cols + pad, dtype)
+    x = big[:, :cols]
+    out_big = torch.full_like(big, POISON)
+    run_and_check(x, dtype, f"strided {dtype}", out=out_big[:, :cols])
+    assert bool((out_big[:, cols:] == POISON).all())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cols", [7, 1000, 4096, 65536, 393216, 1048576])
+def test_in_place(cols, dtype):
+    x = random_rows(rows_for(cols, dtype), cols, dtype)
+    ref_in = x.clone()
+    softlight.log_softmax(x, out=x)
+    torch.cuda.synchronize()
+    assert_close_to_float64(x, ref_in, dtype, "in place")
+
+
+@pytest.mark.parametrize("shape", [(70_000, 33), (70_000, 1000), (70_000, 3000), (66_000, 8192)])
+def test_more_than_65535_rows(shape):
+    x = random_rows(*shape, "float32")
+    run_and_check(x, "float32", f"{shape}")
+
+
+def check_rows(y, x, dtype, idx, chunk=1 << 27):
+    """Rows of y against a float64 reference built from reductions, chunk by chunk, so that rows
+    longer than a framework's own softmax accepts can be checked too."""
+    atol, rtol = TOL[dtype]
+    for i in idx:
+        xr, yr = x[i], y[i]
+        m = float(xr.max())
+        s = sum(float(torch.exp(xr[j:j + chunk].double() - m).sum()) for j in range(0, xr.numel(), chunk))
+        log_s = float(np.log(s))
+        for j in range(0, xr.numel(), chunk):
+            ref = (xr[j:j + chunk].double() - m) - log_s
+            err = (yr[j:j + chunk].double() - ref).abs()
+            assert bool((err <= atol + rtol * ref.abs()).all()), f"row {i}, chunk at {j}: {float(err.max())}"
+
+
+@pytest.mark.parametrize("shape,dtype", [((32_769, 65_536), "float16"), ((67_108_865, 32), "bfloat16"),
+                                         ((1, 2**31 + 16), "bfloat16")],
+                         ids=["cluster-f16", "warp-bf16", "one-row-bf16"])
+def test_over_two_to_the_31_elements(shape, dtype):
+    assert shape[0] * shape[1] > 2**31
+    x = random_rows(*shape, dtype)
+    y = poisoned_like(x)
+    softlight.log_softmax(x, out=y)
+    torch.cuda.synchronize()
+    rows = shape[0]
+    check_rows(y, x, dtype, [0, 1, rows // 2, rows - 2, rows - 1] if rows > 2 else [0])
+    assert not bool((y == POISON).any()), "every element written"
+    del x, y
+    torch.cuda.empty_cache()
+
+
+def test_special_values_table_matches_torch():
+    for dtype in ("float32", "bfloat16", "float16", "float64"):
+        for row, expected in SPECIAL_ROWS:
+            x = torch.tensor([row], dtype=tdtype(dtype), device="cuda")
+            t = torch.log_softmax(x, -1).double().cpu().numpy()
+            y = softlight.log_softmax(x).double().cpu().numpy()
+            # torch's behaviour, established here, and softlight's equal to it
+            np.testing.assert_array_equal(np.isnan(t), np.isnan(np.array([expected])))
+            np.testing.assert_array_equal(np.isnan(y), np.isnan(t))
+            fin = np.isfinite(t)
+            np.testing.assert_array_equal(y[~fin & ~np.isnan(t)], t[~fin & ~np.isnan(t)])
+            np.testing.assert_allclose(y[fin], t[fin], rtol=TOL[dtype][1], atol=TOL[dtype][0])
+    x = torch.tensor([[3e38, -3e38, 0.0]], device="cuda")
+    t = torch.log_softmax(x, -1).tolist()
+    assert t[0][:2] == [0.0, -float("inf")]  # x - max overflows to -inf in float32
+    assert softlight.log_softmax(x).tolist() == t
+    x = torch.tensor([[5.0]], device="cuda")
+    assert softlight.log_softmax(x).tolist() == [[0.0]]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cols", [1, 3, 32, 1000, 4097, 8192, 65536, 393216, 1048576, 4194304])
+def test_special_values_match_torch(cols, dtype):
+    rng = np.random.default_rng()
+    x = torch.from_numpy(special_matrix(rng, cols, np.float64)).to(device="cuda", dtype=tdtype(dtype))
+    y = softlight.log_softmax(x)
+    t = torch.log_softmax(x, -1)
+    assert torch.equal(torch.isnan(y), torch.isnan(t)), "NaN where torch has NaN, nowhere else"
+    inf = torch.isinf(t)
+    assert torch.equal(y[inf], t[inf]), "the same infinities as torch"
+    assert_close_to_float64(y, x, dtype, f"special {dtype} {cols}")
+
+
+def test_founding_shape_float32_within_1e_5():
+    x = torch.rand(4096, 393216, device="cuda")
+    y = poisoned_like(x)
+    softlight.log_softmax(x, out=y)
+    torch.cuda.synchronize()
+    worst = 0.0
+    for r0 in range(0, 4096, 256):
+        ref = torch.log_softmax(x[r0:r0 + 256].double(), -1)
+        worst = max(worst, float((y[r0:r0 + 256].double() - ref).abs().max()))
+    assert worst <= 1e-5, worst
+
+
+def test_fresh_inputs_poisoned_outputs_repeatedly():
+    # Same shapes, new data and new poison each time: a stale or unwritten output cannot pass.
+    for _ in range(3):
+        for cols, dtype in [(4096, "float32"), (393216, "float32"), (131072, "bfloat16")]:
+            x = random_rows(64, cols, dtype)
+            y = torch.full_like(x, float("nan"))
+            softlight.log_softmax(x, out=y)
+            torch.cuda.synchronize()
+            assert_close_to_float64(y, x, dtype)
+
+
+def test_torch_in_torch_out_and_framework_stream():
+    x = random_rows(64, 5000, "float32")
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        x2 = x * 1.0
+        y = softlight.log_softmax(x2)  # follows torch's current stream
+    s.synchronize()
+    assert isinstance(y, torch.Tensor) and y.device == x.device
+    assert_close_to_float64(y, x, "float32")
+
+
+def test_explicit_cuda_core_stream():
+    from softlight._streams import _cuda_core
+    cc = _cuda_core()
+    dev = cc.Device(0)
+    dev.set_current()
+    stream = dev.create_stream()
+    x = random_rows(32, 70000, "float32")
+    torch.cuda.synchronize()
+    y = poisoned_like(x)
+    torch.cuda.synchronize()
+    softlight.log_softmax(x, out=y, stream=stream)
+    stream.sync()
+    assert_close_to_float64(y, x, "float32")
+
+
+def test_raw_device_pointers():
+    x = random_rows(10, 3000, "bfloat16")
+    y = poisoned_like(x)
+    softlight.log_softmax_raw(x.data_ptr(), y.data_ptr(), 10, 3000, dtype=torch.bfloat16,
+                              stream=torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
+    assert_close_to_float64(y, x, "bfloat16")
+
+
+def test_cupy_in_cupy_out():
+    cupy = pytest.importorskip("cupy")
+    x = cupy.random.standard_normal((100, 4096), dtype=cupy.float32) * 3
+    y = softlight.log_softmax(x)
+    assert isinstance(y, cupy.ndarray) and y.shape == x.shape
+    cupy.cuda.get_current_stream().synchronize()
+    assert_close_to_float64(torch.from_dlpack(y), torch.from_dlpack(x), "float32")
+
+
+def test_jax_in_jax_out():
+    jax = pytest.importorskip("jax")
+    try:
+        gpu = jax.devices("gpu")[0]
+    except RuntimeError:
+        pytest.skip("JAX has no GPU backend here")
+    x = jax.device_put(jax.random.normal(jax.random.PRNGKey(0), (64, 3000), dtype="float32"), gpu)
+    y = softlight.log_softmax(x)
+    assert type(y) is type(x)
+    ref = jax.nn.log_softmax(x.astype("float32"), axis=-1)
+    np.testing.assert_allclose(np.asarray(y), np.asarray(ref), atol=1e-5, rtol=1e-5)
+
+
+def test_bad_gpu_inputs_write_nothing():
+    x = random_rows(4, 100, "float32")
+    host_out = np.full((4, 100), POISON, np.float32)
+    with pytest.raises(softlight.InvalidArgumentError, match="out is on cpu"):
+        softlight.log_softmax(x, out=host_out)
+    assert (host_out == POISON).all()
+    out = torch.full((4, 100), POISON, dtype=torch.float16, device="cuda")
+    with pytest.raises(softlight.InvalidArgumentError, match="dtype"):
+        softlight.log_softmax(x, out=out)
+    with pytest.raises(softlight.UnsupportedDTypeError):
+        softlight.log_softmax(torch.ones(3, 3, dtype=torch.int32, device="cuda"))
+    with pytest.raises(softlight.InvalidArgumentError, match="last axis"):
+        softlight.log_softmax(x, dim=0)
+    # raw pointers: misplaced overlap on the device
+    with pytest.raises(softlight.InvalidArgumentError, match="overlap"):
+        softlight.log_softmax_raw(x.data_ptr(), x.data_ptr() + 4, 3, 99, dtype="float32", x_stride=100,
+                                  y_stride=100)
+    torch.cuda.synchronize()
+    assert bool((out == POISON).all())
+
+
+def test_many_host_threads_many_streams():
+    shapes = [(64, 1000), (32, 8192), (8, 393216), (16, 50001)]
+    xs = [random_rows(*s, "float32") for s in shapes * 3]
+    ys = [poisoned_like(x) for x in xs]
+    torch.cuda.synchronize()
+    errors = []
+
+    def work(i):
+        try:
+            s = torch.cuda.Stream()
+            for _ in range(5):
+                softlight.log_softmax(xs[i], out=ys[i], stream=s.cuda_stream)
+            s.synchronize()
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(xs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for x, y in zip(xs, ys):
+        assert_close_to_float64(y, x, "float32")

@@ -1,0 +1,114 @@
+"""The planner's choices (pure host code), for an H200 and an A100, without a GPU."""
+import math
+
+import pytest
+
+from softlight import _C
+
+H200 = dict(cc_major=9, cc_minor=0, sm_count=132, smem_optin=232448, max_cluster=16)
+A100 = dict(cc_major=8, cc_minor=0, sm_count=108, smem_optin=166912, max_cluster=0)
+ELEM = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+
+
+def plan(rows, cols, dtype="float32", aligned=None, dev=H200, **over):
+    e = ELEM[dtype]
+    if aligned is None:
+        aligned = cols * e % 16 == 0
+    return _C.plan(rows, cols, e, aligned, **dev, **over)
+
+
+def test_nothing_to_do():
+    assert plan(0, 10)["family"] == "none"
+    assert plan(10, 0)["family"] == "none"
+
+
+@pytest.mark.parametrize("cols,group,iters,vec", [
+    (1, 1, 1, 1), (3, 4, 1, 1), (4, 1, 1, 4), (32, 8, 1, 4), (100, 32, 1, 4), (128, 32, 1, 4),
+    (1000, 32, 8, 4), (1024, 32, 8, 4), (7, 8, 1, 1), (33, 64 // 2, 2, 1), (256, 32, 2, 4),
+])
+def test_short_rows_go_to_warps(cols, group, iters, vec):
+    p = plan(1000, cols)
+    assert (p["family"], p["group"], p["iters"], p["vec"]) == ("warp_rows", group, iters, vec)
+    assert p["group"] * p["iters"] * p["vec"] >= cols  # the row fits the group's registers
+
+
+def test_warp_rows_limits_by_dtype():
+    assert plan(10, 2048, "bfloat16")["family"] == "warp_rows"    # 256 vectors of 8
+    assert plan(10, 2056, "bfloat16")["family"] == "block_rows"
+    assert plan(10, 512, "float64")["family"] == "warp_rows"
+    assert plan(10, 1025)["family"] == "block_rows"                # odd: scalar access, 1025 > 256
+    assert plan(10, 257, aligned=False)["family"] == "block_rows"
+
+
+def test_block_rows_resident_and_streamed():
+    p = plan(100, 4096)
+    assert p["family"] == "block_rows" and p["resident"] and p["smem_bytes"] == 4096 * 4
+    assert p["vec"] == 4 and 128 <= p["threads"] <= 1024
+    # unaligned long rows: one CTA per row, two passes when the row outgrows shared memory
+    p = plan(4, 1_000_003)
+    assert p["family"] == "block_rows" and not p["resident"] and p["vec"] == 1 and p["smem_bytes"] == 0
+    p = plan(4, 50_001)  # 200 KB, unaligned: still fits
+    assert p["family"] == "block_rows" and p["resident"]
+
+
+def test_founding_shape_on_h200():
+    p = plan(4096, 393216)
+    assert p["family"] == "cluster_rows" and p["resident"]
+    assert p["cluster"] == 16 and p["chunk_bytes"] == 16384
+    assert p["chunks_per_row"] == 96 and p["chunks_per_cta"] == 6
+    assert 2 * p["chunks_per_cta"] <= p["ring_slots"]  # the next row streams in behind this one
+    assert p["smem_bytes"] <= H200["smem_optin"] and p["threads"] == 288
+
+
+def test_founding_shape_bfloat16_on_h200():
+    p = plan(4096, 393216, "bfloat16")
+    assert p["family"] == "cluster_rows" and p["resident"] and p["cluster"] == 8
+
+
+def test_very_long_rows_stream_through_the_cluster():
+    p = plan(64, 4_194_304)
+    assert p["family"] == "cluster_rows" and not p["resident"] and p["cluster"] == 16
+    assert p["chunks_per_cta"] * p["cluster"] >= p["chunks_per_row"]
+
+
+def test_mid_rows_use_one_cta_clusters():
+    p = plan(1000, 8192)
+    assert p["family"] == "cluster_rows" and p["cluster"] == 1 and p["resident"]
+
+
+def test_overrides():
+    p = plan(4096, 393216, cluster=8, chunk_bytes=8192)
+    assert p["cluster"] == 8 and p["chunk_bytes"] == 8192
+    assert p["resident"] == (p["chunks_per_cta"] <= p["ring_slots"])
+
+
+def test_a100_has_no_clusters():
+    p = plan(4096, 393216, dev=A100)
+    assert p["family"] == "block_rows" and not p["resident"]
+    p = plan(4096, 32768, dev=A100)
+    assert p["family"] == "block_rows" and p["resident"]
+
+
+@pytest.mark.parametrize("dtype", list(ELEM))
+def test_every_plan_covers_its_row(dtype):
+    e = ELEM[dtype]
+    for cols in [1, 2, 5, 31, 64, 255, 257, 999, 1024, 2047, 4097, 8192, 12345, 32768, 65536, 100003,
+                 131072, 262144, 393216, 1048576, 4194304, 16777216]:
+        for dev in (H200, A100):
+            for aligned in (False, cols * e % 16 == 0):
+                p = plan(7, cols, dtype, aligned, dev)
+                fam = p["family"]
+                if fam == "warp_rows":
+                    assert p["group"] * p["iters"] * p["vec"] >= cols
+                elif fam == "block_rows":
+                    assert not p["resident"] or p["smem_bytes"] >= cols * e
+                    assert p["smem_bytes"] <= dev["smem_optin"]
+                else:
+                    assert aligned and dev["max_cluster"] > 0
+                    assert p["cluster"] * p["chunks_per_cta"] * p["chunk_bytes"] >= cols * e
+                    assert p["chunks_per_row"] == math.ceil(cols * e / p["chunk_bytes"])
+                    assert p["resident"] == (p["chunks_per_cta"] <= p["ring_slots"])
+                    assert p["smem_bytes"] <= dev["smem_optin"]
+                    assert p["cluster"] in (1, 2, 4, 8, 16)
+                if not aligned:
+                    assert p["vec"] == 1
