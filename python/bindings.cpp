@@ -79,7 +79,7 @@ py::dict dlpack_view(py::capsule cap) {
 
 py::dict plan(int64_t rows, int64_t cols, int elem_bytes, bool aligned16, int cc_major,
               int cc_minor, int sm_count, int64_t smem_optin, int max_cluster, int cluster,
-              int chunk_bytes) {
+              int chunk_bytes, int threads) {
   softlight::Problem p;
   p.rows = rows;
   p.cols = cols;
@@ -91,7 +91,7 @@ py::dict plan(int64_t rows, int64_t cols, int elem_bytes, bool aligned16, int cc
   d.sm_count = sm_count;
   d.smem_per_block_optin = smem_optin;
   d.max_cluster = max_cluster;
-  const softlight::Plan r = softlight::plan_rows(p, d, softlight::Overrides{cluster, chunk_bytes});
+  const softlight::Plan r = softlight::plan_rows(p, d, softlight::Overrides{cluster, chunk_bytes, threads});
   py::dict out;
   out["family"] = softlight::family_name(r.family);
   out["vec"] = r.vec;
@@ -100,6 +100,7 @@ py::dict plan(int64_t rows, int64_t cols, int elem_bytes, bool aligned16, int cc
   out["group"] = r.group;
   out["iters"] = r.iters;
   out["resident"] = r.resident;
+  out["lookahead"] = r.lookahead;
   out["smem_bytes"] = r.smem_bytes;
   out["cluster"] = r.cluster;
   out["chunk_bytes"] = r.chunk_bytes;
@@ -143,5 +144,6 @@ PYBIND11_MODULE(_C, m) {
   m.def("dlpack_view", &dlpack_view, py::arg("capsule"));
   m.def("plan", &plan, py::arg("rows"), py::arg("cols"), py::arg("elem_bytes"), py::arg("aligned16"),
         py::arg("cc_major"), py::arg("cc_minor"), py::arg("sm_count"), py::arg("smem_optin"),
-        py::arg("max_cluster"), py::arg("cluster") = 0, py::arg("chunk_bytes") = 0);
+        py::arg("max_cluster"), py::arg("cluster") = 0, py::arg("chunk_bytes") = 0,
+        py::arg("threads") = 0);
 }

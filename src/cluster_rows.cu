@@ -21,8 +21,10 @@ struct ClusterShape {
   int ring_slots;
   int64_t chunks_per_row;
   int64_t chunks_per_cta;
-  int resident;
+  int resident;   // the slice stays in the ring: one read
+  int lookahead;  // two slices fit: the next row's statistics before this row's output
 };
+
 
 // The kernel body exists in the sm_90 device pass only; other passes see an empty kernel.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -30,7 +32,10 @@ struct ClusterShape {
 #endif
 
 #ifdef SOFTLIGHT_HOPPER
-constexpr int kConsumerWarps = kClusterConsumerThreads / 32;
+// Buffers for the cluster's partials, by row. A peer sends its partial of row j once it holds
+// every partial of row j - 2 (j - 1 without lookahead); this CTA may then still have rows j - 3 to
+// j - 1 unread, so four buffers keep all rows in flight apart.
+constexpr int kStatsBuffers = 4;
 constexpr int kBar = 1;  // named barrier over the consumer warps
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -106,141 +111,199 @@ struct RingPos {
     }
   }
 };
-#endif
+
+// Everything one CTA knows about its part of the work, and the three phases of a row.
+template <class T> struct ClusterCta {
+  using A = acc_t<T>;
+  static constexpr int V = 16 / sizeof(T);
+  static constexpr int U = 4;  // 16-byte vectors in flight per thread and step
+
+  ClusterShape sh;
+  unsigned char* ring;
+  uint64_t* full;
+  uint64_t* empty;
+  uint64_t* stats_bar;  // [kStatsBuffers]
+  MaxSum<A>* partials;  // [kStatsBuffers][kMaxCluster]
+  A* scratch;           // [32]
+  uint32_t rank, csize;
+  int consumers, tid, lane;
+  int64_t first_chunk, my_chunks, row_bytes;
+
+  __device__ __forceinline__ uint32_t bytes_of(int64_t k) const {
+    return static_cast<uint32_t>(
+        min(int64_t{sh.chunk_bytes}, row_bytes - (first_chunk + k) * sh.chunk_bytes));
+  }
+  __device__ __forceinline__ const T* slot_data(uint32_t slot) const {
+    return reinterpret_cast<const T*>(ring + size_t(slot) * sh.chunk_bytes);
+  }
+  __device__ __forceinline__ void release(uint32_t slot) const {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(smem_addr(empty + slot));
+  }
+
+  // 1. Fold this CTA's slice into a running (max, sum) as its chunks land, reduce over the CTA,
+  //    and send the result to every CTA of the cluster.
+  __device__ __forceinline__ void stats(RingPos& pos, int64_t iter) const {
+    MaxSum<A> part{neg_inf<A>(), A(0)};
+    for (int64_t k = 0; k < my_chunks; ++k) {
+      mbar_wait(smem_addr(full + pos.slot), pos.phase);
+      const T* c = slot_data(pos.slot);
+      const int vectors = static_cast<int>(bytes_of(k) / 16);
+      for (int base = tid; base < vectors; base += U * consumers) {
+        A v[U][V];
+        A m = part.m;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int i = base + u * consumers;
+          if (i < vectors) {
+            load_pack<T, V>(c + i * V, v[u]);
+          } else {
+#pragma unroll
+            for (int j = 0; j < V; ++j) v[u][j] = neg_inf<A>();
+          }
+#pragma unroll
+          for (int j = 0; j < V; ++j) m = max_acc(m, v[u][j]);
+        }
+        A s = part.s * rescale(part.m, m);
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+          for (int j = 0; j < V; ++j) s += exp_shifted(v[u][j], m);
+        part = {m, s};
+      }
+      if (!sh.resident) release(pos.slot);
+      pos.advance(sh.ring_slots);
+    }
+    part = block_max_sum(part, scratch, consumers, kBar);
+    if (tid == 0) {
+      const int buf = static_cast<int>(iter % kStatsBuffers);
+      const uint32_t slot_addr = smem_addr(partials + buf * kMaxCluster + rank);
+      const uint32_t bar = smem_addr(stats_bar + buf);
+      for (uint32_t r = 0; r < csize; ++r)
+        send_pair(cluster_map(slot_addr, r), part.m, part.s, cluster_map(bar, r));
+    }
+  }
+
+  // 2 and 3. Wait for the cluster's partials of row `iter`, merge them, and write the slice out
+  //    from shared memory, handing each slot back as soon as it is read.
+  __device__ __forceinline__ void write(RingPos& pos, int64_t iter, T* dst) const {
+    const int buf = static_cast<int>(iter % kStatsBuffers);
+    const uint32_t bar = smem_addr(stats_bar + buf);
+    mbar_wait(bar, static_cast<uint32_t>((iter / kStatsBuffers) & 1));
+    MaxSum<A> row{neg_inf<A>(), A(0)};
+    for (uint32_t r = 0; r < csize; ++r) row = merge_max_sum(row, partials[buf * kMaxCluster + r]);
+    // Re-arm this buffer for row iter + kStatsBuffers. No peer sends for that row before it has
+    // our partial for row iter + kStatsBuffers - 1, which we send only after this point.
+    if (tid == 0) mbar_arrive_expect_tx(bar, 2 * sizeof(A) * csize);
+    const A log_sum = log_acc(row.s);
+    for (int64_t k = 0; k < my_chunks; ++k) {
+      if (!sh.resident) mbar_wait(smem_addr(full + pos.slot), pos.phase);
+      const T* c = slot_data(pos.slot);
+      T* out = dst + k * (sh.chunk_bytes / int64_t{sizeof(T)});
+      const int vectors = static_cast<int>(bytes_of(k) / 16);
+      for (int base = tid; base < vectors; base += U * consumers) {
+        A v[U][V];
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+          if (base + u * consumers < vectors) load_pack<T, V>(c + (base + u * consumers) * V, v[u]);
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          if (base + u * consumers < vectors) {
+#pragma unroll
+            for (int j = 0; j < V; ++j) v[u][j] = log_softmax_out(v[u][j], row.m, log_sum);
+            store_pack<T, V>(out + (base + u * consumers) * V, v[u]);
+          }
+        }
+      }
+      release(pos.slot);
+      pos.advance(sh.ring_slots);
+    }
+  }
+};
+
+#endif  // SOFTLIGHT_HOPPER
 
 template <class T>
-__global__ void __launch_bounds__(kClusterThreads, 1)
+__global__ void __launch_bounds__(kClusterMaxThreads, 1)
 cluster_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t ys,
                     int64_t rows, int64_t cols, ClusterShape sh) {
 #ifdef SOFTLIGHT_HOPPER
-  using A = acc_t<T>;
-  constexpr int V = 16 / sizeof(T);
   extern __shared__ __align__(128) unsigned char smem[];
-  unsigned char* ring = smem;
-  uint64_t* full = reinterpret_cast<uint64_t*>(ring + size_t(sh.ring_slots) * sh.chunk_bytes);
-  uint64_t* empty = full + sh.ring_slots;
-  uint64_t* stats_bar = empty + sh.ring_slots;                      // [2], by row parity
-  MaxSum<A>* partials = reinterpret_cast<MaxSum<A>*>(stats_bar + 2);  // [2][kMaxCluster]
-  A* scratch = reinterpret_cast<A*>(partials + 2 * kMaxCluster);      // [32]
-
-  const uint32_t rank = cluster_rank();
-  uint32_t C;
-  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(C));
-  const int64_t cluster_id = blockIdx.x / C;
-  const int64_t clusters = gridDim.x / C;
-  const int64_t row_bytes = cols * int64_t{sizeof(T)};
-  const int64_t first_chunk = int64_t{rank} * sh.chunks_per_cta;
-  const int64_t my_chunks =
-      max(int64_t{0}, min(sh.chunks_per_cta, sh.chunks_per_row - first_chunk));
-  const uint32_t pair_bytes = 2 * sizeof(A) * C;
-  auto chunk_bytes = [&](int64_t k) {
-    return static_cast<uint32_t>(
-        min(int64_t{sh.chunk_bytes}, row_bytes - (first_chunk + k) * sh.chunk_bytes));
-  };
-  auto slot_ptr = [&](uint32_t slot) { return ring + size_t(slot) * sh.chunk_bytes; };
+  ClusterCta<T> cta;
+  cta.sh = sh;
+  cta.ring = smem;
+  cta.full = reinterpret_cast<uint64_t*>(smem + size_t(sh.ring_slots) * sh.chunk_bytes);
+  cta.empty = cta.full + sh.ring_slots;
+  cta.stats_bar = cta.empty + sh.ring_slots;
+  cta.partials = reinterpret_cast<MaxSum<acc_t<T>>*>(cta.stats_bar + kStatsBuffers);  // 16-aligned
+  cta.scratch = reinterpret_cast<acc_t<T>*>(cta.partials + kStatsBuffers * kMaxCluster);
+  cta.rank = cluster_rank();
+  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(cta.csize));
+  cta.consumers = static_cast<int>(blockDim.x) - 32;
+  cta.tid = threadIdx.x;
+  cta.lane = threadIdx.x & 31;
+  cta.row_bytes = cols * int64_t{sizeof(T)};
+  cta.first_chunk = int64_t{cta.rank} * sh.chunks_per_cta;
+  cta.my_chunks = max(int64_t{0}, min(sh.chunks_per_cta, sh.chunks_per_row - cta.first_chunk));
+  const int64_t cluster_id = blockIdx.x / cta.csize;
+  const int64_t clusters = gridDim.x / cta.csize;
 
   if (threadIdx.x == 0) {
     for (int i = 0; i < sh.ring_slots; ++i) {
-      mbar_init(smem_addr(full + i), 1);
-      mbar_init(smem_addr(empty + i), kConsumerWarps);
+      mbar_init(smem_addr(cta.full + i), 1);
+      mbar_init(smem_addr(cta.empty + i), cta.consumers / 32);
     }
-    mbar_init(smem_addr(stats_bar + 0), 1);
-    mbar_init(smem_addr(stats_bar + 1), 1);
-    mbar_arrive_expect_tx(smem_addr(stats_bar + 0), pair_bytes);
-    mbar_arrive_expect_tx(smem_addr(stats_bar + 1), pair_bytes);
+    for (int b = 0; b < kStatsBuffers; ++b) {
+      mbar_init(smem_addr(cta.stats_bar + b), 1);
+      mbar_arrive_expect_tx(smem_addr(cta.stats_bar + b), 2 * sizeof(acc_t<T>) * cta.csize);
+    }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   cluster_sync();
 
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (warp == kConsumerWarps) {
+  if (threadIdx.x >= cta.consumers) {
     // Producer: one thread walks the same rows as the consumers and keeps the ring full.
-    if (lane == 0) {
+    if (threadIdx.x == cta.consumers) {
       RingPos pos;
       for (int64_t row = cluster_id; row < rows; row += clusters) {
-        const unsigned char* src =
-            reinterpret_cast<const unsigned char*>(x + row * xs) + first_chunk * sh.chunk_bytes;
+        const unsigned char* src = reinterpret_cast<const unsigned char*>(x + row * xs) +
+                                   cta.first_chunk * sh.chunk_bytes;
         for (int pass = 0; pass < (sh.resident ? 1 : 2); ++pass) {
-          for (int64_t k = 0; k < my_chunks; ++k) {
-            mbar_wait(smem_addr(empty + pos.slot), pos.phase ^ 1);
-            const uint32_t bytes = chunk_bytes(k);
-            mbar_arrive_expect_tx(smem_addr(full + pos.slot), bytes);
-            bulk_load(smem_addr(slot_ptr(pos.slot)), src + k * sh.chunk_bytes, bytes,
-                      smem_addr(full + pos.slot));
+          for (int64_t k = 0; k < cta.my_chunks; ++k) {
+            mbar_wait(smem_addr(cta.empty + pos.slot), pos.phase ^ 1);
+            const uint32_t bytes = cta.bytes_of(k);
+            mbar_arrive_expect_tx(smem_addr(cta.full + pos.slot), bytes);
+            bulk_load(smem_addr(cta.ring + size_t(pos.slot) * sh.chunk_bytes),
+                      src + k * sh.chunk_bytes, bytes, smem_addr(cta.full + pos.slot));
             pos.advance(sh.ring_slots);
           }
         }
       }
     }
   } else {
-    const int tid = threadIdx.x;
-    RingPos pos;
-    int64_t iter = 0;
-    auto release = [&](uint32_t slot) {
-      __syncwarp();
-      if (lane == 0) mbar_arrive(smem_addr(empty + slot));
+    auto out_of = [&](int64_t row) {
+      return reinterpret_cast<T*>(reinterpret_cast<unsigned char*>(y + row * ys) +
+                                  cta.first_chunk * sh.chunk_bytes);
     };
-    for (int64_t row = cluster_id; row < rows; row += clusters, ++iter) {
-      // 1. running (max, sum) over this CTA's slice, chunk by chunk as the copies land.
-      const RingPos row_start = pos;
-      MaxSum<A> part{neg_inf<A>(), A(0)};
-      for (int64_t k = 0; k < my_chunks; ++k) {
-        mbar_wait(smem_addr(full + pos.slot), pos.phase);
-        const T* c = reinterpret_cast<const T*>(slot_ptr(pos.slot));
-        const int vectors = static_cast<int>(chunk_bytes(k) / 16);
-        A pm = part.m;
-        for (int i = tid; i < vectors; i += kClusterConsumerThreads) {
-          A v[V];
-          load_pack<T, V>(c + i * V, v);
-#pragma unroll
-          for (int j = 0; j < V; ++j) pm = max_acc(pm, v[j]);
-        }
-        A s = part.s * rescale(part.m, pm);
-        for (int i = tid; i < vectors; i += kClusterConsumerThreads) {
-          A v[V];
-          load_pack<T, V>(c + i * V, v);
-#pragma unroll
-          for (int j = 0; j < V; ++j) s += exp_shifted(v[j], pm);
-        }
-        part = {pm, s};
-        if (!sh.resident) release(pos.slot);
-        pos.advance(sh.ring_slots);
+    RingPos pos;
+    if (sh.lookahead) {
+      // Two rows in the ring: row i + 1's statistics are folded and sent before row i is written,
+      // so the cluster exchange of each row overlaps work on the next.
+      RingPos cur = pos;
+      if (cluster_id < rows) cta.stats(pos, 0);
+      int64_t iter = 0;
+      for (int64_t row = cluster_id; row < rows; row += clusters, ++iter) {
+        const RingPos next = pos;
+        if (row + clusters < rows) cta.stats(pos, iter + 1);
+        cta.write(cur, iter, out_of(row));
+        cur = next;
       }
-      // 2. CTA partial to every CTA of the cluster; wait for all C of them; merge.
-      part = block_max_sum(part, scratch, kClusterConsumerThreads, kBar);
-      const int buf = static_cast<int>(iter & 1);
-      const uint32_t bar = smem_addr(stats_bar + buf);
-      if (tid == 0) {
-        const uint32_t slot_addr = smem_addr(partials + buf * kMaxCluster + rank);
-        for (uint32_t r = 0; r < C; ++r)
-          send_pair(cluster_map(slot_addr, r), part.m, part.s, cluster_map(bar, r));
-      }
-      mbar_wait(bar, static_cast<uint32_t>((iter >> 1) & 1));
-      MaxSum<A> row_stats{neg_inf<A>(), A(0)};
-      for (uint32_t r = 0; r < C; ++r)
-        row_stats = merge_max_sum(row_stats, partials[buf * kMaxCluster + r]);
-      // Arm for row iter + 2. No peer can send that before it has our partial for iter + 1,
-      // which leaves only after every consumer thread here is past this point.
-      if (tid == 0) mbar_arrive_expect_tx(bar, pair_bytes);
-      const A log_sum = log_acc(row_stats.s);
-      // 3. output from shared memory, handing each slot back as soon as it is read.
-      if (sh.resident) pos = row_start;
-      T* dst = reinterpret_cast<T*>(reinterpret_cast<unsigned char*>(y + row * ys) +
-                                    first_chunk * sh.chunk_bytes);
-      for (int64_t k = 0; k < my_chunks; ++k) {
-        if (!sh.resident) mbar_wait(smem_addr(full + pos.slot), pos.phase);
-        const T* c = reinterpret_cast<const T*>(slot_ptr(pos.slot));
-        T* out = dst + k * (sh.chunk_bytes / int64_t{sizeof(T)});
-        const int vectors = static_cast<int>(chunk_bytes(k) / 16);
-        for (int i = tid; i < vectors; i += kClusterConsumerThreads) {
-          A v[V];
-          load_pack<T, V>(c + i * V, v);
-#pragma unroll
-          for (int j = 0; j < V; ++j) v[j] = log_softmax_out(v[j], row_stats.m, log_sum);
-          store_pack<T, V>(out + i * V, v);
-        }
-        release(pos.slot);
-        pos.advance(sh.ring_slots);
+    } else {
+      int64_t iter = 0;
+      for (int64_t row = cluster_id; row < rows; row += clusters, ++iter) {
+        RingPos start = pos;
+        cta.stats(pos, iter);
+        cta.write(sh.resident ? start : pos, iter, out_of(row));
       }
     }
   }
@@ -279,7 +342,7 @@ cudaError_t launch(const Plan& p, const RowsArgs& a, cudaStream_t stream) {
   cfg.gridDim = dim3(static_cast<unsigned>(clusters * p.cluster));
 
   const ClusterShape sh{p.chunk_bytes, p.ring_slots, p.chunks_per_row, p.chunks_per_cta,
-                        p.resident ? 1 : 0};
+                        p.resident ? 1 : 0, p.lookahead ? 1 : 0};
   e = cudaLaunchKernelEx(&cfg, kernel, static_cast<const T*>(a.x), a.x_stride,
                          static_cast<T*>(a.y), a.y_stride, a.rows, a.cols, sh);
   if (e != cudaSuccess) return e;

@@ -38,6 +38,7 @@ struct Problem {
 struct Overrides {
   int cluster = 0;
   int chunk_bytes = 0;
+  int threads = 0;  // cluster_rows: threads per CTA (consumer warps plus the producer warp)
 };
 
 struct Plan {
@@ -50,6 +51,7 @@ struct Plan {
   int iters = 0;           // vectors per lane per row (1, 2, 4 or 8)
   // block_rows and cluster_rows
   bool resident = false;   // the row (or slice) stays in shared memory: one DRAM read
+  bool lookahead = false;  // cluster_rows: two slices fit, the next row's stats come first
   int64_t smem_bytes = 0;  // dynamic shared memory per CTA
   // cluster_rows
   int cluster = 0;         // CTAs per row
@@ -62,10 +64,10 @@ struct Plan {
 // Constants shared by the planner and the kernels.
 constexpr int kWarpRowsThreads = 128;
 constexpr int kWarpRowsMaxIters = 8;
-constexpr int kClusterConsumerThreads = 256;            // plus one producer warp
-constexpr int kClusterThreads = kClusterConsumerThreads + 32;
+constexpr int kClusterDefaultThreads = 512 + 32;  // consumer warps and one producer warp
+constexpr int kClusterMaxThreads = 800;           // keeps 80 registers per thread
 constexpr int kClusterDefaultChunk = 16 * 1024;
-constexpr int kClusterReserveBytes = 1024;  // stats barriers, cluster partials, scratch
+constexpr int kClusterReserveBytes = 2048;  // stats barriers, cluster partials, scratch
 constexpr int kBlockRowsReserveBytes = 1024;
 constexpr int kMaxCluster = 16;
 

@@ -27,6 +27,16 @@ def gpu_count():
         return 0
 
 
+def _timing_options(cc):
+    """EventOptions that record timing, across cuda.core releases (the field was renamed)."""
+    for kwargs in ({"timing_enabled": True}, {"enable_timing": True}, {"timing_disabled": False}):
+        try:
+            return cc.EventOptions(**kwargs)
+        except TypeError:
+            continue
+    raise RuntimeError("this cuda.core has no timing option for events")
+
+
 class Gpu:
     """One device, one stream of our own, and the few operations the benchmark needs."""
 
@@ -37,7 +47,7 @@ class Gpu:
         self.dev.set_current()
         self.stream = self.dev.create_stream()
         self.handle = int(self.stream.handle)
-        self._timing = cc.EventOptions(enable_timing=True)
+        self._timing = _timing_options(cc)
 
     @property
     def name(self):
