@@ -28,10 +28,10 @@ block_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_
       A m = neg_inf<A>();
 #pragma unroll 4
       for (int64_t i = threadIdx.x; i < vectors; i += threads) {
-        const Pack<T, V> pk = *reinterpret_cast<const Pack<T, V>*>(xr + i * V);
-        *reinterpret_cast<Pack<T, V>*>(buf + i * V) = pk;
+        A v[V];
+        copy_pack<T, V>(buf + i * V, xr + i * V, v);
 #pragma unroll
-        for (int j = 0; j < V; ++j) m = max_acc(m, to_acc(pk.v[j]));
+        for (int j = 0; j < V; ++j) m = max_acc(m, v[j]);
       }
       m = block_max(m, scratch, threads, kBar);
       A s = 0;

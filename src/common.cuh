@@ -78,36 +78,108 @@ template <class A> __device__ __forceinline__ A log_softmax_out(A v, A m, A log_
 }
 
 // --- 16-byte packs -----------------------------------------------------------------------------
-template <class T, int V> struct alignas(sizeof(T) * V) Pack {
-  T v[V];
-};
+// 16-byte packs move as one 16-byte access. Stores are written out as st.v4 because, left to
+// itself, the compiler splits a vector whose lanes are computed one by one into scalar stores.
+__device__ __forceinline__ void store_v4(void* p, uint4 v) {
+  asm volatile("st.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+__device__ __forceinline__ void store_global_v4(void* p, uint4 v) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z),
+               "r"(v.w)
+               : "memory");
+}
+__device__ __forceinline__ void unpack_words(const uint32_t (&w)[4], float (&out)[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) out[i] = __uint_as_float(w[i]);
+}
+__device__ __forceinline__ void unpack_words(const uint32_t (&w)[4], double (&out)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) out[i] = __hiloint2double(int(w[2 * i + 1]), int(w[2 * i]));
+}
+template <class T> __device__ __forceinline__ void unpack_words16(const uint32_t (&w)[4], float (&out)[8]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    T lo, hi;
+    const unsigned short l = static_cast<unsigned short>(w[i] & 0xffffu);
+    const unsigned short h = static_cast<unsigned short>(w[i] >> 16);
+    memcpy(&lo, &l, 2);
+    memcpy(&hi, &h, 2);
+    out[2 * i] = to_acc(lo);
+    out[2 * i + 1] = to_acc(hi);
+  }
+}
+__device__ __forceinline__ uint32_t pair_bits(__half, float a, float b) {
+  const __half2 h = __floats2half2_rn(a, b);
+  uint32_t u;
+  memcpy(&u, &h, 4);
+  return u;
+}
+__device__ __forceinline__ uint32_t pair_bits(__nv_bfloat16, float a, float b) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  uint32_t u;
+  memcpy(&u, &h, 4);
+  return u;
+}
+
+template <class T, int V> __device__ __forceinline__ void unpack(uint4 u, acc_t<T> (&out)[V]) {
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+  if constexpr (sizeof(T) == 2) {
+    unpack_words16<T>(w, out);
+  } else {
+    unpack_words(w, out);
+  }
+}
 
 template <class T, int V>
 __device__ __forceinline__ void load_pack(const T* p, acc_t<T> (&out)[V]) {
-  const Pack<T, V> pk = *reinterpret_cast<const Pack<T, V>*>(p);
-#pragma unroll
-  for (int i = 0; i < V; ++i) out[i] = to_acc(pk.v[i]);
-}
-
-// Two floats to a 16-bit pair in one conversion instruction.
-__device__ __forceinline__ void from_acc_pair(__half* o, float a, float b) {
-  *reinterpret_cast<__half2*>(o) = __floats2half2_rn(a, b);
-}
-__device__ __forceinline__ void from_acc_pair(__nv_bfloat16* o, float a, float b) {
-  *reinterpret_cast<__nv_bfloat162*>(o) = __floats2bfloat162_rn(a, b);
-}
-
-template <class T, int V>
-__device__ __forceinline__ void store_pack(T* p, const acc_t<T> (&in)[V]) {
-  Pack<T, V> pk;
-  if constexpr (sizeof(T) == 2 && V % 2 == 0) {
-#pragma unroll
-    for (int i = 0; i < V; i += 2) from_acc_pair(&pk.v[i], in[i], in[i + 1]);
+  if constexpr (sizeof(T) * V == 16) {
+    unpack<T, V>(*reinterpret_cast<const uint4*>(p), out);
   } else {
 #pragma unroll
-    for (int i = 0; i < V; ++i) pk.v[i] = from_acc<T>(in[i]);
+    for (int i = 0; i < V; ++i) out[i] = to_acc(p[i]);
   }
-  *reinterpret_cast<Pack<T, V>*>(p) = pk;
+}
+
+// Copies one pack unchanged from src to dst and hands its values to the caller.
+template <class T, int V>
+__device__ __forceinline__ void copy_pack(T* dst, const T* src, acc_t<T> (&out)[V]) {
+  if constexpr (sizeof(T) * V == 16) {
+    const uint4 u = *reinterpret_cast<const uint4*>(src);
+    store_v4(dst, u);
+    unpack<T, V>(u, out);
+  } else {
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      dst[i] = src[i];
+      out[i] = to_acc(src[i]);
+    }
+  }
+}
+
+// Stores into global memory (y).
+template <class T, int V>
+__device__ __forceinline__ void store_pack(T* p, const acc_t<T> (&in)[V]) {
+  if constexpr (sizeof(T) * V == 16) {
+    uint32_t w[4];
+    if constexpr (sizeof(T) == 2) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) w[i] = pair_bits(T{}, in[2 * i], in[2 * i + 1]);
+    } else if constexpr (sizeof(T) == 4) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) w[i] = __float_as_uint(in[i]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        w[2 * i] = static_cast<uint32_t>(__double2loint(in[i]));
+        w[2 * i + 1] = static_cast<uint32_t>(__double2hiint(in[i]));
+      }
+    }
+    store_global_v4(p, make_uint4(w[0], w[1], w[2], w[3]));
+  } else {
+#pragma unroll
+    for (int i = 0; i < V; ++i) p[i] = from_acc<T>(in[i]);
+  }
 }
 
 // --- reductions by tier ------------------------------------------------------------------------
