@@ -100,7 +100,7 @@ py::dict plan(int64_t rows, int64_t cols, int elem_bytes, bool aligned16, int cc
   out["group"] = r.group;
   out["iters"] = r.iters;
   out["resident"] = r.resident;
-  out["lookahead"] = r.lookahead;
+  out["double_buffered"] = r.double_buffered;
   out["smem_bytes"] = r.smem_bytes;
   out["cluster"] = r.cluster;
   out["chunk_bytes"] = r.chunk_bytes;

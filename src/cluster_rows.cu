@@ -1,15 +1,18 @@
 // cluster_rows (Hopper, sm_90): a cluster of C CTAs owns a row; CTA k owns the k-th slice of it.
 // The grid is persistent: cluster i takes rows i, i + clusters, ...
 //
-// Per CTA, a ring of `ring_slots` chunks in shared memory is fed by one producer thread with bulk
-// copies (cp.async.bulk, completing on a `full` mbarrier per slot). Eight consumer warps:
-//   1. as each chunk of the slice lands, fold it into a running (max, sum);
-//   2. reduce over the CTA, send the CTA's (max, sum) to every CTA of the cluster (st.async into
-//      their shared memory, completing on their `stats` mbarrier), merge the C partials;
-//   3. write y chunk by chunk from shared memory and hand each slot back (`empty` mbarrier), so
-//      the producer refills it with the next row's chunk while this row is still being written.
-// Resident: the slice fits the ring and is read from DRAM once. Streamed: the slice is larger
-// than the ring; the producer sends every chunk twice (stats pass, then output pass).
+// Per CTA, a ring of `ring_slots` chunks in shared memory is fed by a producer thread with bulk
+// copies (cp.async.bulk, completing on a `full` mbarrier per slot). Two groups of consumer warps
+// work on different rows at once:
+//   statistics warps fold each chunk of row r + 1 into a running (max, sum) as it lands, reduce
+//     over their group and send the CTA's partial to every CTA of the cluster (st.async into
+//     their shared memory, completing on a `stats` mbarrier there);
+//   writer warps, meanwhile, merge the C partials of row r, write y from shared memory and hand
+//     each slot back (`empty` mbarrier), which the producer refills with row r + 2.
+// So the DRAM sees reads and writes all the time, and the cluster exchange of a row is hidden
+// behind the writing of the row before it. Resident: the slice fits the ring and is read once
+// (the planner prefers clusters wide enough for two slices). Streamed: the slice outgrows the
+// ring and the producer sends each chunk twice, once to each group.
 #include "common.cuh"
 #include "kernels.hpp"
 
@@ -21,8 +24,7 @@ struct ClusterShape {
   int ring_slots;
   int64_t chunks_per_row;
   int64_t chunks_per_cta;
-  int resident;   // the slice stays in the ring: one read
-  int lookahead;  // two slices fit: the next row's statistics before this row's output
+  int resident;  // the slice stays in the ring: one read
 };
 
 
@@ -32,9 +34,10 @@ struct ClusterShape {
 #endif
 
 #ifdef SOFTLIGHT_HOPPER
-// Buffers for the cluster's partials, by row. A peer sends its partial of row j once it holds
-// every partial of row j - 2 (j - 1 without lookahead); this CTA may then still have rows j - 3 to
-// j - 1 unread, so four buffers keep all rows in flight apart.
+// Buffers for the cluster's partials, by row. The statistics warps start row j only once their
+// writers have started row j - 2 (and so re-armed the buffer of row j + 2). A peer therefore
+// sends its partial of row j only after it holds ours of row j - 2, by which time our writers
+// have started row j - 4: rows j - 3 .. j may be unread here, and four buffers keep them apart.
 constexpr int kStatsBuffers = 4;
 constexpr int kBar = 1;  // named barrier over the consumer warps
 
@@ -110,9 +113,14 @@ struct RingPos {
       phase ^= 1;
     }
   }
+  __device__ __forceinline__ void advance(uint32_t slots, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) advance(slots);
+  }
 };
 
-// Everything one CTA knows about its part of the work, and the three phases of a row.
+// One CTA's share of the work. Warps [0, G) fold statistics, warps [G, 2G) write, warp 2G
+// produces. Both consumer groups walk the ring's sequence of chunks; in streaming mode each row
+// is sent twice, the first pass for the statistics warps and the second for the writers.
 template <class T> struct ClusterCta {
   using A = acc_t<T>;
   static constexpr int V = 16 / sizeof(T);
@@ -122,11 +130,13 @@ template <class T> struct ClusterCta {
   unsigned char* ring;
   uint64_t* full;
   uint64_t* empty;
-  uint64_t* stats_bar;  // [kStatsBuffers]
-  MaxSum<A>* partials;  // [kStatsBuffers][kMaxCluster]
-  A* scratch;           // [32]
+  uint64_t* stats_bar;          // [kStatsBuffers]
+  MaxSum<A>* partials;          // [kStatsBuffers][kMaxCluster]
+  A* scratch;                   // [32]
+  volatile int* rows_started;   // rows the writers have begun (gates the statistics warps)
   uint32_t rank, csize;
-  int consumers, tid, lane;
+  int group;                    // threads per consumer group
+  int gtid, lane;               // thread index within its group, lane
   int64_t first_chunk, my_chunks, row_bytes;
 
   __device__ __forceinline__ uint32_t bytes_of(int64_t k) const {
@@ -141,20 +151,23 @@ template <class T> struct ClusterCta {
     if (lane == 0) mbar_arrive(smem_addr(empty + slot));
   }
 
-  // 1. Fold this CTA's slice into a running (max, sum) as its chunks land, reduce over the CTA,
-  //    and send the result to every CTA of the cluster.
+  // Statistics warps: fold the slice of row `iter` into a running (max, sum) as its chunks land,
+  // reduce over the group, send the result to every CTA of the cluster.
   __device__ __forceinline__ void stats(RingPos& pos, int64_t iter) const {
+    // Stay at most two rows ahead of the writers: the partial buffers of peers are reused on
+    // that distance (see kStatsBuffers).
+    while (iter >= 2 && *rows_started < iter - 1) __nanosleep(64);
     MaxSum<A> part{neg_inf<A>(), A(0)};
     for (int64_t k = 0; k < my_chunks; ++k) {
       mbar_wait(smem_addr(full + pos.slot), pos.phase);
       const T* c = slot_data(pos.slot);
       const int vectors = static_cast<int>(bytes_of(k) / 16);
-      for (int base = tid; base < vectors; base += U * consumers) {
+      for (int base = gtid; base < vectors; base += U * group) {
         A v[U][V];
         A m = part.m;
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-          const int i = base + u * consumers;
+          const int i = base + u * group;
           if (i < vectors) {
             load_pack<T, V>(c + i * V, v[u]);
           } else {
@@ -174,8 +187,9 @@ template <class T> struct ClusterCta {
       if (!sh.resident) release(pos.slot);
       pos.advance(sh.ring_slots);
     }
-    part = block_max_sum(part, scratch, consumers, kBar);
-    if (tid == 0) {
+    if (!sh.resident) pos.advance(sh.ring_slots, my_chunks);  // the writers' pass of this row
+    part = block_max_sum(part, scratch, group, kBar);
+    if (gtid == 0) {
       const int buf = static_cast<int>(iter % kStatsBuffers);
       const uint32_t slot_addr = smem_addr(partials + buf * kMaxCluster + rank);
       const uint32_t bar = smem_addr(stats_bar + buf);
@@ -184,34 +198,38 @@ template <class T> struct ClusterCta {
     }
   }
 
-  // 2 and 3. Wait for the cluster's partials of row `iter`, merge them, and write the slice out
-  //    from shared memory, handing each slot back as soon as it is read.
+  // Writer warps: wait for the cluster's partials of row `iter`, merge them, write the slice out
+  // from shared memory and hand each slot back as soon as it is read.
   __device__ __forceinline__ void write(RingPos& pos, int64_t iter, T* dst) const {
+    if (!sh.resident) pos.advance(sh.ring_slots, my_chunks);  // the statistics pass of this row
     const int buf = static_cast<int>(iter % kStatsBuffers);
     const uint32_t bar = smem_addr(stats_bar + buf);
     mbar_wait(bar, static_cast<uint32_t>((iter / kStatsBuffers) & 1));
     MaxSum<A> row{neg_inf<A>(), A(0)};
     for (uint32_t r = 0; r < csize; ++r) row = merge_max_sum(row, partials[buf * kMaxCluster + r]);
-    // Re-arm this buffer for row iter + kStatsBuffers. No peer sends for that row before it has
-    // our partial for row iter + kStatsBuffers - 1, which we send only after this point.
-    if (tid == 0) mbar_arrive_expect_tx(bar, 2 * sizeof(A) * csize);
+    // Re-arm this buffer for row iter + kStatsBuffers (see kStatsBuffers), then let the
+    // statistics warps move on.
+    if (gtid == 0) {
+      mbar_arrive_expect_tx(bar, 2 * sizeof(A) * csize);
+      *rows_started = static_cast<int>(iter + 1);
+    }
     const A log_sum = log_acc(row.s);
     for (int64_t k = 0; k < my_chunks; ++k) {
-      if (!sh.resident) mbar_wait(smem_addr(full + pos.slot), pos.phase);
+      mbar_wait(smem_addr(full + pos.slot), pos.phase);  // long complete when resident
       const T* c = slot_data(pos.slot);
       T* out = dst + k * (sh.chunk_bytes / int64_t{sizeof(T)});
       const int vectors = static_cast<int>(bytes_of(k) / 16);
-      for (int base = tid; base < vectors; base += U * consumers) {
+      for (int base = gtid; base < vectors; base += U * group) {
         A v[U][V];
 #pragma unroll
         for (int u = 0; u < U; ++u)
-          if (base + u * consumers < vectors) load_pack<T, V>(c + (base + u * consumers) * V, v[u]);
+          if (base + u * group < vectors) load_pack<T, V>(c + (base + u * group) * V, v[u]);
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-          if (base + u * consumers < vectors) {
+          if (base + u * group < vectors) {
 #pragma unroll
             for (int j = 0; j < V; ++j) v[u][j] = log_softmax_out(v[u][j], row.m, log_sum);
-            store_pack<T, V>(out + (base + u * consumers) * V, v[u]);
+            store_pack<T, V>(out + (base + u * group) * V, v[u]);
           }
         }
       }
@@ -220,7 +238,6 @@ template <class T> struct ClusterCta {
     }
   }
 };
-
 #endif  // SOFTLIGHT_HOPPER
 
 template <class T>
@@ -237,10 +254,12 @@ cluster_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int6
   cta.stats_bar = cta.empty + sh.ring_slots;
   cta.partials = reinterpret_cast<MaxSum<acc_t<T>>*>(cta.stats_bar + kStatsBuffers);  // 16-aligned
   cta.scratch = reinterpret_cast<acc_t<T>*>(cta.partials + kStatsBuffers * kMaxCluster);
+  cta.rows_started = reinterpret_cast<volatile int*>(cta.scratch + 32);
   cta.rank = cluster_rank();
   asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(cta.csize));
-  cta.consumers = static_cast<int>(blockDim.x) - 32;
-  cta.tid = threadIdx.x;
+  cta.group = (static_cast<int>(blockDim.x) - 32) / 2;
+  const int warp = threadIdx.x >> 5, group_warps = cta.group >> 5;
+  cta.gtid = static_cast<int>(threadIdx.x) % cta.group;
   cta.lane = threadIdx.x & 31;
   cta.row_bytes = cols * int64_t{sizeof(T)};
   cta.first_chunk = int64_t{cta.rank} * sh.chunks_per_cta;
@@ -251,59 +270,44 @@ cluster_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int6
   if (threadIdx.x == 0) {
     for (int i = 0; i < sh.ring_slots; ++i) {
       mbar_init(smem_addr(cta.full + i), 1);
-      mbar_init(smem_addr(cta.empty + i), cta.consumers / 32);
+      mbar_init(smem_addr(cta.empty + i), group_warps);
     }
     for (int b = 0; b < kStatsBuffers; ++b) {
       mbar_init(smem_addr(cta.stats_bar + b), 1);
       mbar_arrive_expect_tx(smem_addr(cta.stats_bar + b), 2 * sizeof(acc_t<T>) * cta.csize);
     }
+    *cta.rows_started = 0;
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   cluster_sync();
 
-  if (threadIdx.x >= cta.consumers) {
-    // Producer: one thread walks the same rows as the consumers and keeps the ring full.
-    if (threadIdx.x == cta.consumers) {
-      RingPos pos;
-      for (int64_t row = cluster_id; row < rows; row += clusters) {
-        const unsigned char* src = reinterpret_cast<const unsigned char*>(x + row * xs) +
-                                   cta.first_chunk * sh.chunk_bytes;
-        for (int pass = 0; pass < (sh.resident ? 1 : 2); ++pass) {
-          for (int64_t k = 0; k < cta.my_chunks; ++k) {
-            mbar_wait(smem_addr(cta.empty + pos.slot), pos.phase ^ 1);
-            const uint32_t bytes = cta.bytes_of(k);
-            mbar_arrive_expect_tx(smem_addr(cta.full + pos.slot), bytes);
-            bulk_load(smem_addr(cta.ring + size_t(pos.slot) * sh.chunk_bytes),
-                      src + k * sh.chunk_bytes, bytes, smem_addr(cta.full + pos.slot));
-            pos.advance(sh.ring_slots);
-          }
-        }
-      }
-    }
-  } else {
-    auto out_of = [&](int64_t row) {
-      return reinterpret_cast<T*>(reinterpret_cast<unsigned char*>(y + row * ys) +
-                                  cta.first_chunk * sh.chunk_bytes);
-    };
+  if (warp < group_warps) {
     RingPos pos;
-    if (sh.lookahead) {
-      // Two rows in the ring: row i + 1's statistics are folded and sent before row i is written,
-      // so the cluster exchange of each row overlaps work on the next.
-      RingPos cur = pos;
-      if (cluster_id < rows) cta.stats(pos, 0);
-      int64_t iter = 0;
-      for (int64_t row = cluster_id; row < rows; row += clusters, ++iter) {
-        const RingPos next = pos;
-        if (row + clusters < rows) cta.stats(pos, iter + 1);
-        cta.write(cur, iter, out_of(row));
-        cur = next;
-      }
-    } else {
-      int64_t iter = 0;
-      for (int64_t row = cluster_id; row < rows; row += clusters, ++iter) {
-        RingPos start = pos;
-        cta.stats(pos, iter);
-        cta.write(sh.resident ? start : pos, iter, out_of(row));
+    int64_t iter = 0;
+    for (int64_t row = cluster_id; row < rows; row += clusters, ++iter) cta.stats(pos, iter);
+  } else if (warp < 2 * group_warps) {
+    RingPos pos;
+    int64_t iter = 0;
+    for (int64_t row = cluster_id; row < rows; row += clusters, ++iter) {
+      T* dst = reinterpret_cast<T*>(reinterpret_cast<unsigned char*>(y + row * ys) +
+                                    cta.first_chunk * sh.chunk_bytes);
+      cta.write(pos, iter, dst);
+    }
+  } else if (threadIdx.x == 2 * cta.group) {
+    // Producer: one thread walks the same rows and keeps the ring full.
+    RingPos pos;
+    for (int64_t row = cluster_id; row < rows; row += clusters) {
+      const unsigned char* src =
+          reinterpret_cast<const unsigned char*>(x + row * xs) + cta.first_chunk * sh.chunk_bytes;
+      for (int pass = 0; pass < (sh.resident ? 1 : 2); ++pass) {
+        for (int64_t k = 0; k < cta.my_chunks; ++k) {
+          mbar_wait(smem_addr(cta.empty + pos.slot), pos.phase ^ 1);
+          const uint32_t bytes = cta.bytes_of(k);
+          mbar_arrive_expect_tx(smem_addr(cta.full + pos.slot), bytes);
+          bulk_load(smem_addr(cta.ring + size_t(pos.slot) * sh.chunk_bytes),
+                    src + k * sh.chunk_bytes, bytes, smem_addr(cta.full + pos.slot));
+          pos.advance(sh.ring_slots);
+        }
       }
     }
   }
@@ -342,7 +346,7 @@ cudaError_t launch(const Plan& p, const RowsArgs& a, cudaStream_t stream) {
   cfg.gridDim = dim3(static_cast<unsigned>(clusters * p.cluster));
 
   const ClusterShape sh{p.chunk_bytes, p.ring_slots, p.chunks_per_row, p.chunks_per_cta,
-                        p.resident ? 1 : 0, p.lookahead ? 1 : 0};
+                        p.resident ? 1 : 0};
   e = cudaLaunchKernelEx(&cfg, kernel, static_cast<const T*>(a.x), a.x_stride,
                          static_cast<T*>(a.y), a.y_stride, a.rows, a.cols, sh);
   if (e != cudaSuccess) return e;

@@ -54,7 +54,7 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
   Plan plan;
   plan.family = Family::cluster_rows;
   plan.vec = 16 / p.elem_bytes;
-  plan.threads = o.threads >= 64 && o.threads <= kClusterMaxThreads && o.threads % 32 == 0 ? o.threads
+  plan.threads = o.threads >= 96 && o.threads <= kClusterMaxThreads && (o.threads - 32) % 64 == 0 ? o.threads
                                                                             : kClusterDefaultThreads;
   plan.chunk_bytes = o.chunk_bytes > 0 ? o.chunk_bytes : kClusterDefaultChunk;
   // Each slot costs its chunk and two mbarriers; a fixed area holds the rest.
@@ -83,7 +83,7 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
   plan.cluster = chosen;
   plan.chunks_per_cta = slice(chosen);
   plan.resident = plan.chunks_per_cta <= plan.ring_slots;
-  plan.lookahead = 2 * plan.chunks_per_cta <= plan.ring_slots;
+  plan.double_buffered = 2 * plan.chunks_per_cta <= plan.ring_slots;
   plan.grid = std::min<int64_t>(p.rows, int64_t{1} << 24);  // clusters wanted; occupancy caps it
   return plan;
 }

@@ -51,7 +51,7 @@ struct Plan {
   int iters = 0;           // vectors per lane per row (1, 2, 4 or 8)
   // block_rows and cluster_rows
   bool resident = false;   // the row (or slice) stays in shared memory: one DRAM read
-  bool lookahead = false;  // cluster_rows: two slices fit, the next row's stats come first
+  bool double_buffered = false;  // cluster_rows: two slices fit, the next row loads meanwhile
   int64_t smem_bytes = 0;  // dynamic shared memory per CTA
   // cluster_rows
   int cluster = 0;         // CTAs per row
@@ -64,7 +64,7 @@ struct Plan {
 // Constants shared by the planner and the kernels.
 constexpr int kWarpRowsThreads = 128;
 constexpr int kWarpRowsMaxIters = 8;
-constexpr int kClusterDefaultThreads = 512 + 32;  // consumer warps and one producer warp
+constexpr int kClusterDefaultThreads = 2 * 128 + 32;  // two consumer groups, a producer warp
 constexpr int kClusterMaxThreads = 800;           // keeps 80 registers per thread
 constexpr int kClusterDefaultChunk = 16 * 1024;
 constexpr int kClusterReserveBytes = 2048;  // stats barriers, cluster partials, scratch

@@ -27,7 +27,11 @@ def rows_for(cols, dtype, budget=1 << 24):
 
 
 def planned(rows, cols, dtype, aligned=True):
-    return _C.plan(rows, cols, ELEM[dtype], aligned and cols * ELEM[dtype] % 16 == 0, **device_plan_args())
+    """The plan the library makes for this problem on this GPU (tuning knobs included)."""
+    import os
+    knobs = {k: int(os.environ.get(f"SOFTLIGHT_{k.upper()}", "0"))
+             for k in ("cluster", "chunk_bytes", "threads")}
+    return _C.plan(rows, cols, ELEM[dtype], aligned and cols * ELEM[dtype] % 16 == 0, **device_plan_args(), **knobs)
 
 
 def run_and_check(x, dtype, what, out=None):
@@ -289,3 +293,20 @@ def test_many_host_threads_many_streams():
     assert not errors, errors
     for x, y in zip(xs, ys):
         assert_close_to_float64(y, x, "float32")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("cluster", [1, 2, 4, 8, 16])
+@pytest.mark.parametrize("chunk,threads", [(4096, 288), (16384, 544), (32768, 160)])
+def test_cluster_shapes_forced(monkeypatch, cluster, chunk, threads, dtype):
+    """Every cluster size, chunk size and warp count the tuning knobs can pick, on rows that leave
+    some CTAs of a cluster with no chunk at all and rows that must stream through the ring."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("clusters need sm_90")
+    monkeypatch.setenv("SOFTLIGHT_CLUSTER", str(cluster))
+    monkeypatch.setenv("SOFTLIGHT_CHUNK_BYTES", str(chunk))
+    monkeypatch.setenv("SOFTLIGHT_THREADS", str(threads))
+    for cols in (8192, 69632, 393216, 2_000_000):
+        x = random_rows(max(1, (1 << 22) // cols), cols, dtype)
+        p = planned(*x.shape, dtype)
+        run_and_check(x, dtype, f"cluster={cluster} chunk={chunk} threads={threads} cols={cols} {p}")

@@ -57,7 +57,7 @@ def test_founding_shape_on_h200():
     assert p["cluster"] == 16 and p["chunk_bytes"] == 16384
     assert p["chunks_per_row"] == 96 and p["chunks_per_cta"] == 6
     assert 2 * p["chunks_per_cta"] <= p["ring_slots"]  # the next row streams in behind this one
-    assert p["smem_bytes"] <= H200["smem_optin"] and p["threads"] == 544 and p["lookahead"]
+    assert p["smem_bytes"] <= H200["smem_optin"] and p["threads"] == 288 and p["double_buffered"]
 
 
 def test_founding_shape_bfloat16_on_h200():
@@ -77,9 +77,10 @@ def test_mid_rows_use_one_cta_clusters():
 
 
 def test_overrides():
-    p = plan(4096, 393216, cluster=8, chunk_bytes=8192, threads=800)
-    assert p["cluster"] == 8 and p["chunk_bytes"] == 8192 and p["threads"] == 800
-    assert plan(4096, 393216, threads=1024)["threads"] == 544  # beyond the register budget: ignored
+    p = plan(4096, 393216, cluster=8, chunk_bytes=8192, threads=544)
+    assert p["cluster"] == 8 and p["chunk_bytes"] == 8192 and p["threads"] == 544
+    assert plan(4096, 393216, threads=1056)["threads"] == 288  # beyond the register budget: ignored
+    assert plan(4096, 393216, threads=320)["threads"] == 288   # not two equal groups of warps
     assert p["resident"] == (p["chunks_per_cta"] <= p["ring_slots"])
 
 
@@ -109,7 +110,7 @@ def test_every_plan_covers_its_row(dtype):
                     assert p["cluster"] * p["chunks_per_cta"] * p["chunk_bytes"] >= cols * e
                     assert p["chunks_per_row"] == math.ceil(cols * e / p["chunk_bytes"])
                     assert p["resident"] == (p["chunks_per_cta"] <= p["ring_slots"])
-                    assert p["lookahead"] == (2 * p["chunks_per_cta"] <= p["ring_slots"])
+                    assert p["double_buffered"] == (2 * p["chunks_per_cta"] <= p["ring_slots"])
                     assert p["smem_bytes"] <= dev["smem_optin"]
                     assert p["cluster"] in (1, 2, 4, 8, 16)
                 if not aligned:
