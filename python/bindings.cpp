@@ -79,7 +79,7 @@ py::dict dlpack_view(py::capsule cap) {
 
 py::dict plan(int64_t rows, int64_t cols, int elem_bytes, bool aligned16, int cc_major,
               int cc_minor, int sm_count, int64_t smem_optin, int max_cluster, int cluster,
-              int chunk_bytes, int threads) {
+              int chunk_bytes, int threads, int hints) {
   softlight::Problem p;
   p.rows = rows;
   p.cols = cols;
@@ -91,7 +91,7 @@ py::dict plan(int64_t rows, int64_t cols, int elem_bytes, bool aligned16, int cc
   d.sm_count = sm_count;
   d.smem_per_block_optin = smem_optin;
   d.max_cluster = max_cluster;
-  const softlight::Plan r = softlight::plan_rows(p, d, softlight::Overrides{cluster, chunk_bytes, threads});
+  const softlight::Plan r = softlight::plan_rows(p, d, softlight::Overrides{cluster, chunk_bytes, threads, hints});
   py::dict out;
   out["family"] = softlight::family_name(r.family);
   out["vec"] = r.vec;
@@ -107,6 +107,7 @@ py::dict plan(int64_t rows, int64_t cols, int elem_bytes, bool aligned16, int cc
   out["ring_slots"] = r.ring_slots;
   out["chunks_per_row"] = r.chunks_per_row;
   out["chunks_per_cta"] = r.chunks_per_cta;
+  out["hints"] = r.hints;
   return out;
 }
 
@@ -145,5 +146,5 @@ PYBIND11_MODULE(_C, m) {
   m.def("plan", &plan, py::arg("rows"), py::arg("cols"), py::arg("elem_bytes"), py::arg("aligned16"),
         py::arg("cc_major"), py::arg("cc_minor"), py::arg("sm_count"), py::arg("smem_optin"),
         py::arg("max_cluster"), py::arg("cluster") = 0, py::arg("chunk_bytes") = 0,
-        py::arg("threads") = 0);
+        py::arg("threads") = 0, py::arg("hints") = -1);
 }

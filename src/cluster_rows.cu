@@ -13,6 +13,9 @@
 // behind the writing of the row before it. Resident: the slice fits the ring and is read once
 // (the planner prefers clusters wide enough for two slices). Streamed: the slice outgrows the
 // ring and the producer sends each chunk twice, once to each group.
+#include <cstdio>
+#include <cstdlib>
+
 #include "common.cuh"
 #include "kernels.hpp"
 
@@ -25,6 +28,7 @@ struct ClusterShape {
   int64_t chunks_per_row;
   int64_t chunks_per_cta;
   int resident;  // the slice stays in the ring: one read
+  int hints;     // bit 0: loads evict-first in L2; bit 1: stores streaming (tuning, see plan.hpp)
 };
 
 
@@ -71,6 +75,17 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_
   asm volatile(
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
           "r"(dst), "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+}
+// The same with an L2 eviction policy: evict-first, since every input byte is read exactly once.
+__device__ __forceinline__ void bulk_load_evict_first(uint32_t dst, const void* src, uint32_t bytes,
+                                                      uint32_t bar) {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], "
+      "%2, [%3], %4;" ::"r"(dst),
+      "l"(src), "r"(bytes), "r"(bar), "l"(policy)
       : "memory");
 }
 __device__ __forceinline__ uint32_t cluster_map(uint32_t addr, uint32_t rank) {
@@ -134,6 +149,7 @@ template <class T> struct ClusterCta {
   MaxSum<A>* partials;          // [kStatsBuffers][kMaxCluster]
   A* scratch;                   // [32]
   volatile int* rows_started;   // rows the writers have begun (gates the statistics warps)
+  volatile int* rows_done;      // rows the writers have finished (gates them when streaming)
   uint32_t rank, csize;
   int group;                    // threads per consumer group
   int gtid, lane;               // thread index within its group, lane
@@ -155,8 +171,14 @@ template <class T> struct ClusterCta {
   // reduce over the group, send the result to every CTA of the cluster.
   __device__ __forceinline__ void stats(RingPos& pos, int64_t iter) const {
     // Stay at most two rows ahead of the writers: the partial buffers of peers are reused on
-    // that distance (see kStatsBuffers).
-    while (iter >= 2 && *rows_started < iter - 1) __nanosleep(64);
+    // that distance (see kStatsBuffers). Streaming, wait for the writers to finish the row
+    // before: the chunks between (the writers' pass) may span more than one lap of the ring,
+    // and a slot's parity can only tell apart uses one lap apart.
+    if (sh.resident) {
+      while (iter >= 2 && *rows_started < iter - 1) __nanosleep(64);
+    } else {
+      while (*rows_done < iter) __nanosleep(64);
+    }
     MaxSum<A> part{neg_inf<A>(), A(0)};
     for (int64_t k = 0; k < my_chunks; ++k) {
       mbar_wait(smem_addr(full + pos.slot), pos.phase);
@@ -205,8 +227,13 @@ template <class T> struct ClusterCta {
     const int buf = static_cast<int>(iter % kStatsBuffers);
     const uint32_t bar = smem_addr(stats_bar + buf);
     mbar_wait(bar, static_cast<uint32_t>((iter / kStatsBuffers) & 1));
-    MaxSum<A> row{neg_inf<A>(), A(0)};
-    for (uint32_t r = 0; r < csize; ++r) row = merge_max_sum(row, partials[buf * kMaxCluster + r]);
+    // Lane r takes CTA r's partial; five shuffle steps merge them (a serial merge of 16 is long
+    // enough to show at the founding shape, and the writers wait on it once per row).
+    MaxSum<A> row = lane < static_cast<int>(csize) ? partials[buf * kMaxCluster + lane]
+                                                  : MaxSum<A>{neg_inf<A>(), A(0)};
+    for (int o = 16; o > 0; o /= 2)
+      row = merge_max_sum(row, MaxSum<A>{__shfl_xor_sync(0xffffffffu, row.m, o),
+                                         __shfl_xor_sync(0xffffffffu, row.s, o)});
     // Re-arm this buffer for row iter + kStatsBuffers (see kStatsBuffers), then let the
     // statistics warps move on.
     if (gtid == 0) {
@@ -229,13 +256,14 @@ template <class T> struct ClusterCta {
           if (base + u * group < vectors) {
 #pragma unroll
             for (int j = 0; j < V; ++j) v[u][j] = log_softmax_out(v[u][j], row.m, log_sum);
-            store_pack<T, V>(out + (base + u * group) * V, v[u]);
+            store_pack<T, V>(out + (base + u * group) * V, v[u], (sh.hints & 2) != 0);
           }
         }
       }
       release(pos.slot);
       pos.advance(sh.ring_slots);
     }
+    if (gtid == 0) *rows_done = static_cast<int>(iter + 1);
   }
 };
 #endif  // SOFTLIGHT_HOPPER
@@ -255,6 +283,7 @@ cluster_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int6
   cta.partials = reinterpret_cast<MaxSum<acc_t<T>>*>(cta.stats_bar + kStatsBuffers);  // 16-aligned
   cta.scratch = reinterpret_cast<acc_t<T>*>(cta.partials + kStatsBuffers * kMaxCluster);
   cta.rows_started = reinterpret_cast<volatile int*>(cta.scratch + 32);
+  cta.rows_done = cta.rows_started + 1;
   cta.rank = cluster_rank();
   asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(cta.csize));
   cta.group = (static_cast<int>(blockDim.x) - 32) / 2;
@@ -277,6 +306,7 @@ cluster_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int6
       mbar_arrive_expect_tx(smem_addr(cta.stats_bar + b), 2 * sizeof(acc_t<T>) * cta.csize);
     }
     *cta.rows_started = 0;
+    *cta.rows_done = 0;
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   cluster_sync();
@@ -304,8 +334,12 @@ cluster_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int6
           mbar_wait(smem_addr(cta.empty + pos.slot), pos.phase ^ 1);
           const uint32_t bytes = cta.bytes_of(k);
           mbar_arrive_expect_tx(smem_addr(cta.full + pos.slot), bytes);
-          bulk_load(smem_addr(cta.ring + size_t(pos.slot) * sh.chunk_bytes),
-                    src + k * sh.chunk_bytes, bytes, smem_addr(cta.full + pos.slot));
+          const uint32_t dst = smem_addr(cta.ring + size_t(pos.slot) * sh.chunk_bytes);
+          if (sh.hints & 1) {
+            bulk_load_evict_first(dst, src + k * sh.chunk_bytes, bytes, smem_addr(cta.full + pos.slot));
+          } else {
+            bulk_load(dst, src + k * sh.chunk_bytes, bytes, smem_addr(cta.full + pos.slot));
+          }
           pos.advance(sh.ring_slots);
         }
       }
@@ -346,7 +380,13 @@ cudaError_t launch(const Plan& p, const RowsArgs& a, cudaStream_t stream) {
   cfg.gridDim = dim3(static_cast<unsigned>(clusters * p.cluster));
 
   const ClusterShape sh{p.chunk_bytes, p.ring_slots, p.chunks_per_row, p.chunks_per_cta,
-                        p.resident ? 1 : 0};
+                        p.resident ? 1 : 0, p.hints};
+  if (std::getenv("SOFTLIGHT_VERBOSE"))
+    std::fprintf(stderr,
+                 "softlight: cluster_rows cluster=%d clusters=%lld (active max %d) threads=%d chunk=%d "
+                 "slots=%d chunks/cta=%lld resident=%d hints=%d\n",
+                 p.cluster, static_cast<long long>(clusters), active, p.threads, p.chunk_bytes,
+                 p.ring_slots, static_cast<long long>(p.chunks_per_cta), p.resident ? 1 : 0, p.hints);
   e = cudaLaunchKernelEx(&cfg, kernel, static_cast<const T*>(a.x), a.x_stride,
                          static_cast<T*>(a.y), a.y_stride, a.rows, a.cols, sh);
   if (e != cudaSuccess) return e;

@@ -157,9 +157,15 @@ __device__ __forceinline__ void copy_pack(T* dst, const T* src, acc_t<T> (&out)[
   }
 }
 
-// Stores into global memory (y).
+__device__ __forceinline__ void store_global_v4_evict_first(void* p, uint4 v) {
+  asm volatile("st.global.cs.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y),
+               "r"(v.z), "r"(v.w)
+               : "memory");
+}
+
+// Stores into global memory (y); `evict_first` marks the lines as streaming (st.global.cs).
 template <class T, int V>
-__device__ __forceinline__ void store_pack(T* p, const acc_t<T> (&in)[V]) {
+__device__ __forceinline__ void store_pack(T* p, const acc_t<T> (&in)[V], bool evict_first = false) {
   if constexpr (sizeof(T) * V == 16) {
     uint32_t w[4];
     if constexpr (sizeof(T) == 2) {
@@ -175,7 +181,12 @@ __device__ __forceinline__ void store_pack(T* p, const acc_t<T> (&in)[V]) {
         w[2 * i + 1] = static_cast<uint32_t>(__double2hiint(in[i]));
       }
     }
-    store_global_v4(p, make_uint4(w[0], w[1], w[2], w[3]));
+    const uint4 u = make_uint4(w[0], w[1], w[2], w[3]);
+    if (evict_first) {
+      store_global_v4_evict_first(p, u);
+    } else {
+      store_global_v4(p, u);
+    }
   } else {
 #pragma unroll
     for (int i = 0; i < V; ++i) p[i] = from_acc<T>(in[i]);

@@ -67,13 +67,14 @@ cudaError_t device_info(int device, DeviceInfo* d) {
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// Tuning knobs for experiments: SOFTLIGHT_CLUSTER, SOFTLIGHT_CHUNK_BYTES, SOFTLIGHT_THREADS
-// (unset: the planner's choice).
+// Tuning knobs for experiments: SOFTLIGHT_CLUSTER, SOFTLIGHT_CHUNK_BYTES, SOFTLIGHT_THREADS,
+// SOFTLIGHT_HINTS (unset: the planner's choice); SOFTLIGHT_VERBOSE prints cluster launches.
 Overrides overrides_from_env() {
   Overrides o;
   if (const char* s = std::getenv("SOFTLIGHT_CLUSTER")) o.cluster = std::atoi(s);
   if (const char* s = std::getenv("SOFTLIGHT_CHUNK_BYTES")) o.chunk_bytes = std::atoi(s);
   if (const char* s = std::getenv("SOFTLIGHT_THREADS")) o.threads = std::atoi(s);
+  if (const char* s = std::getenv("SOFTLIGHT_HINTS")) o.hints = std::atoi(s);
   if (o.chunk_bytes % 16 != 0 || o.chunk_bytes < 0) o.chunk_bytes = 0;
   return o;
 }
@@ -131,7 +132,7 @@ extern "C" softlight_status softlight_log_softmax_forward(const void* x, int64_t
   // fall back to one CTA per row. Nothing has been queued when this error comes back.
   while (e == cudaErrorInvalidClusterSize && dev.max_cluster > 0) {
     dev.max_cluster = plan.cluster > 1 ? plan.cluster / 2 : 0;
-    plan = plan_rows(prob, dev, Overrides{0, over.chunk_bytes, over.threads});
+    plan = plan_rows(prob, dev, Overrides{0, over.chunk_bytes, over.threads, over.hints});
     e = run_plan(plan, args, s);
   }
   if (e != cudaSuccess) {

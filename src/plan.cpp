@@ -62,6 +62,7 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
   plan.ring_slots = static_cast<int>((d.smem_per_block_optin - kClusterReserveBytes) / slot_bytes);
   plan.smem_bytes = int64_t{plan.ring_slots} * slot_bytes + kClusterReserveBytes;
   plan.chunks_per_row = ceil_div(p.cols * p.elem_bytes, plan.chunk_bytes);
+  plan.hints = o.hints >= 0 ? o.hints & 3 : kClusterDefaultHints;
   const int max_cluster = std::min(d.max_cluster, kMaxCluster);
 
   auto slice = [&](int c) { return ceil_div(plan.chunks_per_row, c); };

@@ -39,6 +39,7 @@ struct Overrides {
   int cluster = 0;
   int chunk_bytes = 0;
   int threads = 0;  // cluster_rows: threads per CTA (consumer warps plus the producer warp)
+  int hints = -1;   // cluster_rows: cache hints, bit 0 loads evict-first, bit 1 streaming stores
 };
 
 struct Plan {
@@ -59,14 +60,16 @@ struct Plan {
   int ring_slots = 0;      // chunks the ring holds
   int64_t chunks_per_row = 0;
   int64_t chunks_per_cta = 0;
+  int hints = 0;           // cache hints (see Overrides)
 };
 
 // Constants shared by the planner and the kernels.
 constexpr int kWarpRowsThreads = 128;
 constexpr int kWarpRowsMaxIters = 8;
-constexpr int kClusterDefaultThreads = 2 * 128 + 32;  // two consumer groups, a producer warp
+constexpr int kClusterDefaultThreads = 2 * 256 + 32;  // two consumer groups, a producer warp
 constexpr int kClusterMaxThreads = 800;           // keeps 80 registers per thread
 constexpr int kClusterDefaultChunk = 16 * 1024;
+constexpr int kClusterDefaultHints = 0;
 constexpr int kClusterReserveBytes = 2048;  // stats barriers, cluster partials, scratch
 constexpr int kBlockRowsReserveBytes = 1024;
 constexpr int kMaxCluster = 16;

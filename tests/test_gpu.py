@@ -31,6 +31,7 @@ def planned(rows, cols, dtype, aligned=True):
     import os
     knobs = {k: int(os.environ.get(f"SOFTLIGHT_{k.upper()}", "0"))
              for k in ("cluster", "chunk_bytes", "threads")}
+    knobs["hints"] = int(os.environ.get("SOFTLIGHT_HINTS", "-1"))
     return _C.plan(rows, cols, ELEM[dtype], aligned and cols * ELEM[dtype] % 16 == 0, **device_plan_args(), **knobs)
 
 
@@ -297,16 +298,28 @@ def test_many_host_threads_many_streams():
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("cluster", [1, 2, 4, 8, 16])
-@pytest.mark.parametrize("chunk,threads", [(4096, 288), (16384, 544), (32768, 160)])
-def test_cluster_shapes_forced(monkeypatch, cluster, chunk, threads, dtype):
-    """Every cluster size, chunk size and warp count the tuning knobs can pick, on rows that leave
-    some CTAs of a cluster with no chunk at all and rows that must stream through the ring."""
+@pytest.mark.parametrize("chunk,threads,hints", [(4096, 288, 0), (16384, 544, 3), (32768, 160, 1)])
+def test_cluster_shapes_forced(monkeypatch, cluster, chunk, threads, hints, dtype):
+    """Every cluster size, chunk size, warp count and cache hint the tuning knobs can pick, on
+    rows that leave some CTAs of a cluster with no chunk at all, and rows that stream through
+    the ring; always more rows than clusters, so that every cluster goes round several times."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("clusters need sm_90")
     monkeypatch.setenv("SOFTLIGHT_CLUSTER", str(cluster))
     monkeypatch.setenv("SOFTLIGHT_CHUNK_BYTES", str(chunk))
     monkeypatch.setenv("SOFTLIGHT_THREADS", str(threads))
+    monkeypatch.setenv("SOFTLIGHT_HINTS", str(hints))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     for cols in (8192, 69632, 393216, 2_000_000):
-        x = random_rows(max(1, (1 << 22) // cols), cols, dtype)
+        rows = min(3 * sms // cluster + 5, max(1, (1 << 26) // (cols * ELEM[dtype])))
+        x = random_rows(rows, cols, dtype)
         p = planned(*x.shape, dtype)
         run_and_check(x, dtype, f"cluster={cluster} chunk={chunk} threads={threads} cols={cols} {p}")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_many_streamed_rows_per_cluster(dtype):
+    x = random_rows(64, 4_194_304, dtype)  # 16 MB rows: each cluster streams several of them
+    p = planned(*x.shape, dtype)
+    assert p["family"] != "cluster_rows" or not p["resident"]
+    run_and_check(x, dtype, f"{p}")

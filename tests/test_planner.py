@@ -57,7 +57,7 @@ def test_founding_shape_on_h200():
     assert p["cluster"] == 16 and p["chunk_bytes"] == 16384
     assert p["chunks_per_row"] == 96 and p["chunks_per_cta"] == 6
     assert 2 * p["chunks_per_cta"] <= p["ring_slots"]  # the next row streams in behind this one
-    assert p["smem_bytes"] <= H200["smem_optin"] and p["threads"] == 288 and p["double_buffered"]
+    assert p["smem_bytes"] <= H200["smem_optin"] and p["threads"] == 544 and p["double_buffered"]
 
 
 def test_founding_shape_bfloat16_on_h200():
@@ -77,10 +77,10 @@ def test_mid_rows_use_one_cta_clusters():
 
 
 def test_overrides():
-    p = plan(4096, 393216, cluster=8, chunk_bytes=8192, threads=544)
-    assert p["cluster"] == 8 and p["chunk_bytes"] == 8192 and p["threads"] == 544
-    assert plan(4096, 393216, threads=1056)["threads"] == 288  # beyond the register budget: ignored
-    assert plan(4096, 393216, threads=320)["threads"] == 288   # not two equal groups of warps
+    p = plan(4096, 393216, cluster=8, chunk_bytes=8192, threads=288)
+    assert p["cluster"] == 8 and p["chunk_bytes"] == 8192 and p["threads"] == 288
+    assert plan(4096, 393216, threads=1056)["threads"] == 544  # beyond the register budget: ignored
+    assert plan(4096, 393216, threads=320)["threads"] == 544   # not two equal groups of warps
     assert p["resident"] == (p["chunks_per_cta"] <= p["ring_slots"])
 
 

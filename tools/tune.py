@@ -34,11 +34,12 @@ def main():
     ap.add_argument("--clusters", default="0")
     ap.add_argument("--chunks", default="0")
     ap.add_argument("--threads", default="0")
+    ap.add_argument("--hints", default="-1")
     ap.add_argument("--reps", type=int, default=20)
     a = ap.parse_args()
     gpu = Gpu(0)
     ext = torch.cuda.ExternalStream(gpu.handle)
-    print(f"{'shape':>14s} {'dtype':9s} {'cluster':>7s} {'chunk':>6s} {'thr':>4s} {'ms':>8s} {'x copy':>7s}")
+    print(f"{'shape':>14s} {'dtype':9s} {'cluster':>7s} {'chunk':>6s} {'thr':>4s} {'h':>2s} {'ms':>8s} {'x copy':>7s}")
     for rows, cols in parse_shapes(a.shapes):
         for dt in a.dtypes.split(","):
             with torch.cuda.stream(ext):
@@ -47,11 +48,11 @@ def main():
             ext.synchronize()
             nbytes = x.numel() * x.element_size()
             copy_ms = gpu.time_ms(lambda: gpu.copy(y.data_ptr(), x.data_ptr(), nbytes), 3, a.reps)
-            variants = [(c, ch, th) for c in a.clusters.split(",") for ch in a.chunks.split(",")
-                        for th in a.threads.split(",")]
-            for c, ch, th in variants:
+            variants = [(c, ch, th, h) for c in a.clusters.split(",") for ch in a.chunks.split(",")
+                        for th in a.threads.split(",") for h in a.hints.split(",")]
+            for c, ch, th, h in variants:
                 os.environ["SOFTLIGHT_CLUSTER"], os.environ["SOFTLIGHT_CHUNK_BYTES"] = c, ch
-                os.environ["SOFTLIGHT_THREADS"] = th
+                os.environ["SOFTLIGHT_THREADS"], os.environ["SOFTLIGHT_HINTS"] = th, h
                 run = lambda: softlight.log_softmax_raw(x.data_ptr(), y.data_ptr(), rows, cols, dtype=dt,  # noqa: E731
                                                         stream=gpu.handle)
                 y.fill_(float("nan"))
@@ -60,12 +61,12 @@ def main():
                 gpu.sync()
                 bad = check_rows(y, x, sorted({0, 1, rows // 2, rows - 1}), dt)
                 ms = gpu.time_ms(run, 3, a.reps) if bad is None else float("nan")
-                print(f"{f'{rows}x{cols}':>14s} {dt:9s} {c:>7s} {ch:>6s} {th:>4s} {ms:8.3f} {ms / copy_ms:7.3f}"
+                print(f"{f'{rows}x{cols}':>14s} {dt:9s} {c:>7s} {ch:>6s} {th:>4s} {h:>2s} {ms:8.3f} {ms / copy_ms:7.3f}"
                       + (f"  WRONG (err {bad})" if bad is not None else ""), flush=True)
-            print(f"{f'{rows}x{cols}':>14s} {dt:9s} {'copy':>7s} {'':>6s} {'':>4s} {copy_ms:8.3f} {1:7.3f}", flush=True)
+            print(f"{f'{rows}x{cols}':>14s} {dt:9s} {'copy':>7s} {'':>6s} {'':>4s} {'':>2s} {copy_ms:8.3f} {1:7.3f}", flush=True)
             del x, y
             torch.cuda.empty_cache()
-    for k in ("SOFTLIGHT_CLUSTER", "SOFTLIGHT_CHUNK_BYTES", "SOFTLIGHT_THREADS"):
+    for k in ("SOFTLIGHT_CLUSTER", "SOFTLIGHT_CHUNK_BYTES", "SOFTLIGHT_THREADS", "SOFTLIGHT_HINTS"):
         os.environ.pop(k, None)
 
 
