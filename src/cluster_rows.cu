@@ -137,10 +137,9 @@ struct RingPos {
 // One CTA's share of the work. Warps [0, G) fold statistics, warps [G, 2G) write, warp 2G
 // produces. Both consumer groups walk the ring's sequence of chunks; in streaming mode each row
 // is sent twice, the first pass for the statistics warps and the second for the writers.
-template <class T> struct ClusterCta {
+template <class T, int U> struct ClusterCta {  // U: 16-byte vectors per thread and step
   using A = acc_t<T>;
   static constexpr int V = 16 / sizeof(T);
-  static constexpr int U = 4;  // 16-byte vectors in flight per thread and step
 
   ClusterShape sh;
   unsigned char* ring;
@@ -280,13 +279,13 @@ template <class T> struct ClusterCta {
 };
 #endif  // SOFTLIGHT_HOPPER
 
-template <class T>
+template <class T, int U>
 __global__ void __launch_bounds__(kClusterMaxThreads, 1)
 cluster_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t ys,
                     int64_t rows, int64_t cols, ClusterShape sh) {
 #ifdef SOFTLIGHT_HOPPER
   extern __shared__ __align__(128) unsigned char smem[];
-  ClusterCta<T> cta;
+  ClusterCta<T, U> cta;
   cta.sh = sh;
   cta.ring = smem;
   cta.full = reinterpret_cast<uint64_t*>(smem + size_t(sh.ring_slots) * sh.chunk_bytes);
@@ -368,7 +367,10 @@ cluster_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int6
 
 template <class T>
 cudaError_t launch(const Plan& p, const RowsArgs& a, cudaStream_t stream) {
-  auto kernel = cluster_rows_kernel<T>;
+  // A step of a consumer group covers group * U vectors: U = 4 when a chunk holds that many,
+  // else 2, so that small chunks do not leave lanes idle.
+  const int group = (p.threads - 32) / 2;
+  auto kernel = p.chunk_bytes / 16 >= 4 * group ? cluster_rows_kernel<T, 4> : cluster_rows_kernel<T, 2>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(p.smem_bytes));
   if (e == cudaSuccess && p.cluster > 8)
