@@ -38,11 +38,10 @@ struct ClusterShape {
 #endif
 
 #ifdef SOFTLIGHT_HOPPER
-// Buffers for the cluster's partials and the rows' results. A CTA's statistics warps merge row j
-// (waiting for every peer's partial of it) before they fold row j + 1, so a peer sends its
-// partial of row j only once every CTA has sent row j - 1, that is, once every CTA has merged
-// row j - 2 and re-armed that row's buffer. Two buffers would do; four let the writers, which
-// read the merged results, trail the statistics by up to three rows.
+// Buffers for the cluster's partials, by row. The statistics warps start row j only once their
+// writers have started row j - 2 (and so re-armed the buffer of row j + 2). A peer therefore
+// sends its partial of row j only after it holds ours of row j - 2, by which time our writers
+// have started row j - 4: rows j - 3 .. j may be unread here, and four buffers keep them apart.
 constexpr int kStatsBuffers = 4;
 constexpr int kBar = 1;  // named barrier over the consumer warps
 
@@ -145,13 +144,11 @@ template <class T, int U> struct ClusterCta {  // U: 16-byte vectors per thread 
   unsigned char* ring;
   uint64_t* full;
   uint64_t* empty;
-  uint64_t* stats_bar;          // [kStatsBuffers]: the cluster's partials of a row have arrived
-  uint64_t* final_bar;          // [kStatsBuffers]: a row's (max, log-sum) is ready for the writers
+  uint64_t* stats_bar;          // [kStatsBuffers]
   MaxSum<A>* partials;          // [kStatsBuffers][kMaxCluster]
-  MaxSum<A>* finals;            // [kStatsBuffers]: (max, log of the sum) by row
   A* scratch;                   // [32]
-  int* final_reads;             // [kStatsBuffers]: writer warps that have read each buffer, in all
-  volatile int* rows_done;      // rows the writers have finished (gates streaming statistics)
+  volatile int* rows_started;   // rows the writers have begun (gates the statistics warps)
+  volatile int* rows_done;      // rows the writers have finished (gates them when streaming)
   uint32_t rank, csize;
   int group;                    // threads per consumer group
   int gtid, lane;               // thread index within its group, lane
@@ -170,14 +167,17 @@ template <class T, int U> struct ClusterCta {  // U: 16-byte vectors per thread 
   }
 
   // Statistics warps: fold the slice of row `iter` into a running (max, sum) as its chunks land,
-  // reduce over the group, send the result to every CTA of the cluster, and once all partials
-  // are in, publish the row's (max, log-sum) to this CTA's writers.
+  // reduce over the group, send the result to every CTA of the cluster.
   __device__ __forceinline__ void stats(RingPos& pos, int64_t iter) const {
-    // Streaming, wait for the writers to finish the row before: the chunks between (the
-    // writers' pass) may span more than one lap of the ring, and a slot's parity can only tell
-    // apart uses one lap apart.
-    if (!sh.resident)
+    // Stay at most two rows ahead of the writers: the partial buffers of peers are reused on
+    // that distance (see kStatsBuffers). Streaming, wait for the writers to finish the row
+    // before: the chunks between (the writers' pass) may span more than one lap of the ring,
+    // and a slot's parity can only tell apart uses one lap apart.
+    if (sh.resident) {
+      while (iter >= 2 && *rows_started < iter - 1) __nanosleep(64);
+    } else {
       while (*rows_done < iter) __nanosleep(64);
+    }
     MaxSum<A> part{neg_inf<A>(), A(0)};
     for (int64_t k = 0; k < my_chunks; ++k) {
       mbar_wait(smem_addr(full + pos.slot), pos.phase);
@@ -214,44 +214,36 @@ template <class T, int U> struct ClusterCta {  // U: 16-byte vectors per thread 
     }
     if (!sh.resident) pos.advance(sh.ring_slots, my_chunks);  // the writers' pass of this row
     part = block_max_sum(part, scratch, group, kBar);
-    const int buf = static_cast<int>(iter % kStatsBuffers);
-    const uint32_t bar = smem_addr(stats_bar + buf);
     if (gtid == 0) {
+      const int buf = static_cast<int>(iter % kStatsBuffers);
       const uint32_t slot_addr = smem_addr(partials + buf * kMaxCluster + rank);
+      const uint32_t bar = smem_addr(stats_bar + buf);
       for (uint32_t r = 0; r < csize; ++r)
         send_pair(cluster_map(slot_addr, r), part.m, part.s, cluster_map(bar, r));
     }
-    if (gtid >= 32) return;
-    // Warp 0: wait for every CTA's partial; lane r takes CTA r's, five shuffle steps merge them.
+  }
+
+  // Writer warps: wait for the cluster's partials of row `iter`, merge them, write the slice out
+  // from shared memory and hand each slot back as soon as it is read.
+  __device__ __forceinline__ void write(RingPos& pos, int64_t iter, T* dst) const {
+    if (!sh.resident) pos.advance(sh.ring_slots, my_chunks);  // the statistics pass of this row
+    const int buf = static_cast<int>(iter % kStatsBuffers);
+    const uint32_t bar = smem_addr(stats_bar + buf);
     mbar_wait(bar, static_cast<uint32_t>((iter / kStatsBuffers) & 1));
+    // Lane r takes CTA r's partial; five shuffle steps merge them (a serial merge of 16 is long
+    // enough to show at the founding shape, and the writers wait on it once per row).
     MaxSum<A> row = lane < static_cast<int>(csize) ? partials[buf * kMaxCluster + lane]
                                                   : MaxSum<A>{neg_inf<A>(), A(0)};
     for (int o = 16; o > 0; o /= 2)
       row = merge_max_sum(row, MaxSum<A>{__shfl_xor_sync(0xffffffffu, row.m, o),
                                          __shfl_xor_sync(0xffffffffu, row.s, o)});
-    if (lane == 0) {
-      // Re-arm for row iter + kStatsBuffers (see kStatsBuffers). The writers must have read
-      // this buffer's previous row before it is overwritten.
+    // Re-arm this buffer for row iter + kStatsBuffers (see kStatsBuffers), then let the
+    // statistics warps move on.
+    if (gtid == 0) {
       mbar_arrive_expect_tx(bar, 2 * sizeof(A) * csize);
-      const int writer_warps = group / 32;
-      const int uses = static_cast<int>(iter / kStatsBuffers);
-      while (*reinterpret_cast<volatile int*>(final_reads + buf) < uses * writer_warps) __nanosleep(32);
-      finals[buf] = {row.m, log_acc(row.s)};
-      mbar_arrive(smem_addr(final_bar + buf));
+      *rows_started = static_cast<int>(iter + 1);
     }
-    __syncwarp();
-  }
-
-  // Writer warps: take the row's (max, log-sum), write the slice out from shared memory and
-  // hand each slot back as soon as it is read.
-  __device__ __forceinline__ void write(RingPos& pos, int64_t iter, T* dst) const {
-    if (!sh.resident) pos.advance(sh.ring_slots, my_chunks);  // the statistics pass of this row
-    const int buf = static_cast<int>(iter % kStatsBuffers);
-    mbar_wait(smem_addr(final_bar + buf), static_cast<uint32_t>((iter / kStatsBuffers) & 1));
-    const MaxSum<A> row = finals[buf];
-    const A log_sum = row.s;
-    __syncwarp();
-    if (lane == 0) atomicAdd(final_reads + buf, 1);
+    const A log_sum = log_acc(row.s);
     for (int64_t k = 0; k < my_chunks; ++k) {
       mbar_wait(smem_addr(full + pos.slot), pos.phase);  // long complete when resident
       const T* c = slot_data(pos.slot);
@@ -291,12 +283,10 @@ cluster_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int6
   cta.full = reinterpret_cast<uint64_t*>(smem + size_t(sh.ring_slots) * sh.chunk_bytes);
   cta.empty = cta.full + sh.ring_slots;
   cta.stats_bar = cta.empty + sh.ring_slots;
-  cta.final_bar = cta.stats_bar + kStatsBuffers;
-  cta.partials = reinterpret_cast<MaxSum<acc_t<T>>*>(cta.final_bar + kStatsBuffers);  // 16-aligned
-  cta.finals = cta.partials + kStatsBuffers * kMaxCluster;
-  cta.scratch = reinterpret_cast<acc_t<T>*>(cta.finals + kStatsBuffers);
-  cta.final_reads = reinterpret_cast<int*>(cta.scratch + 32);
-  cta.rows_done = cta.final_reads + kStatsBuffers;
+  cta.partials = reinterpret_cast<MaxSum<acc_t<T>>*>(cta.stats_bar + kStatsBuffers);  // 16-aligned
+  cta.scratch = reinterpret_cast<acc_t<T>*>(cta.partials + kStatsBuffers * kMaxCluster);
+  cta.rows_started = reinterpret_cast<volatile int*>(cta.scratch + 32);
+  cta.rows_done = cta.rows_started + 1;
   cta.rank = cluster_rank();
   asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(cta.csize));
   cta.group = (static_cast<int>(blockDim.x) - 32) / 2;
@@ -317,9 +307,8 @@ cluster_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int6
     for (int b = 0; b < kStatsBuffers; ++b) {
       mbar_init(smem_addr(cta.stats_bar + b), 1);
       mbar_arrive_expect_tx(smem_addr(cta.stats_bar + b), 2 * sizeof(acc_t<T>) * cta.csize);
-      mbar_init(smem_addr(cta.final_bar + b), 1);
-      cta.final_reads[b] = 0;
     }
+    *cta.rows_started = 0;
     *cta.rows_done = 0;
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }

@@ -68,7 +68,10 @@ constexpr int kWarpRowsThreads = 128;
 constexpr int kWarpRowsMaxIters = 8;
 constexpr int kClusterDefaultThreads = 2 * 256 + 32;  // two consumer groups, a producer warp
 constexpr int kClusterMaxThreads = 800;           // keeps 80 registers per thread
-constexpr int kClusterDefaultChunk = 16 * 1024;
+// Chunk sizes measured best on an H200 at the founding shape (docs/design.md): 8 KB for 4- and
+// 8-byte types, 16 KB for 2-byte types.
+constexpr int kClusterChunk32 = 8 * 1024;
+constexpr int kClusterChunk16 = 16 * 1024;
 constexpr int kClusterDefaultHints = 0;
 constexpr int kClusterReserveBytes = 2048;  // stats barriers, cluster partials, scratch
 constexpr int kBlockRowsReserveBytes = 1024;

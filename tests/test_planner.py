@@ -54,8 +54,8 @@ def test_block_rows_resident_and_streamed():
 def test_founding_shape_on_h200():
     p = plan(4096, 393216)
     assert p["family"] == "cluster_rows" and p["resident"]
-    assert p["cluster"] == 16 and p["chunk_bytes"] == 16384
-    assert p["chunks_per_row"] == 96 and p["chunks_per_cta"] == 6
+    assert p["cluster"] == 16 and p["chunk_bytes"] == 8192
+    assert p["chunks_per_row"] == 192 and p["chunks_per_cta"] == 12
     assert 2 * p["chunks_per_cta"] <= p["ring_slots"]  # the next row streams in behind this one
     assert p["smem_bytes"] <= H200["smem_optin"] and p["threads"] == 544 and p["double_buffered"]
 
@@ -63,6 +63,7 @@ def test_founding_shape_on_h200():
 def test_founding_shape_bfloat16_on_h200():
     p = plan(4096, 393216, "bfloat16")
     assert p["family"] == "cluster_rows" and p["resident"] and p["cluster"] == 8
+    assert p["chunk_bytes"] == 16384 and p["chunks_per_cta"] == 6 and p["double_buffered"]
 
 
 def test_very_long_rows_stream_through_the_cluster():
