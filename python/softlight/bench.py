@@ -299,9 +299,9 @@ def plot(meta, rows, path):
         key = (tuple(r["shape"]), r["dtype"], r["op"])
         if key not in cases:
             cases.append(key)
-    provs = []
+    provs = []  # providers with at least one timed result, in the order they ran
     for r in rows:
-        if r["provider"] not in provs:
+        if r["provider"] not in provs and r.get("ms"):
             provs.append(r["provider"])
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(cases) * max(1, len(provs)) / 3), 4.5))
     width = 0.8 / max(1, len(provs))
@@ -312,7 +312,7 @@ def plot(meta, rows, path):
                 if r["provider"] == p and tuple(r["shape"]) == shape and r["dtype"] == dtype and r.get("ms"):
                     xs.append(j + i * width)
                     ys.append(2 * shape[0] * shape[1] * _dtypes.itemsize(dtype) / r["ms"] / 1e6)
-        ax.bar(xs, ys, width, label=p)
+        ax.bar(xs, ys, width, label=p, color=plt.get_cmap("tab10")(i % 10))
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cases))])
     ax.set_xticklabels([f"{s[0]}x{s[1]}\n{d} {o}" for s, d, o in cases], fontsize=8)
     ax.set_ylabel("GB/s (one read + one write)")
