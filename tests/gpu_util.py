@@ -3,14 +3,19 @@ import pytest
 
 from reference import POISON, TOL
 
+from softlight._device import gpu_count
+
 try:
     import torch
-    HAVE_GPU = torch.cuda.is_available()
-    WHY = "no CUDA GPU visible to torch"
 except ImportError:  # the GPU tests build their arrays with torch
     torch = None
-    HAVE_GPU = False
-    WHY = "torch is not installed (the GPU tests use torch arrays)"
+
+if gpu_count() == 0:
+    HAVE_GPU, WHY = False, "no CUDA GPU or driver on this machine"
+elif torch is None:
+    HAVE_GPU, WHY = False, "torch is not installed (the GPU tests build their arrays with torch)"
+else:
+    HAVE_GPU, WHY = torch.cuda.is_available(), "torch sees no CUDA GPU"
 
 needs_gpu = pytest.mark.skipif(not HAVE_GPU, reason=WHY)
 
