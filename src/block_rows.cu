@@ -88,10 +88,8 @@ cudaError_t launch(const Plan& p, const RowsArgs& a, cudaStream_t stream) {
 }  // namespace
 
 cudaError_t launch_block_rows(const Plan& p, const RowsArgs& a, cudaStream_t stream) {
-  return with_element_type(a.dtype, [&](auto tag) {
-    using T = decltype(tag);
-    constexpr int kVec = 16 / sizeof(T);
-    return p.vec == 1 ? launch<T, 1>(p, a, stream) : launch<T, kVec>(p, a, stream);
+  return with_element_type_and_vec(a.dtype, p.vec, [&](auto tag, auto vec) {
+    return launch<decltype(tag), decltype(vec)::value>(p, a, stream);
   });
 }
 

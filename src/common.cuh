@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "softlight/softlight.h"
 
@@ -246,6 +247,16 @@ template <class F> cudaError_t with_element_type(softlight_dtype dtype, F&& f) {
     case SOFTLIGHT_FLOAT64: return f(double{});
   }
   return cudaErrorInvalidValue;
+}
+
+// Calls f(T{}, std::integral_constant<int, V>{}) with the element type and the access width the
+// plan chose: one element, or a 16-byte pack.
+template <class F> cudaError_t with_element_type_and_vec(softlight_dtype dtype, int vec, F&& f) {
+  return with_element_type(dtype, [&](auto tag) {
+    constexpr int kPack = 16 / sizeof(tag);
+    return vec == 1 ? f(tag, std::integral_constant<int, 1>{})
+                    : f(tag, std::integral_constant<int, kPack>{});
+  });
 }
 
 }  // namespace softlight

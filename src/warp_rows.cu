@@ -77,10 +77,8 @@ cudaError_t launch_iters(const Plan& p, const RowsArgs& a, cudaStream_t stream) 
 }  // namespace
 
 cudaError_t launch_warp_rows(const Plan& p, const RowsArgs& a, cudaStream_t stream) {
-  return with_element_type(a.dtype, [&](auto tag) {
-    using T = decltype(tag);
-    constexpr int kVec = 16 / sizeof(T);
-    return p.vec == 1 ? launch_iters<T, 1>(p, a, stream) : launch_iters<T, kVec>(p, a, stream);
+  return with_element_type_and_vec(a.dtype, p.vec, [&](auto tag, auto vec) {
+    return launch_iters<decltype(tag), decltype(vec)::value>(p, a, stream);
   });
 }
 
