@@ -123,25 +123,29 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "forward",
       [](uintptr_t x, int64_t xs, uintptr_t y, int64_t ys, int64_t rows, int64_t cols, int dtype,
-         uintptr_t stream) {
+         uintptr_t stream, double temperature, uintptr_t lse) {
+        const softlight_forward_options o{temperature, reinterpret_cast<void*>(lse)};
         py::gil_scoped_release nogil;
-        return static_cast<int>(softlight_log_softmax_forward(
+        return static_cast<int>(softlight_log_softmax_forward_ex(
             reinterpret_cast<const void*>(x), xs, reinterpret_cast<void*>(y), ys, rows, cols,
-            as_dtype(dtype), reinterpret_cast<void*>(stream)));
+            as_dtype(dtype), &o, reinterpret_cast<void*>(stream)));
       },
       py::arg("x"), py::arg("x_stride"), py::arg("y"), py::arg("y_stride"), py::arg("rows"),
-      py::arg("cols"), py::arg("dtype"), py::arg("stream"));
+      py::arg("cols"), py::arg("dtype"), py::arg("stream"), py::arg("temperature") = 1.0,
+      py::arg("lse") = 0);
   m.def(
       "forward_cpu",
       [](uintptr_t x, int64_t xs, uintptr_t y, int64_t ys, int64_t rows, int64_t cols, int dtype,
-         int threads) {
+         int threads, double temperature, uintptr_t lse) {
+        const softlight_forward_options o{temperature, reinterpret_cast<void*>(lse)};
         py::gil_scoped_release nogil;
-        return static_cast<int>(softlight_log_softmax_forward_cpu(
+        return static_cast<int>(softlight_log_softmax_forward_cpu_ex(
             reinterpret_cast<const void*>(x), xs, reinterpret_cast<void*>(y), ys, rows, cols,
-            as_dtype(dtype), threads));
+            as_dtype(dtype), &o, threads));
       },
       py::arg("x"), py::arg("x_stride"), py::arg("y"), py::arg("y_stride"), py::arg("rows"),
-      py::arg("cols"), py::arg("dtype"), py::arg("threads") = 0);
+      py::arg("cols"), py::arg("dtype"), py::arg("threads") = 0, py::arg("temperature") = 1.0,
+      py::arg("lse") = 0);
   m.def("dlpack_view", &dlpack_view, py::arg("capsule"));
   m.def("plan", &plan, py::arg("rows"), py::arg("cols"), py::arg("elem_bytes"), py::arg("aligned16"),
         py::arg("cc_major"), py::arg("cc_minor"), py::arg("sm_count"), py::arg("smem_optin"),

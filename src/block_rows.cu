@@ -13,7 +13,7 @@ constexpr int kBar = 1;  // named barrier id for the block reductions
 template <class T, int V>
 __global__ void __launch_bounds__(1024)
 block_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t ys, int64_t rows,
-                  int64_t cols, bool resident) {
+                  int64_t cols, bool resident, acc_t<T> scale, acc_t<T>* __restrict__ lse) {
   using A = acc_t<T>;
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ A scratch[32];
@@ -31,7 +31,7 @@ block_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_
         A v[V];
         copy_pack<T, V>(buf + i * V, xr + i * V, v);
 #pragma unroll
-        for (int j = 0; j < V; ++j) m = max_acc(m, v[j]);
+        for (int j = 0; j < V; ++j) m = max_acc(m, v[j] * scale);
       }
       m = block_max(m, scratch, threads, kBar);
       A s = 0;
@@ -39,7 +39,7 @@ block_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_
         A v[V];
         load_pack<T, V>(buf + i * V, v);
 #pragma unroll
-        for (int j = 0; j < V; ++j) s += exp_shifted(v[j], m);
+        for (int j = 0; j < V; ++j) s += exp_shifted(v[j] * scale, m);
       }
       part = {m, block_sum(s, scratch, threads, kBar)};
     } else {
@@ -47,6 +47,8 @@ block_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_
       for (int64_t i = threadIdx.x; i < vectors; i += threads) {
         A v[V];
         load_pack<T, V>(xr + i * V, v);
+#pragma unroll
+        for (int j = 0; j < V; ++j) v[j] *= scale;
         A pm = part.m;
 #pragma unroll
         for (int j = 0; j < V; ++j) pm = max_acc(pm, v[j]);
@@ -58,13 +60,14 @@ block_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_
       part = block_max_sum(part, scratch, threads, kBar);
     }
     const A log_sum = log_acc(part.s);
+    if (lse != nullptr && threadIdx.x == 0) lse[row] = part.m + log_sum;
     const T* src = resident ? buf : xr;
 #pragma unroll 4
     for (int64_t i = threadIdx.x; i < vectors; i += threads) {
       A v[V];
       load_pack<T, V>(src + i * V, v);
 #pragma unroll
-      for (int j = 0; j < V; ++j) v[j] = log_softmax_out(v[j], part.m, log_sum);
+      for (int j = 0; j < V; ++j) v[j] = log_softmax_out(v[j] * scale, part.m, log_sum);
       store_pack<T, V>(yr + i * V, v);
     }
     __syncthreads();  // the buffer is refilled by the next row
@@ -81,7 +84,7 @@ cudaError_t launch(const Plan& p, const RowsArgs& a, cudaStream_t stream) {
   }
   kernel<<<static_cast<unsigned>(p.grid), p.threads, p.smem_bytes, stream>>>(
       static_cast<const T*>(a.x), a.x_stride, static_cast<T*>(a.y), a.y_stride, a.rows, a.cols,
-      p.resident);
+      p.resident, static_cast<acc_t<T>>(a.scale), static_cast<acc_t<T>*>(a.lse));
   return cudaGetLastError();
 }
 

@@ -28,6 +28,8 @@ struct ClusterShape {
   int64_t chunks_per_row;
   int64_t chunks_per_cta;
   int resident;  // the slice stays in the ring: one read
+  double scale;  // x is multiplied by this on load (1 / temperature)
+  void* lse;     // optional per-row log-sum-exp (accumulation type)
   int hints;     // bit 0: loads evict-first in L2; bit 1: stores streaming (tuning, see plan.hpp)
 };
 
@@ -153,6 +155,7 @@ template <class T, int U> struct ClusterCta {  // U: 16-byte vectors per thread 
   int group;                    // threads per consumer group
   int gtid, lane;               // thread index within its group, lane
   int64_t first_chunk, my_chunks, row_bytes;
+  A scale;
 
   __device__ __forceinline__ uint32_t bytes_of(int64_t k) const {
     return static_cast<uint32_t>(
@@ -194,6 +197,8 @@ template <class T, int U> struct ClusterCta {  // U: 16-byte vectors per thread 
           const int i = base + u * group;
           if (i < vectors) {
             load_pack<T, V>(c + i * V, v[u]);
+#pragma unroll
+            for (int j = 0; j < V; ++j) v[u][j] *= scale;
           } else {
 #pragma unroll
             for (int j = 0; j < V; ++j) v[u][j] = neg_inf<A>();
@@ -225,7 +230,7 @@ template <class T, int U> struct ClusterCta {  // U: 16-byte vectors per thread 
 
   // Writer warps: wait for the cluster's partials of row `iter`, merge them, write the slice out
   // from shared memory and hand each slot back as soon as it is read.
-  __device__ __forceinline__ void write(RingPos& pos, int64_t iter, T* dst) const {
+  __device__ __forceinline__ void write(RingPos& pos, int64_t iter, int64_t row_index, T* dst) const {
     if (!sh.resident) pos.advance(sh.ring_slots, my_chunks);  // the statistics pass of this row
     const int buf = static_cast<int>(iter % kStatsBuffers);
     const uint32_t bar = smem_addr(stats_bar + buf);
@@ -244,6 +249,7 @@ template <class T, int U> struct ClusterCta {  // U: 16-byte vectors per thread 
       *rows_started = static_cast<int>(iter + 1);
     }
     const A log_sum = log_acc(row.s);
+    if (sh.lse != nullptr && rank == 0 && gtid == 0) static_cast<A*>(sh.lse)[row_index] = row.m + log_sum;
     for (int64_t k = 0; k < my_chunks; ++k) {
       mbar_wait(smem_addr(full + pos.slot), pos.phase);  // long complete when resident
       const T* c = slot_data(pos.slot);
@@ -258,7 +264,7 @@ template <class T, int U> struct ClusterCta {  // U: 16-byte vectors per thread 
         for (int u = 0; u < U; ++u) {
           if (base + u * group < vectors) {
 #pragma unroll
-            for (int j = 0; j < V; ++j) v[u][j] = log_softmax_out(v[u][j], row.m, log_sum);
+            for (int j = 0; j < V; ++j) v[u][j] = log_softmax_out(v[u][j] * scale, row.m, log_sum);
             store_pack<T, V>(out + (base + u * group) * V, v[u], (sh.hints & 2) != 0);
           }
         }
@@ -279,6 +285,7 @@ cluster_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int6
   extern __shared__ __align__(128) unsigned char smem[];
   ClusterCta<T, U> cta;
   cta.sh = sh;
+  cta.scale = static_cast<acc_t<T>>(sh.scale);
   cta.ring = smem;
   cta.full = reinterpret_cast<uint64_t*>(smem + size_t(sh.ring_slots) * sh.chunk_bytes);
   cta.empty = cta.full + sh.ring_slots;
@@ -324,7 +331,7 @@ cluster_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int6
     for (int64_t row = cluster_id; row < rows; row += clusters, ++iter) {
       T* dst = reinterpret_cast<T*>(reinterpret_cast<unsigned char*>(y + row * ys) +
                                     cta.first_chunk * sh.chunk_bytes);
-      cta.write(pos, iter, dst);
+      cta.write(pos, iter, row, dst);
     }
   } else if (threadIdx.x == 2 * cta.group) {
     // Producer: one thread walks the same rows and keeps the ring full.
@@ -386,7 +393,7 @@ cudaError_t launch(const Plan& p, const RowsArgs& a, cudaStream_t stream) {
   cfg.gridDim = dim3(static_cast<unsigned>(clusters * p.cluster));
 
   const ClusterShape sh{p.chunk_bytes, p.ring_slots, p.chunks_per_row, p.chunks_per_cta,
-                        p.resident ? 1 : 0, p.hints};
+                        p.resident ? 1 : 0, a.scale, a.lse, p.hints};
   if (std::getenv("SOFTLIGHT_VERBOSE"))
     std::fprintf(stderr,
                  "softlight: cluster_rows cluster=%d clusters=%lld (active max %d) threads=%d chunk=%d "

@@ -81,10 +81,13 @@ template <> struct Traits<BFloat16> {
 };
 
 // One row, in the order the GPU kernels and torch use: max, sum of exp(x - max), (x - max) - log.
-template <class T> void log_softmax_row(const T* x, T* y, int64_t cols, typename Traits<T>::A* tmp) {
+// Returns the row's log-sum-exp, m + log(s).
+template <class T>
+typename Traits<T>::A log_softmax_row(const T* x, T* y, int64_t cols, typename Traits<T>::A scale,
+                                      typename Traits<T>::A* tmp) {
   using A = typename Traits<T>::A;
   const A neg_inf = -std::numeric_limits<A>::infinity();
-  for (int64_t j = 0; j < cols; ++j) tmp[j] = Traits<T>::load(x[j]);
+  for (int64_t j = 0; j < cols; ++j) tmp[j] = Traits<T>::load(x[j]) * scale;
   A m = neg_inf;
   for (int64_t j = 0; j < cols; ++j) m = tmp[j] > m ? tmp[j] : m;  // NaN never wins the max
   const A shift = m == neg_inf ? A(0) : m;  // see the (max, sum) notes in common.cuh
@@ -105,6 +108,7 @@ template <class T> void log_softmax_row(const T* x, T* y, int64_t cols, typename
   }
   const A log_sum = std::log(static_cast<A>(total));
   for (int64_t j = 0; j < cols; ++j) y[j] = Traits<T>::store((tmp[j] - m) - log_sum);
+  return m + log_sum;
 }
 
 template <class T>
@@ -113,7 +117,12 @@ void log_softmax_rows(const RowsCall& c, int64_t r0, int64_t r1) {
   std::vector<A> tmp(static_cast<size_t>(c.cols));
   const T* x = static_cast<const T*>(c.x);
   T* y = static_cast<T*>(c.y);
-  for (int64_t r = r0; r < r1; ++r) log_softmax_row(x + r * c.x_stride, y + r * c.y_stride, c.cols, tmp.data());
+  A* lse = static_cast<A*>(c.lse);
+  const A scale = static_cast<A>(c.scale);
+  for (int64_t r = r0; r < r1; ++r) {
+    const A l = log_softmax_row(x + r * c.x_stride, y + r * c.y_stride, c.cols, scale, tmp.data());
+    if (lse != nullptr) lse[r] = l;
+  }
 }
 
 template <class T> void run(const RowsCall& c, int num_threads) {
@@ -137,14 +146,14 @@ template <class T> void run(const RowsCall& c, int num_threads) {
 }  // namespace
 }  // namespace softlight
 
-extern "C" softlight_status softlight_log_softmax_forward_cpu(const void* x, int64_t x_row_stride,
-                                                              void* y, int64_t y_row_stride,
-                                                              int64_t rows, int64_t cols,
-                                                              softlight_dtype dtype, int num_threads) {
+extern "C" softlight_status softlight_log_softmax_forward_cpu_ex(
+    const void* x, int64_t x_row_stride, void* y, int64_t y_row_stride, int64_t rows, int64_t cols,
+    softlight_dtype dtype, const softlight_forward_options* options, int num_threads) {
   using namespace softlight;
-  const RowsCall call{x, x_row_stride, y, y_row_stride, rows, cols, dtype};
+  RowsCall call{x, x_row_stride, y, y_row_stride, rows, cols, dtype};
   bool noop = false;
-  const softlight_status st = validate_rows_call(call, &noop);
+  softlight_status st = apply_options(options, &call);
+  if (st == SOFTLIGHT_SUCCESS) st = validate_rows_call(call, &noop);
   if (st != SOFTLIGHT_SUCCESS || noop) return st;
   switch (dtype) {
     case SOFTLIGHT_FLOAT32: run<float>(call, num_threads); break;
@@ -153,4 +162,12 @@ extern "C" softlight_status softlight_log_softmax_forward_cpu(const void* x, int
     case SOFTLIGHT_BFLOAT16: run<BFloat16>(call, num_threads); break;
   }
   return SOFTLIGHT_SUCCESS;
+}
+
+extern "C" softlight_status softlight_log_softmax_forward_cpu(const void* x, int64_t x_row_stride,
+                                                              void* y, int64_t y_row_stride,
+                                                              int64_t rows, int64_t cols,
+                                                              softlight_dtype dtype, int num_threads) {
+  return softlight_log_softmax_forward_cpu_ex(x, x_row_stride, y, y_row_stride, rows, cols, dtype,
+                                              nullptr, num_threads);
 }

@@ -92,20 +92,24 @@ cudaError_t run_plan(const Plan& plan, const RowsArgs& args, cudaStream_t stream
 }  // namespace
 }  // namespace softlight
 
-extern "C" softlight_status softlight_log_softmax_forward(const void* x, int64_t x_row_stride,
-                                                          void* y, int64_t y_row_stride,
-                                                          int64_t rows, int64_t cols,
-                                                          softlight_dtype dtype, void* stream) {
+extern "C" softlight_status softlight_log_softmax_forward_ex(
+    const void* x, int64_t x_row_stride, void* y, int64_t y_row_stride, int64_t rows, int64_t cols,
+    softlight_dtype dtype, const softlight_forward_options* options, void* stream) {
   using namespace softlight;
-  const RowsCall call{x, x_row_stride, y, y_row_stride, rows, cols, dtype};
+  RowsCall call{x, x_row_stride, y, y_row_stride, rows, cols, dtype};
   bool noop = false;
-  softlight_status st = validate_rows_call(call, &noop);
+  softlight_status st = apply_options(options, &call);
+  if (st == SOFTLIGHT_SUCCESS) st = validate_rows_call(call, &noop);
   if (st != SOFTLIGHT_SUCCESS || noop) return st;
 
-  int xdev = -1, ydev = -1;
+  int xdev = -1, ydev = -1, ldev = -1;
   if ((st = pointer_device(x, &xdev)) != SOFTLIGHT_SUCCESS) return st;
   if ((st = pointer_device(y, &ydev)) != SOFTLIGHT_SUCCESS) return st;
   if (xdev != ydev) return SOFTLIGHT_ERROR_DEVICE_MISMATCH;
+  if (call.lse != nullptr) {
+    if ((st = pointer_device(call.lse, &ldev)) != SOFTLIGHT_SUCCESS) return st;
+    if (ldev != xdev) return SOFTLIGHT_ERROR_DEVICE_MISMATCH;
+  }
 
   DeviceScope scope(xdev);
   DeviceInfo dev;
@@ -123,7 +127,7 @@ extern "C" softlight_status softlight_log_softmax_forward(const void* x, int64_t
   prob.aligned16 = aligned16(x) && aligned16(y) && (cols * elem) % 16 == 0 &&
                    (rows == 1 || ((x_row_stride * elem) % 16 == 0 && (y_row_stride * elem) % 16 == 0));
   const Overrides over = overrides_from_env();
-  const RowsArgs args{x, x_row_stride, y, y_row_stride, rows, cols, dtype};
+  const RowsArgs args{x, x_row_stride, y, y_row_stride, rows, cols, dtype, call.scale, call.lse};
   const auto s = static_cast<cudaStream_t>(stream);
 
   Plan plan = plan_rows(prob, dev, over);
@@ -140,4 +144,12 @@ extern "C" softlight_status softlight_log_softmax_forward(const void* x, int64_t
     return no_driver(e) ? SOFTLIGHT_ERROR_NO_DEVICE : SOFTLIGHT_ERROR_CUDA;
   }
   return SOFTLIGHT_SUCCESS;
+}
+
+extern "C" softlight_status softlight_log_softmax_forward(const void* x, int64_t x_row_stride,
+                                                          void* y, int64_t y_row_stride,
+                                                          int64_t rows, int64_t cols,
+                                                          softlight_dtype dtype, void* stream) {
+  return softlight_log_softmax_forward_ex(x, x_row_stride, y, y_row_stride, rows, cols, dtype,
+                                          nullptr, stream);
 }

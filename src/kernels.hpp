@@ -18,6 +18,8 @@ struct RowsArgs {
   int64_t rows;
   int64_t cols;
   softlight_dtype dtype;
+  double scale;  // x is multiplied by this on load (1 / temperature)
+  void* lse;     // optional per-row log-sum-exp, accumulation type
 };
 
 cudaError_t launch_warp_rows(const Plan& plan, const RowsArgs& a, cudaStream_t stream);

@@ -16,7 +16,7 @@ const char* softlight_status_string(softlight_status status) {
     case SOFTLIGHT_ERROR_NO_DEVICE: return "no usable CUDA driver or device";
     case SOFTLIGHT_ERROR_UNSUPPORTED_DEVICE: return "the CUDA device is older than compute capability 8.0";
     case SOFTLIGHT_ERROR_CUDA: return "the CUDA runtime reported an error";
-    case SOFTLIGHT_ERROR_INVALID_ARGUMENT: return "invalid argument";
+    case SOFTLIGHT_ERROR_INVALID_ARGUMENT: return "invalid argument (a temperature must be finite and positive)";
   }
   return "unknown softlight status";
 }

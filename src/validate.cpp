@@ -1,5 +1,6 @@
 #include "validate.hpp"
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
 
@@ -14,6 +15,21 @@ int64_t extent_bytes(int64_t rows, int64_t cols, int64_t stride, int elem) {
   return ((rows - 1) * stride + cols) * elem;
 }
 
+}  // namespace
+
+softlight_status apply_options(const softlight_forward_options* o, RowsCall* c) {
+  if (o == nullptr) return SOFTLIGHT_SUCCESS;
+  const double t = o->temperature == 0.0 ? 1.0 : o->temperature;
+  if (!(t > 0.0) || !std::isfinite(t)) return SOFTLIGHT_ERROR_INVALID_ARGUMENT;
+  c->scale = 1.0 / t;
+  c->lse = o->lse;
+  return SOFTLIGHT_SUCCESS;
+}
+
+namespace {
+bool ranges_overlap(uintptr_t a, int64_t a_bytes, uintptr_t b, int64_t b_bytes) {
+  return a < b + static_cast<uintptr_t>(b_bytes) && b < a + static_cast<uintptr_t>(a_bytes);
+}
 }  // namespace
 
 softlight_status validate_rows_call(const RowsCall& c, bool* noop) {
@@ -36,8 +52,13 @@ softlight_status validate_rows_call(const RowsCall& c, bool* noop) {
   const auto x0 = reinterpret_cast<uintptr_t>(c.x), y0 = reinterpret_cast<uintptr_t>(c.y);
   if (x0 == y0) {
     if (xs != ys) return SOFTLIGHT_ERROR_OVERLAP;  // same start, different layout
-  } else if (x0 < y0 + static_cast<uintptr_t>(yb) && y0 < x0 + static_cast<uintptr_t>(xb)) {
+  } else if (ranges_overlap(x0, xb, y0, yb)) {
     return SOFTLIGHT_ERROR_OVERLAP;
+  }
+  if (c.lse != nullptr) {
+    const auto l0 = reinterpret_cast<uintptr_t>(c.lse);
+    const int64_t lb = c.rows * (elem == 8 ? 8 : 4);
+    if (ranges_overlap(l0, lb, x0, xb) || ranges_overlap(l0, lb, y0, yb)) return SOFTLIGHT_ERROR_OVERLAP;
   }
   return SOFTLIGHT_SUCCESS;
 }

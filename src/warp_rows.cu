@@ -11,7 +11,7 @@ namespace {
 template <class T, int V, int ITERS>
 __global__ void __launch_bounds__(kWarpRowsThreads)
 warp_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t ys, int64_t rows,
-                 int cols, int group) {
+                 int cols, int group, acc_t<T> scale, acc_t<T>* __restrict__ lse) {
   using A = acc_t<T>;
   const int lane = threadIdx.x & 31;
   const int sub = lane & (group - 1);
@@ -29,6 +29,8 @@ warp_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t
       const int e = (i * group + sub) * V;
       if (live && e < cols) {
         load_pack<T, V>(xr + e, v[i]);
+#pragma unroll
+        for (int j = 0; j < V; ++j) v[i][j] *= scale;
       } else {
 #pragma unroll
         for (int j = 0; j < V; ++j) v[i][j] = neg_inf<A>();
@@ -44,6 +46,7 @@ warp_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t
       for (int j = 0; j < V; ++j) s += exp_shifted(v[i][j], m);
     s = group_sum(s, group);
     const A log_sum = log_acc(s);
+    if (lse != nullptr && live && sub == 0) lse[row] = m + log_sum;
     T* yr = y + row * ys;
 #pragma unroll
     for (int i = 0; i < ITERS; ++i) {
@@ -63,14 +66,15 @@ cudaError_t launch_iters(const Plan& p, const RowsArgs& a, cudaStream_t stream) 
   T* y = static_cast<T*>(a.y);
   const int cols = static_cast<int>(a.cols);
   const dim3 grid(static_cast<unsigned>(p.grid)), block(p.threads);
-  using Kernel = void (*)(const T*, int64_t, T*, int64_t, int64_t, int, int);
+  using Kernel = void (*)(const T*, int64_t, T*, int64_t, int64_t, int, int, acc_t<T>, acc_t<T>*);
   Kernel k = p.iters == 1   ? warp_rows_kernel<T, V, 1>
              : p.iters == 2 ? warp_rows_kernel<T, V, 2>
              : p.iters == 4 ? warp_rows_kernel<T, V, 4>
              : p.iters == 8 ? warp_rows_kernel<T, V, 8>
                             : nullptr;
   if (k == nullptr) return cudaErrorInvalidValue;
-  k<<<grid, block, 0, stream>>>(x, a.x_stride, y, a.y_stride, a.rows, cols, p.group);
+  k<<<grid, block, 0, stream>>>(x, a.x_stride, y, a.y_stride, a.rows, cols, p.group,
+                                static_cast<acc_t<T>>(a.scale), static_cast<acc_t<T>*>(a.lse));
   return cudaGetLastError();
 }
 

@@ -42,7 +42,7 @@ def poisoned_like(x):
     return torch.full_like(x, POISON)
 
 
-def assert_close_to_float64(y, x, dtype, what="", chunk_elems=1 << 28):
+def assert_close_to_float64(y, x, dtype, what="", chunk_elems=1 << 28, transform=None):
     """y against float64 log-softmax of x (same shape, last axis), on the GPU, in row chunks:
     NaN exactly where the reference has NaN, equal infinities, finite values within TOL."""
     atol, rtol = TOL[dtype]
@@ -50,7 +50,8 @@ def assert_close_to_float64(y, x, dtype, what="", chunk_elems=1 << 28):
     x2, y2 = x.reshape(-1, x.shape[-1]) if x.dim() else x.reshape(1, 1), y.reshape(-1, max(1, x.shape[-1] if x.dim() else 1))
     step = max(1, chunk_elems // max(1, x2.shape[1]))
     for r0 in range(0, x2.shape[0], step):
-        ref = torch.log_softmax(x2[r0:r0 + step].double(), -1)
+        xd = x2[r0:r0 + step].double()
+        ref = torch.log_softmax(xd if transform is None else transform(xd), -1)
         yy = y2[r0:r0 + step].double()
         nan_r = torch.isnan(ref)
         mism = torch.nonzero(torch.isnan(yy) != nan_r)
@@ -65,4 +66,4 @@ def assert_close_to_float64(y, x, dtype, what="", chunk_elems=1 << 28):
             i = torch.nonzero(over)[0]
             raise AssertionError(f"{what}: row {r0 + int(i[0])} col {int(i[1])}: |y - ref| = {float(err[i[0], i[1]]):.3e} "
                                  f"> {float(lim[i[0], i[1]]):.3e} (y {float(yy[i[0], i[1]])}, ref {float(ref[i[0], i[1]])})")
-        del ref, yy
+        del ref, yy, xd

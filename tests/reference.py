@@ -23,6 +23,17 @@ def log_softmax_ref(x):
         return (x - m) - np.log(s)
 
 
+def logsumexp_ref(x):
+    """Float64 m + log(s) per row, by the same rules: NaN for rows holding NaN or +inf, -inf for
+    rows of all -inf (and for empty rows)."""
+    x = np.asarray(x, dtype=np.float64)
+    with np.errstate(all="ignore"):
+        m = np.where(np.isnan(x), -np.inf, x).max(axis=-1, keepdims=True, initial=-np.inf)
+        shift = np.where(m == -np.inf, 0.0, m)
+        s = np.exp(x - shift).sum(axis=-1, keepdims=True)
+        return (m + np.log(s))[..., 0]
+
+
 def assert_matches(y, ref, dtype, what=""):
     """y (any float array, converted to float64) against the float64 reference: NaN exactly where
     the reference has NaN, the same infinities, finite values within the dtype's tolerance."""

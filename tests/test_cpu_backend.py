@@ -4,7 +4,7 @@ import pytest
 
 import softlight
 from reference import (POISON, SPECIAL_ROWS, assert_matches, from_bfloat16_bits, log_softmax_ref,
-                       special_matrix, to_bfloat16_bits)
+                       logsumexp_ref, special_matrix, to_bfloat16_bits)
 
 SHAPES = [(1, 1), (5, 1), (4, 3), (3, 4), (17, 32), (9, 100), (6, 1000), (5, 4097), (3, 65536),
           (2, 1_000_003)]
@@ -120,3 +120,37 @@ def test_float16_conversions_round_to_nearest_even():
     single = softlight.log_softmax(vals.reshape(-1, 1))
     assert np.array_equal(np.isnan(single[:, 0]), ~np.isfinite(vals) | (vals == -np.inf))
     assert np.all(single[np.isfinite(vals), 0] == 0)
+
+
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 3.0])
+@pytest.mark.parametrize("shape", [(4, 1), (9, 100), (5, 4097), (2, 1_000_003)], ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("dtype", list(NP_DTYPES))
+def test_temperature_and_lse(rng, shape, dtype, temperature):
+    x = (rng.standard_normal(shape) * 4).astype(NP_DTYPES[dtype])
+    y, lse = softlight.log_softmax(x, temperature=temperature, return_lse=True)
+    x64 = x.astype(np.float64) / temperature
+    assert_matches(y, log_softmax_ref(x64), dtype)
+    assert lse.shape == shape[:-1] and lse.dtype == (np.float64 if dtype == "float64" else np.float32)
+    assert_matches(lse, logsumexp_ref(x64), "float64" if dtype == "float64" else "float32")
+
+
+def test_lse_special_values_and_empty_rows(rng):
+    x = special_matrix(rng, 333, np.float32)
+    y, lse = softlight.log_softmax(x, return_lse=True)
+    assert_matches(lse, logsumexp_ref(x), "float32")
+    assert np.isnan(lse[1]) and lse[2] == -np.inf  # a row with +inf; a row of all -inf
+    y, lse = softlight.log_softmax(np.zeros((3, 0), np.float32), return_lse=True)
+    assert y.shape == (3, 0) and lse.tolist() == [-np.inf] * 3
+    y0, l0 = softlight.log_softmax(np.array(2.5, np.float64), return_lse=True)
+    assert y0 == 0.0 and l0 == 2.5
+
+
+def test_raw_lse_and_temperature_bfloat16(rng):
+    xb = to_bfloat16_bits(rng.standard_normal((7, 3000)) * 4)
+    yb = np.zeros_like(xb)
+    lse = np.full(7, POISON, np.float32)
+    softlight.log_softmax_raw(xb.ctypes.data, yb.ctypes.data, 7, 3000, dtype="bfloat16", device="cpu",
+                              temperature=2.0, lse_ptr=lse.ctypes.data)
+    x64 = from_bfloat16_bits(xb).astype(np.float64) / 2.0
+    assert_matches(from_bfloat16_bits(yb), log_softmax_ref(x64), "bfloat16")
+    assert_matches(lse, logsumexp_ref(x64), "float32")

@@ -150,3 +150,33 @@ def test_status_strings_and_version():
         assert _C.status_string(s) and "unknown" not in _C.status_string(s)
     assert "unknown" in _C.status_string(99)
     assert ".".join(map(str, softlight.version())) == softlight.__version__
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf")])
+def test_bad_temperature(bad):
+    x, out = np.ones((2, 3), np.float32), poisoned((2, 3))
+    with pytest.raises(InvalidArgumentError, match="temperature"):
+        softlight.log_softmax(x, out=out, temperature=bad)
+    with pytest.raises(InvalidArgumentError, match="temperature"):
+        softlight.log_softmax_raw(x.ctypes.data, out.ctypes.data, 2, 3, dtype="float32", device="cpu",
+                                  temperature=bad)
+    with pytest.raises(TypeError, match="temperature"):
+        softlight.log_softmax(x, temperature="hot")
+    assert (out == POISON).all()
+
+
+def test_lse_overlapping_x_or_y_is_refused():
+    x, y = np.ones((4, 8), np.float32), poisoned((4, 8))
+    for target in (x, y):
+        with pytest.raises(InvalidArgumentError, match="overlap"):
+            softlight.log_softmax_raw(x.ctypes.data, y.ctypes.data, 4, 8, dtype="float32", device="cpu",
+                                      lse_ptr=target.ctypes.data + 8)
+    assert (y == POISON).all()
+
+
+def test_c_abi_rejects_bad_temperature_directly():
+    from softlight import _C
+    x, y = np.ones((2, 3), np.float32), poisoned((2, 3))
+    assert _C.forward_cpu(x.ctypes.data, 3, y.ctypes.data, 3, 2, 3, 0, 0, -2.0, 0) == 11
+    assert _C.forward_cpu(x.ctypes.data, 3, y.ctypes.data, 3, 2, 3, 0, 0, 0.0, 0) == 0  # 0 means 1
+    assert (y <= 0).all()

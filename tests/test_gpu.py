@@ -315,6 +315,11 @@ def test_cluster_shapes_forced(monkeypatch, cluster, chunk, threads, hints, dtyp
         x = random_rows(rows, cols, dtype)
         p = planned(*x.shape, dtype)
         run_and_check(x, dtype, f"cluster={cluster} chunk={chunk} threads={threads} cols={cols} {p}")
+    y, lse = softlight.log_softmax(x, temperature=1.5, return_lse=True)  # the last, streamed shape
+    torch.cuda.synchronize()
+    assert_close_to_float64(y, x, dtype, "temperature", transform=lambda v: v / 1.5)
+    ref = torch.logsumexp(x.double() / 1.5, -1)
+    assert bool(((lse.double() - ref).abs() <= 1e-5 + 1e-5 * ref.abs()).all())
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -323,3 +328,34 @@ def test_many_streamed_rows_per_cluster(dtype):
     p = planned(*x.shape, dtype)
     assert p["family"] != "cluster_rows" or not p["resident"]
     run_and_check(x, dtype, f"{p}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cols", [1, 7, 1000, 4096, 8192, 50257, 393216, 1048576, 4194304])
+def test_temperature_and_lse(cols, dtype):
+    x = random_rows(rows_for(cols, dtype), cols, dtype)
+    y = poisoned_like(x)
+    t = 0.7
+    r, lse = softlight.log_softmax(x, out=y, temperature=t, return_lse=True)
+    torch.cuda.synchronize()
+    assert r is y and lse.shape == x.shape[:-1]
+    assert lse.dtype == (torch.float64 if dtype == "float64" else torch.float32)
+    xs = x.double() / t
+    assert_close_to_float64(y, x, dtype, f"temperature {dtype} {cols}", transform=lambda v: v / t)
+    ref = torch.logsumexp(xs, -1)
+    atol, rtol = TOL["float64" if dtype == "float64" else "float32"]
+    assert bool(((lse.double() - ref).abs() <= atol + rtol * ref.abs()).all()), float((lse.double() - ref).abs().max())
+
+
+def test_lse_special_values_on_gpu():
+    rng = np.random.default_rng()
+    from reference import logsumexp_ref
+    for cols in (3, 1000, 8192, 393216):
+        xn = special_matrix(rng, cols, np.float32)
+        x = torch.from_numpy(xn).cuda()
+        _, lse = softlight.log_softmax(x, return_lse=True)
+        ref = logsumexp_ref(xn)
+        got = lse.cpu().numpy().astype(np.float64)
+        assert np.array_equal(np.isnan(got), np.isnan(ref)) and np.array_equal(got[np.isinf(ref)], ref[np.isinf(ref)])
+        fin = np.isfinite(ref)
+        np.testing.assert_allclose(got[fin], ref[fin], rtol=1e-5, atol=1e-5)

@@ -48,8 +48,27 @@ int main(void) {
   }
   expect(worst < 1e-5, "within 1e-5 of the double-precision reference");
 
+  /* With options: log_softmax(x / 2) and each row's log-sum-exp, from the same pass. */
+  float lse[ROWS];
+  softlight_forward_options opts = {0};
+  opts.temperature = 2.0;
+  opts.lse = lse;
+  st = softlight_log_softmax_forward_cpu_ex(x, STRIDE, y, STRIDE, ROWS, COLS, SOFTLIGHT_FLOAT32, &opts, 1);
+  expect(st == SOFTLIGHT_SUCCESS, softlight_status_string(st));
+  for (int r = 0; r < ROWS; ++r) {
+    const float* xr = x + r * STRIDE;
+    double m = -INFINITY, s = 0.0;
+    for (int j = 0; j < COLS; ++j) m = xr[j] / 2.0 > m ? xr[j] / 2.0 : m;
+    for (int j = 0; j < COLS; ++j) s += exp(xr[j] / 2.0 - m);
+    expect(fabs(lse[r] - (m + log(s))) < 1e-5, "log-sum-exp with temperature");
+    expect(fabs(y[r * STRIDE] - ((xr[0] / 2.0 - m) - log(s))) < 1e-5, "output with temperature");
+  }
+  opts.temperature = -1.0;
+  expect(softlight_log_softmax_forward_cpu_ex(x, STRIDE, y, STRIDE, ROWS, COLS, SOFTLIGHT_FLOAT32, &opts, 1) ==
+             SOFTLIGHT_ERROR_INVALID_ARGUMENT, "negative temperature refused");
+
   /* Bad arguments come back as named statuses, with nothing written. */
-  float before = y[0];
+  const float before = y[0];
   expect(softlight_log_softmax_forward_cpu(NULL, COLS, y, COLS, 1, COLS, SOFTLIGHT_FLOAT32, 0) ==
              SOFTLIGHT_ERROR_NULL_POINTER, "null x refused");
   expect(softlight_log_softmax_forward_cpu(x, COLS - 1, y, COLS, 2, COLS, SOFTLIGHT_FLOAT32, 0) ==

@@ -4,8 +4,9 @@
  * Plain C. Only C types cross this interface; the stream is an opaque pointer (a cudaStream_t or
  * CUstream, or NULL for the legacy default stream), so callers need no CUDA headers.
  *
- * Semantics (both entry points): for every row r in [0, rows),
+ * Semantics (all entry points): for every row r in [0, rows),
  *     y[r, :] = (x[r, :] - m) - log(sum_j exp(x[r, j] - m)),   m = max_j x[r, j]
+ * (with x / temperature in place of x where the _ex options ask for a temperature)
  * accumulated in float32 for float32/float16/bfloat16 and in float64 for float64. Special values
  * follow torch.log_softmax: a row holding a NaN or +inf, and a row of all -inf, is all NaN; a -inf
  * entry among finite ones gives -inf. See docs/semantics.md.
@@ -91,6 +92,34 @@ SOFTLIGHT_API softlight_status softlight_log_softmax_forward_cpu(
     void* y, int64_t y_row_stride,
     int64_t rows, int64_t cols,
     softlight_dtype dtype, int num_threads);
+
+/*
+ * Options of the _ex entry points. Zero-initialise, then set what you need:
+ *   temperature  computes log_softmax(x / temperature); 0 means 1. Must be finite and positive.
+ *   lse          optional (NULL: none): `rows` values, one per row, contiguous, of the accumulation
+ *                type (float32 for float32/float16/bfloat16, float64 for float64), receiving
+ *                m + log(s), the log-sum-exp of the row of x / temperature. It costs no extra
+ *                pass. A row holding NaN or +inf gives NaN (as y does), a row of all -inf gives
+ *                -inf. Must not overlap x or y; on the GPU, device memory of x's device.
+ */
+typedef struct softlight_forward_options {
+  double temperature;
+  void* lse;
+} softlight_forward_options;
+
+/* softlight_log_softmax_forward with options (`options` may be NULL: the defaults). */
+SOFTLIGHT_API softlight_status softlight_log_softmax_forward_ex(
+    const void* x, int64_t x_row_stride,
+    void* y, int64_t y_row_stride,
+    int64_t rows, int64_t cols,
+    softlight_dtype dtype, const softlight_forward_options* options, void* stream);
+
+/* softlight_log_softmax_forward_cpu with options (`options` may be NULL: the defaults). */
+SOFTLIGHT_API softlight_status softlight_log_softmax_forward_cpu_ex(
+    const void* x, int64_t x_row_stride,
+    void* y, int64_t y_row_stride,
+    int64_t rows, int64_t cols,
+    softlight_dtype dtype, const softlight_forward_options* options, int num_threads);
 
 #ifdef __cplusplus
 }

@@ -3,7 +3,7 @@ import math
 
 from . import _C
 from . import _dtypes
-from ._arrays import (CUDA, CUDA_MANAGED, dlpack_device, empty_like, export, finish, prepare_input,
+from ._arrays import (CUDA, CUDA_MANAGED, dlpack_device, empty_like, export, filled, finish, prepare_input,
                       ready_for_foreign_stream, default_stream)
 from ._errors import InvalidArgumentError, check
 from ._streams import stream_handle
@@ -48,7 +48,17 @@ def _rows_layout(view, name):
     return rows, cols, row_stride
 
 
-def log_softmax(x, dim=-1, *, out=None, stream=None):
+def _check_temperature(temperature):
+    try:
+        t = float(temperature)
+    except (TypeError, ValueError):
+        raise TypeError(f"softlight: temperature must be a number, got {type(temperature).__qualname__}") from None
+    if not (t > 0.0 and math.isfinite(t)):
+        raise InvalidArgumentError(f"softlight: temperature must be finite and positive, got {temperature!r}")
+    return t
+
+
+def log_softmax(x, dim=-1, *, out=None, stream=None, temperature=1.0, return_lse=False):
     """Log-softmax of `x` along `dim`, computed in float32 (float64 for float64 inputs).
 
     x:      any DLPack array (numpy, torch, CuPy, JAX, ...) of float32, float16, bfloat16 or
@@ -58,8 +68,13 @@ def log_softmax(x, dim=-1, *, out=None, stream=None):
     stream: GPU arrays only. An int handle, a cuda.core Stream, or anything with
             __cuda_stream__. Default: the framework's current stream (torch, CuPy), else the
             legacy default stream.
-    Returns `out`, or a new array of the same kind as `x` on the same device.
+    temperature: computes log_softmax(x / temperature), fused (finite and positive).
+    return_lse: also return the log-sum-exp of each row of x / temperature (float32; float64 for
+            float64 inputs), shape x.shape[:-1], from the same pass.
+    Returns `out`, or a new array of the same kind as `x` on the same device; with return_lse, the
+    pair (y, lse).
     """
+    temperature = _check_temperature(temperature)
     dev_type, dev_id = dlpack_device(x)
     on_gpu = dev_type in (CUDA, CUDA_MANAGED)
     if stream is not None and not on_gpu:
@@ -95,31 +110,40 @@ def log_softmax(x, dim=-1, *, out=None, stream=None):
     if on_gpu:
         ready_for_foreign_stream(out)
 
+    lse, lse_ptr = None, 0
+    if return_lse:
+        lse = empty_like(x, xv, shape=xv.shape[:-1], dtype="float64" if xv.dtype == "float64" else "float32")
+        lse_ptr = export(lse, dev_type, handle).ptr
+
     code = _dtypes.code(xv.dtype)
     if on_gpu:
-        status = _C.forward(xv.ptr, x_stride, ov.ptr, y_stride, rows, cols, code, handle)
+        status = _C.forward(xv.ptr, x_stride, ov.ptr, y_stride, rows, cols, code, handle, temperature, lse_ptr)
     else:
-        status = _C.forward_cpu(xv.ptr, x_stride, ov.ptr, y_stride, rows, cols, code)
+        status = _C.forward_cpu(xv.ptr, x_stride, ov.ptr, y_stride, rows, cols, code, 0, temperature, lse_ptr)
     check(status)
     finish(x, xv, handle)
-    return out
+    if return_lse and cols == 0 and rows > 0:
+        lse = filled(lse, -math.inf)  # the log-sum-exp of an empty row; the library wrote nothing
+    return (out, lse) if return_lse else out
 
 
 def log_softmax_raw(x_ptr, y_ptr, rows, cols, *, dtype, x_stride=None, y_stride=None, stream=0,
-                    device="cuda", threads=0):
+                    device="cuda", threads=0, temperature=1.0, lse_ptr=0):
     """Log-softmax over rows given as raw pointers (ints): `rows` rows of `cols` elements, each row
     `x_stride` / `y_stride` elements after the last (default: cols). device="cuda" queues the work
     on `stream` (asynchronous); device="cpu" runs it on host memory before returning, on `threads`
-    threads (0: all cores)."""
+    threads (0: all cores). `lse_ptr`, if not 0, receives each row's log-sum-exp (float32, or
+    float64 for float64 data)."""
     name = _dtypes.normalize(dtype)
+    temperature = _check_temperature(temperature)
     x_stride = cols if x_stride is None else x_stride
     y_stride = cols if y_stride is None else y_stride
     if device == "cuda":
         status = _C.forward(int(x_ptr), x_stride, int(y_ptr), y_stride, rows, cols, _dtypes.code(name),
-                            stream_handle(stream))
+                            stream_handle(stream), temperature, int(lse_ptr))
     elif device == "cpu":
         status = _C.forward_cpu(int(x_ptr), x_stride, int(y_ptr), y_stride, rows, cols, _dtypes.code(name),
-                                threads)
+                                threads, temperature, int(lse_ptr))
     else:
         raise ValueError(f"softlight: device must be 'cuda' or 'cpu', got {device!r}")
     check(status)

@@ -108,26 +108,36 @@ def prepare_input(a):
     return a
 
 
-def empty_like(a, view):
-    """An uninitialised, C-contiguous array of the same kind, shape, dtype and device as `a`."""
+def empty_like(a, view, shape=None, dtype=None):
+    """An uninitialised, C-contiguous array of the same kind and device as `a`: by default of the
+    same shape and dtype, else of `shape` and the dtype named `dtype` ("float32", ...)."""
     fw = _framework(a)
+    shape = view.shape if shape is None else tuple(shape)
     if fw == "numpy":
         import numpy as np
-        return np.empty(view.shape, dtype=a.dtype)
+        return np.empty(shape, dtype=a.dtype if dtype is None else np.dtype(dtype))
     if fw == "torch":
         torch = sys.modules["torch"]
-        return torch.empty(view.shape, dtype=a.dtype, device=a.device)
+        return torch.empty(shape, dtype=a.dtype if dtype is None else getattr(torch, dtype), device=a.device)
     if fw == "cupy":
         cupy = sys.modules["cupy"]
         with cupy.cuda.Device(view.device_id):
-            return cupy.empty(view.shape, dtype=a.dtype)
+            return cupy.empty(shape, dtype=a.dtype if dtype is None else cupy.dtype(dtype))
     if fw == "jax":
         import jax.numpy as jnp
         (device,) = a.devices()
-        out = jnp.empty(view.shape, dtype=a.dtype, device=device)
+        out = jnp.empty(shape, dtype=a.dtype if dtype is None else jnp.dtype(dtype), device=device)
         return out.block_until_ready()
     raise TypeError(f"softlight: cannot make a result array like a {type(a).__module__}."
                     f"{type(a).__qualname__}; pass out= (any writable DLPack array of the same shape)")
+
+
+def filled(a, value):
+    """`a` with every element set to `value` (a new array for JAX, whose arrays are immutable)."""
+    if _framework(a) == "jax":
+        return a.at[...].set(value)
+    a[...] = value
+    return a
 
 
 def finish(a, view, stream_handle):
