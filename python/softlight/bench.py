@@ -5,6 +5,7 @@ Every provider's output is checked against a float64 reference before it is time
 is wrong is reported as wrong and not timed. Results go to docs/perf/<gpu>-<date>.json and a PNG.
 """
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -20,7 +21,6 @@ from ._api import log_softmax_raw
 from ._device import Gpu
 
 FOUNDING = (4096, 393216)
-SOFTMAX_KINDS = {"quack": "prob", "liger": "prob"}  # anchors that compute softmax, not its log
 ATOL_RTOL = {"float32": (1e-5, 1e-5), "float16": (1e-4, 1e-3), "bfloat16": (1e-3, 4e-3), "float64": (1e-12, 1e-12)}
 
 
@@ -43,9 +43,13 @@ class TorchData:
         self.torch = torch
         self.ext = torch.cuda.ExternalStream(gpu.handle)
 
+    def on_stream(self):
+        """Context in which torch work goes to our stream."""
+        return self.torch.cuda.stream(self.ext)
+
     def make(self, rows, cols, dtype):
         t = self.torch
-        with t.cuda.stream(self.ext):
+        with self.on_stream():
             x = (t.randn(rows, cols, device="cuda") * 3).to(getattr(t, dtype))
             y = t.empty_like(x)
         self.ext.synchronize()
@@ -60,7 +64,7 @@ class TorchData:
         atol, rtol = ATOL_RTOL[dtype]
         worst, ok = 0.0, True
         step = max(1, (1 << 27) // x.shape[1])
-        with t.cuda.stream(self.ext):
+        with self.on_stream():
             for r0 in range(0, x.shape[0], step):
                 xd = x[r0:r0 + step].double()
                 ref = t.log_softmax(xd, -1) if kind == "log" else t.softmax(xd, -1)
@@ -76,6 +80,10 @@ class HostData:
 
     def __init__(self, gpu):
         self.gpu = gpu
+
+    @staticmethod
+    def on_stream():
+        return contextlib.nullcontext()
 
     def make(self, rows, cols, dtype):
         n = rows * cols
@@ -164,12 +172,9 @@ def providers(args, gpu, data, torch):
     return p
 
 
-def run_once(fn, data, y, torch):
+def run_once(fn, data, y):
     """Run fn once on our stream; returns its output (for providers that allocate their own)."""
-    if torch is not None:
-        with torch.cuda.stream(data.ext):
-            r = fn()
-    else:
+    with data.on_stream():
         r = fn()
     return y if r is None else r
 
@@ -223,7 +228,7 @@ def main(argv=None):
                 row = {"op": args.op, "provider": name, "shape": [rows, cols], "dtype": dtype}
                 try:
                     fn = make(x, y, rows, cols, dtype)
-                    out = run_once(fn, data, y, torch)
+                    out = run_once(fn, data, y)
                     if kind is not None:
                         ok, err = data.check(out, x, dtype, kind)
                         row["max_abs_err"] = err
@@ -232,10 +237,7 @@ def main(argv=None):
                             rows_out.append(row)
                             continue
                     del out
-                    if torch is not None:
-                        with torch.cuda.stream(data.ext):
-                            ms = gpu.time_ms(fn, args.warmup, args.reps)
-                    else:
+                    with data.on_stream():
                         ms = gpu.time_ms(fn, args.warmup, args.reps)
                     if name == "copy":
                         copy_ms = ms
