@@ -1,7 +1,9 @@
 // pybind11 glue over the C ABI: raw-pointer entry points, DLPack capsule reading, and the planner
 // (pure host code, exposed so that its choices are tested on machines without a GPU).
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
+#include <array>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -111,7 +113,41 @@ py::dict plan(int64_t rows, int64_t cols, int elem_bytes, bool aligned16, int cc
   return out;
 }
 
+py::dict plan_axis(int64_t outer, int64_t dim, int64_t inner, int elem_bytes, bool rows, bool aligned16,
+                   bool backward, int cc_major, int sm_count, int64_t smem_optin, int max_cluster) {
+  softlight::AxisProblem p;
+  p.outer = outer;
+  p.dim = dim;
+  p.inner = inner;
+  p.elem_bytes = elem_bytes;
+  p.rows = rows;
+  p.aligned16 = aligned16;
+  p.backward = backward;
+  softlight::DeviceInfo d;
+  d.cc_major = cc_major;
+  d.sm_count = sm_count;
+  d.smem_per_block_optin = smem_optin;
+  d.max_cluster = max_cluster;
+  const softlight::Plan r = softlight::plan_axis(p, d);
+  py::dict out;
+  out["family"] = softlight::family_name(r.family);
+  out["vec"] = r.vec;
+  out["threads"] = r.threads;
+  out["grid"] = r.grid;
+  out["group"] = r.group;
+  out["iters"] = r.iters;
+  out["cluster"] = r.cluster;
+  out["lanes"] = r.lanes;
+  out["tiles"] = r.tiles;
+  out["segment"] = r.segment;
+  return out;
+}
+
 softlight_dtype as_dtype(int code) { return static_cast<softlight_dtype>(code); }
+
+using Strides = std::array<int64_t, 3>;
+const void* cptr(uintptr_t p) { return reinterpret_cast<const void*>(p); }
+void* mptr(uintptr_t p) { return reinterpret_cast<void*>(p); }
 
 }  // namespace
 
@@ -146,7 +182,79 @@ PYBIND11_MODULE(_C, m) {
       py::arg("x"), py::arg("x_stride"), py::arg("y"), py::arg("y_stride"), py::arg("rows"),
       py::arg("cols"), py::arg("dtype"), py::arg("threads") = 0, py::arg("temperature") = 1.0,
       py::arg("lse") = 0);
+  // Any axis: extents (outer, dim, inner), strides per array as 3-tuples.
+  m.def(
+      "forward_3d",
+      [](uintptr_t x, Strides xs, uintptr_t y, Strides ys, int64_t outer, int64_t dim, int64_t inner,
+         int dtype, uintptr_t stream, double temperature, uintptr_t lse) {
+        const softlight_forward_options o{temperature, mptr(lse)};
+        py::gil_scoped_release nogil;
+        return static_cast<int>(softlight_log_softmax_forward_3d(cptr(x), xs.data(), mptr(y), ys.data(), outer,
+                                                                 dim, inner, as_dtype(dtype), &o, mptr(stream)));
+      },
+      py::arg("x"), py::arg("x_strides"), py::arg("y"), py::arg("y_strides"), py::arg("outer"),
+      py::arg("dim"), py::arg("inner"), py::arg("dtype"), py::arg("stream"), py::arg("temperature") = 1.0,
+      py::arg("lse") = 0);
+  m.def(
+      "forward_3d_cpu",
+      [](uintptr_t x, Strides xs, uintptr_t y, Strides ys, int64_t outer, int64_t dim, int64_t inner,
+         int dtype, int threads, double temperature, uintptr_t lse) {
+        const softlight_forward_options o{temperature, mptr(lse)};
+        py::gil_scoped_release nogil;
+        return static_cast<int>(softlight_log_softmax_forward_3d_cpu(cptr(x), xs.data(), mptr(y), ys.data(), outer,
+                                                                     dim, inner, as_dtype(dtype), &o, threads));
+      },
+      py::arg("x"), py::arg("x_strides"), py::arg("y"), py::arg("y_strides"), py::arg("outer"),
+      py::arg("dim"), py::arg("inner"), py::arg("dtype"), py::arg("threads") = 0, py::arg("temperature") = 1.0,
+      py::arg("lse") = 0);
+  m.def(
+      "backward_3d",
+      [](uintptr_t dy, Strides dys, uintptr_t y, Strides ys, uintptr_t dx, Strides dxs, int64_t outer,
+         int64_t dim, int64_t inner, int dtype, uintptr_t stream) {
+        py::gil_scoped_release nogil;
+        return static_cast<int>(softlight_log_softmax_backward_3d(cptr(dy), dys.data(), cptr(y), ys.data(), mptr(dx),
+                                                                  dxs.data(), outer, dim, inner, as_dtype(dtype),
+                                                                  mptr(stream)));
+      },
+      py::arg("dy"), py::arg("dy_strides"), py::arg("y"), py::arg("y_strides"), py::arg("dx"),
+      py::arg("dx_strides"), py::arg("outer"), py::arg("dim"), py::arg("inner"), py::arg("dtype"),
+      py::arg("stream"));
+  m.def(
+      "backward_3d_cpu",
+      [](uintptr_t dy, Strides dys, uintptr_t y, Strides ys, uintptr_t dx, Strides dxs, int64_t outer,
+         int64_t dim, int64_t inner, int dtype, int threads) {
+        py::gil_scoped_release nogil;
+        return static_cast<int>(softlight_log_softmax_backward_3d_cpu(cptr(dy), dys.data(), cptr(y), ys.data(),
+                                                                      mptr(dx), dxs.data(), outer, dim, inner,
+                                                                      as_dtype(dtype), threads));
+      },
+      py::arg("dy"), py::arg("dy_strides"), py::arg("y"), py::arg("y_strides"), py::arg("dx"),
+      py::arg("dx_strides"), py::arg("outer"), py::arg("dim"), py::arg("inner"), py::arg("dtype"),
+      py::arg("threads") = 0);
+  m.def(
+      "backward",
+      [](uintptr_t dy, int64_t dys, uintptr_t y, int64_t ys, uintptr_t dx, int64_t dxs, int64_t rows,
+         int64_t cols, int dtype, uintptr_t stream) {
+        py::gil_scoped_release nogil;
+        return static_cast<int>(softlight_log_softmax_backward(cptr(dy), dys, cptr(y), ys, mptr(dx), dxs, rows,
+                                                               cols, as_dtype(dtype), mptr(stream)));
+      },
+      py::arg("dy"), py::arg("dy_stride"), py::arg("y"), py::arg("y_stride"), py::arg("dx"),
+      py::arg("dx_stride"), py::arg("rows"), py::arg("cols"), py::arg("dtype"), py::arg("stream"));
+  m.def(
+      "backward_cpu",
+      [](uintptr_t dy, int64_t dys, uintptr_t y, int64_t ys, uintptr_t dx, int64_t dxs, int64_t rows,
+         int64_t cols, int dtype, int threads) {
+        py::gil_scoped_release nogil;
+        return static_cast<int>(softlight_log_softmax_backward_cpu(cptr(dy), dys, cptr(y), ys, mptr(dx), dxs,
+                                                                   rows, cols, as_dtype(dtype), threads));
+      },
+      py::arg("dy"), py::arg("dy_stride"), py::arg("y"), py::arg("y_stride"), py::arg("dx"),
+      py::arg("dx_stride"), py::arg("rows"), py::arg("cols"), py::arg("dtype"), py::arg("threads") = 0);
   m.def("dlpack_view", &dlpack_view, py::arg("capsule"));
+  m.def("plan_axis", &plan_axis, py::arg("outer"), py::arg("dim"), py::arg("inner"), py::arg("elem_bytes"),
+        py::arg("rows"), py::arg("aligned16"), py::arg("backward"), py::arg("cc_major"), py::arg("sm_count"),
+        py::arg("smem_optin"), py::arg("max_cluster"));
   m.def("plan", &plan, py::arg("rows"), py::arg("cols"), py::arg("elem_bytes"), py::arg("aligned16"),
         py::arg("cc_major"), py::arg("cc_minor"), py::arg("sm_count"), py::arg("smem_optin"),
         py::arg("max_cluster"), py::arg("cluster") = 0, py::arg("chunk_bytes") = 0,

@@ -17,6 +17,7 @@
 #include <cstdlib>
 
 #include "common.cuh"
+#include "hopper.cuh"
 #include "kernels.hpp"
 
 namespace softlight {
@@ -33,12 +34,8 @@ struct ClusterShape {
   int hints;     // bit 0: loads evict-first in L2; bit 1: stores streaming (tuning, see plan.hpp)
 };
 
-
-// The kernel body exists in the sm_90 device pass only; other passes see an empty kernel.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define SOFTLIGHT_HOPPER 1
-#endif
-
+// The kernel body exists in the sm_90 device pass only (SOFTLIGHT_HOPPER, hopper.cuh); other
+// passes see an empty kernel.
 #ifdef SOFTLIGHT_HOPPER
 // Buffers for the cluster's partials, by row. The statistics warps start row j only once their
 // writers have started row j - 2 (and so re-armed the buffer of row j + 2). A peer therefore
@@ -47,9 +44,6 @@ struct ClusterShape {
 constexpr int kStatsBuffers = 4;
 constexpr int kBar = 1;  // named barrier over the consumer warps
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
 }
@@ -89,20 +83,6 @@ __device__ __forceinline__ void bulk_load_evict_first(uint32_t dst, const void* 
       "%2, [%3], %4;" ::"r"(dst),
       "l"(src), "r"(bytes), "r"(bar), "l"(policy)
       : "memory");
-}
-__device__ __forceinline__ uint32_t cluster_map(uint32_t addr, uint32_t rank) {
-  uint32_t r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
-  return r;
-}
-__device__ __forceinline__ uint32_t cluster_rank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::
-                   : "memory");
 }
 // Store a (max, sum) pair into another CTA's shared memory, completing on its barrier.
 __device__ __forceinline__ void send_pair(uint32_t raddr, float m, float s, uint32_t rbar) {

@@ -78,6 +78,15 @@ template <class A> __device__ __forceinline__ A log_softmax_out(A v, A m, A log_
   return (v - m) - log_sum;
 }
 
+// The gradient for one element: dy - exp(y) * sum(dy), as torch evaluates it, with an accurate
+// exp (exp(y) * sum(dy) can be large next to a small result, so ex2.approx's 2^-22 would show).
+__device__ __forceinline__ float log_softmax_grad(float dy, float y, float sum_dy) {
+  return dy - expf(y) * sum_dy;
+}
+__device__ __forceinline__ double log_softmax_grad(double dy, double y, double sum_dy) {
+  return dy - exp(y) * sum_dy;
+}
+
 // --- 16-byte packs -----------------------------------------------------------------------------
 // 16-byte packs move as one 16-byte access. Stores are written out as st.v4 because, left to
 // itself, the compiler splits a vector whose lanes are computed one by one into scalar stores.

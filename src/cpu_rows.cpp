@@ -80,6 +80,25 @@ template <> struct Traits<BFloat16> {
   static BFloat16 store(A v) { return to_bfloat16(v); }
 };
 
+// The sum of f(0) .. f(n - 1), in blocks with independent lanes (vectorizable, and short chains
+// keep rounding error near the GPU's tree reduction); block totals are carried in double.
+template <class A, class F> double row_sum(int64_t n, F f) {
+  constexpr int64_t kBlock = 4096, kLanes = 16;
+  double total = 0;
+  for (int64_t b = 0; b < n; b += kBlock) {
+    const int64_t e = std::min(n, b + kBlock);
+    A lanes[kLanes] = {};
+    int64_t j = b;
+    for (; j + kLanes <= e; j += kLanes)
+      for (int64_t l = 0; l < kLanes; ++l) lanes[l] += f(j + l);
+    for (; j < e; ++j) lanes[0] += f(j);
+    A block = 0;
+    for (int64_t l = 0; l < kLanes; ++l) block += lanes[l];
+    total += block;
+  }
+  return total;
+}
+
 // One row, in the order the GPU kernels and torch use: max, sum of exp(x - max), (x - max) - log.
 // Returns the row's log-sum-exp, m + log(s).
 template <class T>
@@ -91,56 +110,100 @@ typename Traits<T>::A log_softmax_row(const T* x, T* y, int64_t cols, typename T
   A m = neg_inf;
   for (int64_t j = 0; j < cols; ++j) m = tmp[j] > m ? tmp[j] : m;  // NaN never wins the max
   const A shift = m == neg_inf ? A(0) : m;  // see the (max, sum) notes in common.cuh
-  // Sums in blocks with independent lanes (vectorizable, and short chains keep rounding error
-  // near the GPU's tree reduction); block totals are carried in double.
-  constexpr int64_t kBlock = 4096, kLanes = 16;
-  double total = 0;
-  for (int64_t b = 0; b < cols; b += kBlock) {
-    const int64_t e = std::min(cols, b + kBlock);
-    A lanes[kLanes] = {};
-    int64_t j = b;
-    for (; j + kLanes <= e; j += kLanes)
-      for (int64_t l = 0; l < kLanes; ++l) lanes[l] += std::exp(tmp[j + l] - shift);
-    for (; j < e; ++j) lanes[0] += std::exp(tmp[j] - shift);
-    A block = 0;
-    for (int64_t l = 0; l < kLanes; ++l) block += lanes[l];
-    total += block;
-  }
+  const double total = row_sum<A>(cols, [&](int64_t j) { return std::exp(tmp[j] - shift); });
   const A log_sum = std::log(static_cast<A>(total));
   for (int64_t j = 0; j < cols; ++j) y[j] = Traits<T>::store((tmp[j] - m) - log_sum);
   return m + log_sum;
 }
 
+// One row of the backward: dx = dy - exp(y) * sum(dy). dx may be dy or y (read before written).
 template <class T>
-void log_softmax_rows(const RowsCall& c, int64_t r0, int64_t r1) {
+void log_softmax_backward_row(const T* dy, int64_t dys, const T* y, int64_t ys, T* dx, int64_t dxs,
+                              int64_t cols, typename Traits<T>::A* tmp) {
   using A = typename Traits<T>::A;
-  std::vector<A> tmp(static_cast<size_t>(c.cols));
-  const T* x = static_cast<const T*>(c.x);
-  T* y = static_cast<T*>(c.y);
-  A* lse = static_cast<A*>(c.lse);
-  const A scale = static_cast<A>(c.scale);
-  for (int64_t r = r0; r < r1; ++r) {
-    const A l = log_softmax_row(x + r * c.x_stride, y + r * c.y_stride, c.cols, scale, tmp.data());
-    if (lse != nullptr) lse[r] = l;
+  for (int64_t j = 0; j < cols; ++j) tmp[j] = Traits<T>::load(dy[j * dys]);
+  const A total = static_cast<A>(row_sum<A>(cols, [tmp](int64_t j) { return tmp[j]; }));
+  for (int64_t j = 0; j < cols; ++j)
+    dx[j * dxs] = Traits<T>::store(tmp[j] - std::exp(Traits<T>::load(y[j * ys])) * total);
+}
+
+// Work over [0, n) positions split among threads; f(begin, end) does a range.
+template <class F> void parallel_for(int64_t n, int64_t elements_per_position, int num_threads, F f) {
+  constexpr int64_t kMinElementsPerThread = int64_t{1} << 16;
+  int64_t workers = num_threads > 0 ? num_threads : std::max(1u, std::thread::hardware_concurrency());
+  workers = std::min({workers, n, std::max<int64_t>(1, n * elements_per_position / kMinElementsPerThread)});
+  if (workers <= 1) return f(int64_t{0}, n);
+  std::vector<std::thread> pool;
+  const int64_t per = (n + workers - 1) / workers;
+  int64_t next = per;  // positions [0, per) stay on this thread
+  try {
+    for (; next < n; next += per) pool.emplace_back(f, next, std::min(n, next + per));
+  } catch (...) {  // no more threads: this thread takes the rest
+    f(next, n);
   }
+  f(int64_t{0}, std::min(n, per));
+  for (auto& t : pool) t.join();
 }
 
 template <class T> void run(const RowsCall& c, int num_threads) {
-  constexpr int64_t kMinElementsPerThread = int64_t{1} << 16;
-  int64_t workers = num_threads > 0 ? num_threads : std::max(1u, std::thread::hardware_concurrency());
-  workers = std::min({workers, c.rows, std::max<int64_t>(1, c.rows * c.cols / kMinElementsPerThread)});
-  if (workers <= 1) return log_softmax_rows<T>(c, 0, c.rows);
-  std::vector<std::thread> pool;
-  const int64_t per = (c.rows + workers - 1) / workers;
-  int64_t next = per;  // rows [0, per) stay on this thread
-  try {
-    for (; next < c.rows; next += per)
-      pool.emplace_back(log_softmax_rows<T>, std::cref(c), next, std::min(c.rows, next + per));
-  } catch (...) {  // no more threads: this thread takes the rest
-    log_softmax_rows<T>(c, next, c.rows);
+  using A = typename Traits<T>::A;
+  parallel_for(c.rows, c.cols, num_threads, [&c](int64_t r0, int64_t r1) {
+    std::vector<A> tmp(static_cast<size_t>(c.cols));
+    const T* x = static_cast<const T*>(c.x);
+    T* y = static_cast<T*>(c.y);
+    A* lse = static_cast<A*>(c.lse);
+    const A scale = static_cast<A>(c.scale);
+    for (int64_t r = r0; r < r1; ++r) {
+      const A l = log_softmax_row(x + r * c.x_stride, y + r * c.y_stride, c.cols, scale, tmp.data());
+      if (lse != nullptr) lse[r] = l;
+    }
+  });
+}
+
+// Any axis: position p = o * inner + i is gathered into a contiguous row, done as a row, and
+// scattered back (rows themselves take run() above).
+template <class T> void run_axis(const AxisCall& c, int num_threads) {
+  using A = typename Traits<T>::A;
+  const int64_t inner = c.n[2], dim = c.n[1];
+  parallel_for(c.n[0] * inner, dim, num_threads, [&c, inner, dim](int64_t p0, int64_t p1) {
+    std::vector<A> tmp(static_cast<size_t>(dim));
+    std::vector<T> a(static_cast<size_t>(dim)), b(static_cast<size_t>(dim));
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t o = p / inner, i = p % inner;
+      auto at = [o, i](const void* base, const int64_t* s) {
+        return static_cast<const T*>(base) + o * s[0] + i * s[2];
+      };
+      T* out = const_cast<T*>(at(c.out, c.out_s));
+      if (c.backward) {
+        log_softmax_backward_row(at(c.in0, c.in0_s), c.in0_s[1], at(c.in1, c.in1_s), c.in1_s[1], out,
+                                 c.out_s[1], dim, tmp.data());
+        continue;
+      }
+      const T* x = at(c.in0, c.in0_s);
+      for (int64_t j = 0; j < dim; ++j) a[j] = x[j * c.in0_s[1]];
+      const A l = log_softmax_row(a.data(), b.data(), dim, static_cast<A>(c.scale), tmp.data());
+      for (int64_t j = 0; j < dim; ++j) out[j * c.out_s[1]] = b[j];
+      if (c.lse != nullptr) static_cast<A*>(c.lse)[p] = l;
+    }
+  });
+}
+
+template <class F> softlight_status with_cpu_type(softlight_dtype dtype, F&& f) {
+  switch (dtype) {
+    case SOFTLIGHT_FLOAT32: f(float{}); break;
+    case SOFTLIGHT_FLOAT64: f(double{}); break;
+    case SOFTLIGHT_FLOAT16: f(Half{}); break;
+    case SOFTLIGHT_BFLOAT16: f(BFloat16{}); break;
   }
-  log_softmax_rows<T>(c, 0, std::min(c.rows, per));
-  for (auto& t : pool) t.join();
+  return SOFTLIGHT_SUCCESS;
+}
+
+softlight_status axis_cpu(AxisCall call, int num_threads) {
+  bool noop = false;
+  softlight_status st = validate_axis_call(call, &noop);
+  if (st != SOFTLIGHT_SUCCESS || noop) return st;
+  normalize_strides(&call);
+  return with_cpu_type(call.dtype, [&](auto tag) { run_axis<decltype(tag)>(call, num_threads); });
 }
 
 }  // namespace
@@ -155,13 +218,7 @@ extern "C" softlight_status softlight_log_softmax_forward_cpu_ex(
   softlight_status st = apply_options(options, &call);
   if (st == SOFTLIGHT_SUCCESS) st = validate_rows_call(call, &noop);
   if (st != SOFTLIGHT_SUCCESS || noop) return st;
-  switch (dtype) {
-    case SOFTLIGHT_FLOAT32: run<float>(call, num_threads); break;
-    case SOFTLIGHT_FLOAT64: run<double>(call, num_threads); break;
-    case SOFTLIGHT_FLOAT16: run<Half>(call, num_threads); break;
-    case SOFTLIGHT_BFLOAT16: run<BFloat16>(call, num_threads); break;
-  }
-  return SOFTLIGHT_SUCCESS;
+  return with_cpu_type(dtype, [&](auto tag) { run<decltype(tag)>(call, num_threads); });
 }
 
 extern "C" softlight_status softlight_log_softmax_forward_cpu(const void* x, int64_t x_row_stride,
@@ -170,4 +227,35 @@ extern "C" softlight_status softlight_log_softmax_forward_cpu(const void* x, int
                                                               softlight_dtype dtype, int num_threads) {
   return softlight_log_softmax_forward_cpu_ex(x, x_row_stride, y, y_row_stride, rows, cols, dtype,
                                               nullptr, num_threads);
+}
+
+extern "C" softlight_status softlight_log_softmax_forward_3d_cpu(
+    const void* x, const int64_t x_strides[3], void* y, const int64_t y_strides[3], int64_t outer,
+    int64_t dim, int64_t inner, softlight_dtype dtype, const softlight_forward_options* options,
+    int num_threads) {
+  using namespace softlight;
+  if (x_strides == nullptr || y_strides == nullptr) return SOFTLIGHT_ERROR_NULL_POINTER;
+  AxisCall call{{outer, dim, inner}, dtype, x, {x_strides[0], x_strides[1], x_strides[2]}, nullptr, {0, 0, 0},
+                y, {y_strides[0], y_strides[1], y_strides[2]}};
+  const softlight_status st = apply_options(options, &call);
+  return st != SOFTLIGHT_SUCCESS ? st : axis_cpu(call, num_threads);
+}
+
+extern "C" softlight_status softlight_log_softmax_backward_3d_cpu(
+    const void* dy, const int64_t dy_strides[3], const void* y, const int64_t y_strides[3], void* dx,
+    const int64_t dx_strides[3], int64_t outer, int64_t dim, int64_t inner, softlight_dtype dtype,
+    int num_threads) {
+  using namespace softlight;
+  if (dy_strides == nullptr || y_strides == nullptr || dx_strides == nullptr) return SOFTLIGHT_ERROR_NULL_POINTER;
+  AxisCall call{{outer, dim, inner}, dtype, dy, {dy_strides[0], dy_strides[1], dy_strides[2]},
+                y, {y_strides[0], y_strides[1], y_strides[2]}, dx, {dx_strides[0], dx_strides[1], dx_strides[2]}};
+  call.backward = true;
+  return axis_cpu(call, num_threads);
+}
+
+extern "C" softlight_status softlight_log_softmax_backward_cpu(
+    const void* dy, int64_t dy_row_stride, const void* y, int64_t y_row_stride, void* dx,
+    int64_t dx_row_stride, int64_t rows, int64_t cols, softlight_dtype dtype, int num_threads) {
+  const int64_t dys[3] = {dy_row_stride, 1, 0}, ys[3] = {y_row_stride, 1, 0}, dxs[3] = {dx_row_stride, 1, 0};
+  return softlight_log_softmax_backward_3d_cpu(dy, dys, y, ys, dx, dxs, rows, cols, 1, dtype, num_threads);
 }

@@ -3,6 +3,8 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <initializer_list>
+#include <optional>
 
 #include "kernels.hpp"
 #include "plan.hpp"
@@ -92,44 +94,47 @@ cudaError_t run_plan(const Plan& plan, const RowsArgs& args, cudaStream_t stream
 }  // namespace
 }  // namespace softlight
 
-extern "C" softlight_status softlight_log_softmax_forward_ex(
-    const void* x, int64_t x_row_stride, void* y, int64_t y_row_stride, int64_t rows, int64_t cols,
-    softlight_dtype dtype, const softlight_forward_options* options, void* stream) {
-  using namespace softlight;
-  RowsCall call{x, x_row_stride, y, y_row_stride, rows, cols, dtype};
-  bool noop = false;
-  softlight_status st = apply_options(options, &call);
-  if (st == SOFTLIGHT_SUCCESS) st = validate_rows_call(call, &noop);
-  if (st != SOFTLIGHT_SUCCESS || noop) return st;
+namespace softlight {
+namespace {
 
-  int xdev = -1, ydev = -1, ldev = -1;
-  if ((st = pointer_device(x, &xdev)) != SOFTLIGHT_SUCCESS) return st;
-  if ((st = pointer_device(y, &ydev)) != SOFTLIGHT_SUCCESS) return st;
-  if (xdev != ydev) return SOFTLIGHT_ERROR_DEVICE_MISMATCH;
-  if (call.lse != nullptr) {
-    if ((st = pointer_device(call.lse, &ldev)) != SOFTLIGHT_SUCCESS) return st;
-    if (ldev != xdev) return SOFTLIGHT_ERROR_DEVICE_MISMATCH;
+softlight_status cuda_status(cudaError_t e) {
+  cudaGetLastError();
+  return no_driver(e) ? SOFTLIGHT_ERROR_NO_DEVICE : SOFTLIGHT_ERROR_CUDA;
+}
+
+// The device of every array of a call (null entries skipped), made current for the scope, and
+// what the planner needs of it.
+class CallDevice {
+ public:
+  softlight_status open(std::initializer_list<const void*> arrays) {
+    int first = -1;
+    for (const void* p : arrays) {
+      if (p == nullptr) continue;
+      int d = -1;
+      if (const softlight_status st = pointer_device(p, &d); st != SOFTLIGHT_SUCCESS) return st;
+      if (first >= 0 && d != first) return SOFTLIGHT_ERROR_DEVICE_MISMATCH;
+      first = d;
+    }
+    scope_.emplace(first);
+    if (const cudaError_t e = device_info(first, &info); e != cudaSuccess) return cuda_status(e);
+    if (info.cc_major < 8) return SOFTLIGHT_ERROR_UNSUPPORTED_DEVICE;
+    return SOFTLIGHT_SUCCESS;
   }
+  DeviceInfo info;
 
-  DeviceScope scope(xdev);
-  DeviceInfo dev;
-  if (cudaError_t e = device_info(xdev, &dev); e != cudaSuccess) {
-    cudaGetLastError();
-    return no_driver(e) ? SOFTLIGHT_ERROR_NO_DEVICE : SOFTLIGHT_ERROR_CUDA;
-  }
-  if (dev.cc_major < 8) return SOFTLIGHT_ERROR_UNSUPPORTED_DEVICE;
+ private:
+  std::optional<DeviceScope> scope_;
+};
 
-  const int elem = softlight_dtype_size(dtype);
+softlight_status run_rows(const RowsArgs& args, DeviceInfo dev, cudaStream_t s) {
+  const int elem = softlight_dtype_size(args.dtype);
   Problem prob;
-  prob.rows = rows;
-  prob.cols = cols;
+  prob.rows = args.rows;
+  prob.cols = args.cols;
   prob.elem_bytes = elem;
-  prob.aligned16 = aligned16(x) && aligned16(y) && (cols * elem) % 16 == 0 &&
-                   (rows == 1 || ((x_row_stride * elem) % 16 == 0 && (y_row_stride * elem) % 16 == 0));
+  prob.aligned16 = aligned16(args.x) && aligned16(args.y) && (args.cols * elem) % 16 == 0 &&
+                   (args.rows == 1 || ((args.x_stride * elem) % 16 == 0 && (args.y_stride * elem) % 16 == 0));
   const Overrides over = overrides_from_env();
-  const RowsArgs args{x, x_row_stride, y, y_row_stride, rows, cols, dtype, call.scale, call.lse};
-  const auto s = static_cast<cudaStream_t>(stream);
-
   Plan plan = plan_rows(prob, dev, over);
   cudaError_t e = run_plan(plan, args, s);
   // A cluster that cannot be placed (a partitioned or busy GPU): halve it until one can, then
@@ -139,11 +144,104 @@ extern "C" softlight_status softlight_log_softmax_forward_ex(
     plan = plan_rows(prob, dev, Overrides{0, over.chunk_bytes, over.threads, over.hints});
     e = run_plan(plan, args, s);
   }
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    return no_driver(e) ? SOFTLIGHT_ERROR_NO_DEVICE : SOFTLIGHT_ERROR_CUDA;
+  return e == cudaSuccess ? SOFTLIGHT_SUCCESS : cuda_status(e);
+}
+
+// A validated axis call (strides normalized): rows of the forward go to run_rows, the rest to
+// the axis plan.
+softlight_status run_axis(const AxisCall& c, DeviceInfo dev, cudaStream_t s) {
+  const bool rows = axis_call_is_rows(c);
+  if (rows && !c.backward) {
+    const RowsArgs args{c.in0, c.in0_s[0], c.out, c.out_s[0], c.n[0], c.n[1], c.dtype, c.scale, c.lse};
+    return run_rows(args, dev, s);
   }
-  return SOFTLIGHT_SUCCESS;
+  const int elem = softlight_dtype_size(c.dtype);
+  AxisProblem prob;
+  prob.outer = c.n[0];
+  prob.dim = c.n[1];
+  prob.inner = c.n[2];
+  prob.elem_bytes = elem;
+  prob.rows = rows;
+  prob.backward = c.backward;
+  prob.aligned16 = rows && (c.n[1] * elem) % 16 == 0 && aligned16(c.in0) && aligned16(c.out) &&
+                   (!c.backward || aligned16(c.in1)) &&
+                   (c.in0_s[0] * elem) % 16 == 0 && (c.out_s[0] * elem) % 16 == 0 &&
+                   (!c.backward || (c.in1_s[0] * elem) % 16 == 0);
+  SplitOverrides so;
+  if (const char* v = std::getenv("SOFTLIGHT_SPLIT_LANES")) so.lanes = std::atoi(v);
+  if (const char* v = std::getenv("SOFTLIGHT_SPLIT_SEGMENT_BYTES")) so.segment_bytes = std::atoll(v);
+  if (so.lanes < 0 || so.lanes > 1024 || (so.lanes & (so.lanes - 1)) != 0) so.lanes = 0;
+  Plan plan = plan_axis(prob, dev, so);
+  auto go = [&] {
+    return plan.family == Family::warp_rows ? launch_warp_rows_backward(plan, c, s) : launch_split_rows(plan, c, s);
+  };
+  cudaError_t e = go();
+  while (e == cudaErrorInvalidClusterSize && dev.max_cluster > 0) {
+    dev.max_cluster = plan.cluster > 1 ? plan.cluster / 2 : 0;
+    plan = plan_axis(prob, dev, so);
+    e = go();
+  }
+  return e == cudaSuccess ? SOFTLIGHT_SUCCESS : cuda_status(e);
+}
+
+softlight_status axis_gpu(AxisCall call, void* stream) {
+  bool noop = false;
+  softlight_status st = validate_axis_call(call, &noop);
+  if (st != SOFTLIGHT_SUCCESS || noop) return st;
+  normalize_strides(&call);
+  CallDevice dev;
+  if ((st = dev.open({call.in0, call.backward ? call.in1 : nullptr, call.out, call.lse})) != SOFTLIGHT_SUCCESS)
+    return st;
+  return run_axis(call, dev.info, static_cast<cudaStream_t>(stream));
+}
+
+}  // namespace
+}  // namespace softlight
+
+extern "C" softlight_status softlight_log_softmax_forward_ex(
+    const void* x, int64_t x_row_stride, void* y, int64_t y_row_stride, int64_t rows, int64_t cols,
+    softlight_dtype dtype, const softlight_forward_options* options, void* stream) {
+  using namespace softlight;
+  RowsCall call{x, x_row_stride, y, y_row_stride, rows, cols, dtype};
+  bool noop = false;
+  softlight_status st = apply_options(options, &call);
+  if (st == SOFTLIGHT_SUCCESS) st = validate_rows_call(call, &noop);
+  if (st != SOFTLIGHT_SUCCESS || noop) return st;
+  CallDevice dev;
+  if ((st = dev.open({x, y, call.lse})) != SOFTLIGHT_SUCCESS) return st;
+  const RowsArgs args{x, x_row_stride, y, y_row_stride, rows, cols, dtype, call.scale, call.lse};
+  return run_rows(args, dev.info, static_cast<cudaStream_t>(stream));
+}
+
+extern "C" softlight_status softlight_log_softmax_forward_3d(
+    const void* x, const int64_t x_strides[3], void* y, const int64_t y_strides[3], int64_t outer,
+    int64_t dim, int64_t inner, softlight_dtype dtype, const softlight_forward_options* options,
+    void* stream) {
+  using namespace softlight;
+  if (x_strides == nullptr || y_strides == nullptr) return SOFTLIGHT_ERROR_NULL_POINTER;
+  AxisCall call{{outer, dim, inner}, dtype, x, {x_strides[0], x_strides[1], x_strides[2]}, nullptr, {0, 0, 0},
+                y, {y_strides[0], y_strides[1], y_strides[2]}};
+  const softlight_status st = apply_options(options, &call);
+  return st != SOFTLIGHT_SUCCESS ? st : axis_gpu(call, stream);
+}
+
+extern "C" softlight_status softlight_log_softmax_backward_3d(
+    const void* dy, const int64_t dy_strides[3], const void* y, const int64_t y_strides[3], void* dx,
+    const int64_t dx_strides[3], int64_t outer, int64_t dim, int64_t inner, softlight_dtype dtype,
+    void* stream) {
+  using namespace softlight;
+  if (dy_strides == nullptr || y_strides == nullptr || dx_strides == nullptr) return SOFTLIGHT_ERROR_NULL_POINTER;
+  AxisCall call{{outer, dim, inner}, dtype, dy, {dy_strides[0], dy_strides[1], dy_strides[2]},
+                y, {y_strides[0], y_strides[1], y_strides[2]}, dx, {dx_strides[0], dx_strides[1], dx_strides[2]}};
+  call.backward = true;
+  return axis_gpu(call, stream);
+}
+
+extern "C" softlight_status softlight_log_softmax_backward(
+    const void* dy, int64_t dy_row_stride, const void* y, int64_t y_row_stride, void* dx,
+    int64_t dx_row_stride, int64_t rows, int64_t cols, softlight_dtype dtype, void* stream) {
+  const int64_t dys[3] = {dy_row_stride, 1, 0}, ys[3] = {y_row_stride, 1, 0}, dxs[3] = {dx_row_stride, 1, 0};
+  return softlight_log_softmax_backward_3d(dy, dys, y, ys, dx, dxs, rows, cols, 1, dtype, stream);
 }
 
 extern "C" softlight_status softlight_log_softmax_forward(const void* x, int64_t x_row_stride,

@@ -7,6 +7,7 @@
 
 #include "plan.hpp"
 #include "softlight/softlight.h"
+#include "validate.hpp"
 
 namespace softlight {
 
@@ -26,5 +27,11 @@ cudaError_t launch_warp_rows(const Plan& plan, const RowsArgs& a, cudaStream_t s
 cudaError_t launch_block_rows(const Plan& plan, const RowsArgs& a, cudaStream_t stream);
 // Returns cudaErrorInvalidClusterSize when no cluster of plan.cluster CTAs can be scheduled.
 cudaError_t launch_cluster_rows(const Plan& plan, const RowsArgs& a, cudaStream_t stream);
+
+// Backward of rows of up to 256 vectors (a rows AxisCall: inner 1, axis strides 1).
+cudaError_t launch_warp_rows_backward(const Plan& plan, const AxisCall& a, cudaStream_t stream);
+// Any AxisCall, forward or backward (strides normalized). cudaErrorInvalidClusterSize when no
+// cluster of plan.cluster CTAs can be scheduled.
+cudaError_t launch_split_rows(const Plan& plan, const AxisCall& a, cudaStream_t stream);
 
 }  // namespace softlight

@@ -89,7 +89,44 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
   return plan;
 }
 
+Plan plan_split_rows(const AxisProblem& p, const DeviceInfo& d, const SplitOverrides& o) {
+  Plan plan;
+  plan.family = Family::split_rows;
+  plan.vec = p.rows && p.aligned16 ? 16 / p.elem_bytes : 1;
+  const int lanes = o.lanes > 0 ? o.lanes : kSplitLanes;
+  plan.lanes = p.rows ? 1 : static_cast<int>(std::min<int64_t>(lanes, pow2_ceil(p.inner)));
+  const int64_t units = ceil_div(p.dim, plan.vec);
+  const int64_t unit_bytes = int64_t{plan.vec} * p.elem_bytes * plan.lanes;  // per unit of the axis
+  // The smallest cluster whose segments fit the target, if any.
+  const int64_t target = o.segment_bytes > 0 ? o.segment_bytes : kSplitSegmentBytes;
+  const int max_cluster = std::min(d.max_cluster, kMaxCluster);
+  int c = 1;
+  while (c * 2 <= max_cluster && c * 2 <= units && ceil_div(units, c) * unit_bytes > target) c *= 2;
+  plan.cluster = c;
+  plan.segment = ceil_div(units, c);
+  // Four units per thread and pass where the segment is long enough, a warp at the least.
+  const int64_t along = std::clamp<int64_t>(pow2_ceil(ceil_div(plan.segment, 4)), 1, kSplitThreads / plan.lanes);
+  plan.threads = static_cast<int>(std::max<int64_t>(64, along * plan.lanes));
+  plan.tiles = ceil_div(p.inner, plan.lanes);
+  plan.grid = std::min<int64_t>(p.outer * plan.tiles, int64_t{1} << 24);  // positions' clusters
+  return plan;
+}
+
 }  // namespace
+
+Plan plan_axis(const AxisProblem& p, const DeviceInfo& d, const SplitOverrides& o) {
+  if (p.outer <= 0 || p.dim <= 0 || p.inner <= 0) return Plan{};
+  const int vec = p.aligned16 ? 16 / p.elem_bytes : 1;
+  if (p.backward && p.rows && ceil_div(p.dim, vec) <= int64_t{32} * kWarpRowsMaxIters) {
+    Problem rows;
+    rows.rows = p.outer;
+    rows.cols = p.dim;
+    rows.elem_bytes = p.elem_bytes;
+    rows.aligned16 = p.aligned16;
+    return plan_warp_rows(rows, vec);
+  }
+  return plan_split_rows(p, d, o);
+}
 
 const char* family_name(Family f) {
   switch (f) {
@@ -97,6 +134,7 @@ const char* family_name(Family f) {
     case Family::warp_rows: return "warp_rows";
     case Family::block_rows: return "block_rows";
     case Family::cluster_rows: return "cluster_rows";
+    case Family::split_rows: return "split_rows";
   }
   return "unknown";
 }

@@ -11,6 +11,8 @@ enum class Family : int {
   warp_rows = 1,     // short rows: a group of 1..32 lanes holds a row in registers
   block_rows = 2,    // one CTA per row: the row in shared memory, or streamed twice if too long
   cluster_rows = 3,  // Hopper: a cluster of CTAs per row, bulk copies into a ring of chunks
+  split_rows = 4,    // any axis, forward or backward: the axis split over a cluster of CTAs (one
+                     // CTA off Hopper), two passes, the second re-reading from the L2 cache
 };
 
 const char* family_name(Family f);
@@ -32,6 +34,16 @@ struct Problem {
   // 16-byte vector access is valid for x and y: both base pointers and both row strides (in
   // bytes) are multiples of 16, and so is cols * elem_bytes.
   bool aligned16 = false;
+};
+
+// A problem along any axis (docs: softlight_log_softmax_forward_3d), for the backward and for
+// the forward over a non-contiguous axis.
+struct AxisProblem {
+  int64_t outer = 0, dim = 0, inner = 1;
+  int elem_bytes = 4;
+  bool rows = false;       // inner == 1 and the axis is contiguous in every array
+  bool aligned16 = false;  // rows, and 16-byte vector access is valid for every array
+  bool backward = false;
 };
 
 // Tuning overrides for experiments (0 = planner's choice).
@@ -61,6 +73,10 @@ struct Plan {
   int64_t chunks_per_row = 0;
   int64_t chunks_per_cta = 0;
   int hints = 0;           // cache hints (see Overrides)
+  // split_rows (cluster above: CTAs per position, splitting the axis)
+  int lanes = 0;           // positions along inner per CTA (1 for rows)
+  int64_t tiles = 0;       // ceil(inner / lanes)
+  int64_t segment = 0;     // units (vectors, or elements) of the axis per CTA
 };
 
 // Constants shared by the planner and the kernels.
@@ -78,5 +94,23 @@ constexpr int kBlockRowsReserveBytes = 1024;
 constexpr int kMaxCluster = 16;
 
 Plan plan_rows(const Problem& p, const DeviceInfo& d, const Overrides& o = Overrides{});
+
+// split_rows: the cluster is the smallest whose segment per CTA is at most this many bytes (the
+// second pass hopes to find it in the L2 cache: two CTAs per SM hold 25 MB on 132 SMs); inner
+// positions per CTA (a power of two) where the axis is not the last: 128 fp32 values are a 512-byte
+// run of memory per step along the axis.
+constexpr int64_t kSplitSegmentBytes = 96 * 1024;
+constexpr int kSplitLanes = 128;
+constexpr int kSplitThreads = 1024;
+
+// Tuning overrides of split_rows (0 = the planner's choice).
+struct SplitOverrides {
+  int lanes = 0;
+  int64_t segment_bytes = 0;
+};
+
+// The plan for an axis problem: the backward of short rows goes to warp_rows, everything else to
+// split_rows (the forward of rows takes plan_rows).
+Plan plan_axis(const AxisProblem& p, const DeviceInfo& d, const SplitOverrides& o = SplitOverrides{});
 
 }  // namespace softlight

@@ -6,13 +6,13 @@ extern "C" {
 const char* softlight_status_string(softlight_status status) {
   switch (status) {
     case SOFTLIGHT_SUCCESS: return "success";
-    case SOFTLIGHT_ERROR_NULL_POINTER: return "x or y is a null pointer";
+    case SOFTLIGHT_ERROR_NULL_POINTER: return "an array pointer is null";
     case SOFTLIGHT_ERROR_INVALID_SIZE: return "rows or cols is negative, or the matrix is too large to address";
-    case SOFTLIGHT_ERROR_INVALID_STRIDE: return "a row stride is smaller than cols";
+    case SOFTLIGHT_ERROR_INVALID_STRIDE: return "a row stride is smaller than cols, a stride is negative, or an output's elements alias one another";
     case SOFTLIGHT_ERROR_UNSUPPORTED_DTYPE: return "unsupported dtype (float32, float16, bfloat16 and float64 are supported)";
-    case SOFTLIGHT_ERROR_OVERLAP: return "x and y overlap without being the same array (only exact in-place is allowed)";
-    case SOFTLIGHT_ERROR_NOT_DEVICE_MEMORY: return "x or y is not CUDA device (or managed) memory";
-    case SOFTLIGHT_ERROR_DEVICE_MISMATCH: return "x and y are on different CUDA devices";
+    case SOFTLIGHT_ERROR_OVERLAP: return "an output overlaps an input without being the same array (only exact in-place is allowed)";
+    case SOFTLIGHT_ERROR_NOT_DEVICE_MEMORY: return "an array is not CUDA device (or managed) memory";
+    case SOFTLIGHT_ERROR_DEVICE_MISMATCH: return "the arrays are on different CUDA devices";
     case SOFTLIGHT_ERROR_NO_DEVICE: return "no usable CUDA driver or device";
     case SOFTLIGHT_ERROR_UNSUPPORTED_DEVICE: return "the CUDA device is older than compute capability 8.0";
     case SOFTLIGHT_ERROR_CUDA: return "the CUDA runtime reported an error";

@@ -1,5 +1,6 @@
 #include "validate.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -17,7 +18,8 @@ int64_t extent_bytes(int64_t rows, int64_t cols, int64_t stride, int elem) {
 
 }  // namespace
 
-softlight_status apply_options(const softlight_forward_options* o, RowsCall* c) {
+namespace {
+template <class Call> softlight_status apply(const softlight_forward_options* o, Call* c) {
   if (o == nullptr) return SOFTLIGHT_SUCCESS;
   const double t = o->temperature == 0.0 ? 1.0 : o->temperature;
   if (!(t > 0.0) || !std::isfinite(t)) return SOFTLIGHT_ERROR_INVALID_ARGUMENT;
@@ -25,6 +27,10 @@ softlight_status apply_options(const softlight_forward_options* o, RowsCall* c) 
   c->lse = o->lse;
   return SOFTLIGHT_SUCCESS;
 }
+}  // namespace
+
+softlight_status apply_options(const softlight_forward_options* o, RowsCall* c) { return apply(o, c); }
+softlight_status apply_options(const softlight_forward_options* o, AxisCall* c) { return apply(o, c); }
 
 namespace {
 bool ranges_overlap(uintptr_t a, int64_t a_bytes, uintptr_t b, int64_t b_bytes) {
@@ -59,6 +65,88 @@ softlight_status validate_rows_call(const RowsCall& c, bool* noop) {
     const auto l0 = reinterpret_cast<uintptr_t>(c.lse);
     const int64_t lb = c.rows * (elem == 8 ? 8 : 4);
     if (ranges_overlap(l0, lb, x0, xb) || ranges_overlap(l0, lb, y0, yb)) return SOFTLIGHT_ERROR_OVERLAP;
+  }
+  return SOFTLIGHT_SUCCESS;
+}
+
+namespace {
+
+// Lowest and one-past-highest byte of a strided 3-d array (strides non-negative), or -1 if the
+// highest does not fit in int64.
+int64_t span_bytes(const int64_t n[3], const int64_t s[3], int elem) {
+  const int64_t limit = std::numeric_limits<int64_t>::max() / elem;
+  int64_t last = 0;  // offset of the last element, in elements
+  for (int a = 0; a < 3; ++a) {
+    if (n[a] > 1 && s[a] > (limit - last) / (n[a] - 1)) return -1;
+    last += (n[a] - 1) * s[a];
+  }
+  return (last + 1) * elem;
+}
+
+// No two positions of the array share an element: with the axes ordered by stride, each stride
+// steps past everything the smaller ones reach.
+bool injective(const int64_t n[3], const int64_t s[3]) {
+  int order[3] = {0, 1, 2};
+  std::sort(order, order + 3, [&](int a, int b) { return s[a] < s[b]; });
+  int64_t reach = 1;  // elements covered by the axes so far, as a span
+  for (int a : order) {
+    if (n[a] == 1) continue;
+    if (s[a] < reach) return false;
+    reach = s[a] * (n[a] - 1) + reach;
+  }
+  return true;
+}
+
+bool same_layout(const int64_t a[3], const int64_t b[3]) {
+  return a[0] == b[0] && a[1] == b[1] && a[2] == b[2];
+}
+
+}  // namespace
+
+void normalize_strides(AxisCall* c) {
+  for (int a = 0; a < 3; ++a) {
+    if (c->n[a] == 1) c->in0_s[a] = c->in1_s[a] = c->out_s[a] = 0;
+  }
+}
+
+bool axis_call_is_rows(const AxisCall& c) {
+  return c.n[2] == 1 && (c.n[1] == 1 || (c.in0_s[1] == 1 && c.out_s[1] == 1 && (!c.backward || c.in1_s[1] == 1)));
+}
+
+softlight_status validate_axis_call(const AxisCall& call, bool* noop) {
+  *noop = false;
+  AxisCall c = call;
+  if (!c.backward) c.in1 = nullptr;
+  normalize_strides(&c);
+  const int elem = softlight_dtype_size(c.dtype);
+  if (elem == 0) return SOFTLIGHT_ERROR_UNSUPPORTED_DTYPE;
+  if (c.n[0] < 0 || c.n[1] < 0 || c.n[2] < 0) return SOFTLIGHT_ERROR_INVALID_SIZE;
+  if (c.n[0] == 0 || c.n[1] == 0 || c.n[2] == 0) {
+    *noop = true;
+    return SOFTLIGHT_SUCCESS;
+  }
+  if (c.in0 == nullptr || c.out == nullptr || (c.backward && c.in1 == nullptr)) return SOFTLIGHT_ERROR_NULL_POINTER;
+  for (int a = 0; a < 3; ++a) {
+    if (c.in0_s[a] < 0 || c.out_s[a] < 0 || (c.backward && c.in1_s[a] < 0)) return SOFTLIGHT_ERROR_INVALID_STRIDE;
+  }
+  if (!injective(c.n, c.out_s)) return SOFTLIGHT_ERROR_INVALID_STRIDE;
+  const int64_t ob = span_bytes(c.n, c.out_s, elem);
+  const int64_t ib0 = span_bytes(c.n, c.in0_s, elem);
+  const int64_t ib1 = c.backward ? span_bytes(c.n, c.in1_s, elem) : 0;
+  if (ob < 0 || ib0 < 0 || ib1 < 0 || c.n[0] > std::numeric_limits<int64_t>::max() / c.n[2])
+    return SOFTLIGHT_ERROR_INVALID_SIZE;
+  const auto o0 = reinterpret_cast<uintptr_t>(c.out);
+  auto clash = [&](const void* in, const int64_t* s, int64_t bytes) {
+    const auto i0 = reinterpret_cast<uintptr_t>(in);
+    if (i0 == o0) return !same_layout(s, c.out_s);
+    return ranges_overlap(i0, bytes, o0, ob);
+  };
+  if (clash(c.in0, c.in0_s, ib0) || (c.backward && clash(c.in1, c.in1_s, ib1))) return SOFTLIGHT_ERROR_OVERLAP;
+  if (c.lse != nullptr) {
+    const auto l0 = reinterpret_cast<uintptr_t>(c.lse);
+    const int64_t lb = c.n[0] * c.n[2] * (elem == 8 ? 8 : 4);
+    if (ranges_overlap(l0, lb, reinterpret_cast<uintptr_t>(c.in0), ib0) || ranges_overlap(l0, lb, o0, ob))
+      return SOFTLIGHT_ERROR_OVERLAP;
   }
   return SOFTLIGHT_SUCCESS;
 }

@@ -60,6 +60,60 @@ warp_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t
   }
 }
 
+// The backward, dx = dy - exp(y) * sum(dy): the group holds a row of dy and of y in registers.
+template <class T, int V, int ITERS>
+__global__ void __launch_bounds__(kWarpRowsThreads)
+warp_rows_backward_kernel(const T* __restrict__ dy, int64_t dys, const T* __restrict__ y, int64_t ys,
+                          T* __restrict__ dx, int64_t dxs, int64_t rows, int cols, int group) {
+  using A = acc_t<T>;
+  const int lane = threadIdx.x & 31;
+  const int sub = lane & (group - 1);
+  const int rows_per_warp = 32 / group;
+  const int64_t warps = int64_t{gridDim.x} * (blockDim.x / 32);
+  const int64_t warp = int64_t{blockIdx.x} * (blockDim.x / 32) + (threadIdx.x >> 5);
+  for (int64_t base = warp * rows_per_warp; base < rows; base += warps * rows_per_warp) {
+    const int64_t row = base + lane / group;
+    const bool live = row < rows;
+    A g[ITERS][V], p[ITERS][V];
+    A s = 0;
+#pragma unroll
+    for (int i = 0; i < ITERS; ++i) {
+      const int e = (i * group + sub) * V;
+      if (live && e < cols) {
+        load_pack<T, V>(dy + row * dys + e, g[i]);
+        load_pack<T, V>(y + row * ys + e, p[i]);
+#pragma unroll
+        for (int j = 0; j < V; ++j) s += g[i][j];
+      }
+    }
+    s = group_sum(s, group);
+#pragma unroll
+    for (int i = 0; i < ITERS; ++i) {
+      const int e = (i * group + sub) * V;
+      if (live && e < cols) {
+#pragma unroll
+        for (int j = 0; j < V; ++j) g[i][j] = log_softmax_grad(g[i][j], p[i][j], s);
+        store_pack<T, V>(dx + row * dxs + e, g[i]);
+      }
+    }
+  }
+}
+
+template <class T, int V>
+cudaError_t launch_backward_iters(const Plan& p, const AxisCall& a, cudaStream_t stream) {
+  using Kernel = void (*)(const T*, int64_t, const T*, int64_t, T*, int64_t, int64_t, int, int);
+  Kernel k = p.iters == 1   ? warp_rows_backward_kernel<T, V, 1>
+             : p.iters == 2 ? warp_rows_backward_kernel<T, V, 2>
+             : p.iters == 4 ? warp_rows_backward_kernel<T, V, 4>
+             : p.iters == 8 ? warp_rows_backward_kernel<T, V, 8>
+                            : nullptr;
+  if (k == nullptr) return cudaErrorInvalidValue;
+  k<<<static_cast<unsigned>(p.grid), p.threads, 0, stream>>>(
+      static_cast<const T*>(a.in0), a.in0_s[0], static_cast<const T*>(a.in1), a.in1_s[0],
+      static_cast<T*>(a.out), a.out_s[0], a.n[0], static_cast<int>(a.n[1]), p.group);
+  return cudaGetLastError();
+}
+
 template <class T, int V>
 cudaError_t launch_iters(const Plan& p, const RowsArgs& a, cudaStream_t stream) {
   const T* x = static_cast<const T*>(a.x);
@@ -83,6 +137,12 @@ cudaError_t launch_iters(const Plan& p, const RowsArgs& a, cudaStream_t stream) 
 cudaError_t launch_warp_rows(const Plan& p, const RowsArgs& a, cudaStream_t stream) {
   return with_element_type_and_vec(a.dtype, p.vec, [&](auto tag, auto vec) {
     return launch_iters<decltype(tag), decltype(vec)::value>(p, a, stream);
+  });
+}
+
+cudaError_t launch_warp_rows_backward(const Plan& p, const AxisCall& a, cudaStream_t stream) {
+  return with_element_type_and_vec(a.dtype, p.vec, [&](auto tag, auto vec) {
+    return launch_backward_iters<decltype(tag), decltype(vec)::value>(p, a, stream);
   });
 }
 

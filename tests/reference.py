@@ -23,6 +23,19 @@ def log_softmax_ref(x):
         return (x - m) - np.log(s)
 
 
+def log_softmax_ref_axis(x, axis):
+    """log_softmax_ref along any axis."""
+    return np.moveaxis(log_softmax_ref(np.moveaxis(np.asarray(x, dtype=np.float64), axis, -1)), -1, axis)
+
+
+def log_softmax_grad_ref(dy, y, axis=-1):
+    """Float64 gradient of log-softmax: dy - exp(y) * sum(dy) along the axis."""
+    dy = np.asarray(dy, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    with np.errstate(all="ignore"):
+        return dy - np.exp(y) * dy.sum(axis=axis, keepdims=True)
+
+
 def logsumexp_ref(x):
     """Float64 m + log(s) per row, by the same rules: NaN for rows holding NaN or +inf, -inf for
     rows of all -inf (and for empty rows)."""

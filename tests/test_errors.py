@@ -49,28 +49,37 @@ def test_mismatched_out(bad, match):
     assert (bad == POISON).all()
 
 
-def test_dim_must_be_last_and_in_range():
+def test_dim_must_be_in_range():
     x = np.ones((2, 3, 4), np.float32)
-    with pytest.raises(InvalidArgumentError, match="last axis"):
-        softlight.log_softmax(x, dim=1)
     with pytest.raises(IndexError, match="out of range"):
         softlight.log_softmax(x, dim=3)
+    with pytest.raises(IndexError, match="out of range"):
+        softlight.log_softmax(x, dim=-4)
     with pytest.raises(TypeError, match="dim must be an int"):
         softlight.log_softmax(x, dim=1.0)
-    assert softlight.log_softmax(x, dim=-1).shape == x.shape
-    assert softlight.log_softmax(x, dim=2).shape == x.shape
+    with pytest.raises(TypeError, match="dim must be an int"):
+        softlight.log_softmax(x, dim=True)
+    for d in (-3, -1, 0, 1, 2):
+        assert softlight.log_softmax(x, dim=d).shape == x.shape
 
 
-@pytest.mark.parametrize("make", [
-    lambda a: a[:, ::2],            # last axis not contiguous
-    lambda a: a.T,                  # column-major
-    lambda a: a.reshape(4, 3, 8)[:, ::2, :],  # leading axes not evenly spaced
-    lambda a: a.reshape(2, 6, 8)[:, 2:4, :],  # a slice of the middle axis
-], ids=["step2", "transposed", "gapped-3d", "middle-slice"])
-def test_unsupported_layouts(make):
+@pytest.mark.parametrize("make,dim", [
+    (lambda a: a.reshape(4, 3, 8)[:, ::2, :], -1),  # the axes before dim are not evenly spaced
+    (lambda a: a.reshape(2, 6, 8)[:, 2:4, :], 2),   # a slice of the middle axis
+    (lambda a: a.reshape(2, 6, 8)[:, :, 1:7], 0),   # the axes after dim are not evenly spaced
+], ids=["gapped-3d", "middle-slice", "inner-gap"])
+def test_layouts_that_do_not_merge_are_refused(make, dim):
     a = np.arange(96, dtype=np.float32).reshape(12, 8)
-    with pytest.raises(InvalidArgumentError, match="contiguous|evenly spaced"):
-        softlight.log_softmax(make(a))
+    out = np.full(make(a).shape, POISON, np.float32)
+    with pytest.raises(InvalidArgumentError, match="do not merge into one evenly strided axis"):
+        softlight.log_softmax(make(a), dim=dim, out=out)
+    assert (out == POISON).all()
+
+
+def test_negative_strides_are_refused():
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)[:, ::-1]
+    with pytest.raises(InvalidArgumentError, match="negative stride"):
+        softlight.log_softmax(x)
 
 
 def test_overlapping_out_is_refused():
@@ -84,7 +93,7 @@ def test_overlapping_out_is_refused():
 class TestRawEntry:
     def test_null_pointers(self):
         y = poisoned((2, 3))
-        with pytest.raises(InvalidArgumentError, match="null pointer"):
+        with pytest.raises(InvalidArgumentError, match="pointer is null"):
             softlight.log_softmax_raw(0, y.ctypes.data, 2, 3, dtype="float32", device="cpu")
         assert (y == POISON).all()
 

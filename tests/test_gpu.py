@@ -260,8 +260,9 @@ def test_bad_gpu_inputs_write_nothing():
         softlight.log_softmax(x, out=out)
     with pytest.raises(softlight.UnsupportedDTypeError):
         softlight.log_softmax(torch.ones(3, 3, dtype=torch.int32, device="cuda"))
-    with pytest.raises(softlight.InvalidArgumentError, match="last axis"):
-        softlight.log_softmax(x, dim=0)
+    gapped = torch.full((4, 10, 10), POISON, device="cuda")[:, ::2, :]
+    with pytest.raises(softlight.InvalidArgumentError, match="do not merge"):
+        softlight.log_softmax(torch.zeros(4, 5, 10, device="cuda"), out=gapped)
     # raw pointers: misplaced overlap on the device
     with pytest.raises(softlight.InvalidArgumentError, match="overlap"):
         softlight.log_softmax_raw(x.data_ptr(), x.data_ptr() + 4, 3, 99, dtype="float32", x_stride=100,

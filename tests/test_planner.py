@@ -116,3 +116,57 @@ def test_every_plan_covers_its_row(dtype):
                     assert p["cluster"] in (1, 2, 4, 8, 16)
                 if not aligned:
                     assert p["vec"] == 1
+
+
+# --- any axis, and the backward ------------------------------------------------------------------
+
+def plan_axis(outer, dim, inner=1, dtype="float32", backward=False, rows=None, aligned=None, dev=H200):
+    e = ELEM[dtype]
+    rows = inner == 1 if rows is None else rows
+    aligned = rows and dim * e % 16 == 0 if aligned is None else aligned
+    d = {k: dev[k] for k in ("cc_major", "sm_count", "smem_optin", "max_cluster")}
+    return _C.plan_axis(outer, dim, inner, e, rows, aligned, backward, **d)
+
+
+def test_axis_nothing_to_do():
+    assert plan_axis(0, 5)["family"] == "none"
+    assert plan_axis(5, 0, backward=True)["family"] == "none"
+    assert plan_axis(5, 5, 0)["family"] == "none"
+
+
+def test_backward_of_short_rows_stays_in_registers():
+    p = plan_axis(1000, 1000, backward=True)
+    assert (p["family"], p["vec"], p["group"], p["iters"]) == ("warp_rows", 4, 32, 8)
+    assert plan_axis(1000, 1025, backward=True)["family"] == "split_rows"
+
+
+@pytest.mark.parametrize("dim,dtype,cluster", [
+    (393216, "float32", 16), (32768, "float32", 2), (16384, "float32", 1), (4194304, "float32", 16),
+    (393216, "bfloat16", 8), (131072, "bfloat16", 4)])
+def test_long_rows_split_over_clusters_into_l2_sized_segments(dim, dtype, cluster):
+    p = plan_axis(64, dim, dtype=dtype, backward=True)
+    assert (p["family"], p["cluster"], p["lanes"], p["vec"]) == ("split_rows", cluster, 1, 16 // ELEM[dtype])
+    seg_bytes = p["segment"] * 16
+    assert seg_bytes * cluster >= dim * ELEM[dtype]  # the segments cover the row
+    if cluster < 16:
+        assert seg_bytes <= 96 * 1024
+    assert p["threads"] <= 1024 and p["threads"] % 32 == 0
+
+
+def test_no_clusters_off_hopper():
+    p = plan_axis(64, 393216, backward=True, dev=A100)
+    assert (p["family"], p["cluster"], p["segment"]) == ("split_rows", 1, 393216 // 4)
+
+
+@pytest.mark.parametrize("inner,lanes", [(2, 2), (3, 4), (32, 32), (4096, 128), (100, 128)])
+def test_non_last_axis_covers_inner_in_coalesced_tiles(inner, lanes):
+    p = plan_axis(64, 4096, inner)
+    assert (p["family"], p["lanes"], p["vec"]) == ("split_rows", lanes, 1)
+    assert p["tiles"] == math.ceil(inner / lanes) and p["grid"] == 64 * p["tiles"]
+    # A tile of the axis is 4096 * lanes * 4 bytes; segments stay within 96 KB.
+    assert p["segment"] * lanes * 4 <= 96 * 1024 or p["cluster"] == 16
+
+
+def test_a_cluster_never_has_idle_ctas():
+    p = plan_axis(10, 3, 5000)  # 3 elements along the axis: at most 2 CTAs can share them
+    assert p["cluster"] <= 2 and p["segment"] >= 1

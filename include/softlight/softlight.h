@@ -46,7 +46,8 @@ typedef enum softlight_status {
   SOFTLIGHT_SUCCESS = 0,
   SOFTLIGHT_ERROR_NULL_POINTER = 1,       /* x or y is NULL while rows * cols > 0 */
   SOFTLIGHT_ERROR_INVALID_SIZE = 2,       /* rows or cols negative */
-  SOFTLIGHT_ERROR_INVALID_STRIDE = 3,     /* a row stride smaller than cols (rows > 1) */
+  SOFTLIGHT_ERROR_INVALID_STRIDE = 3,     /* a row stride smaller than cols (rows > 1); 3-d forms:
+                                             a negative stride, or an output aliasing itself */
   SOFTLIGHT_ERROR_UNSUPPORTED_DTYPE = 4,  /* dtype is not one of softlight_dtype */
   SOFTLIGHT_ERROR_OVERLAP = 5,            /* x and y overlap other than exactly (in place) */
   SOFTLIGHT_ERROR_NOT_DEVICE_MEMORY = 6,  /* GPU entry: x or y is not device (or managed) memory */
@@ -120,6 +121,73 @@ SOFTLIGHT_API softlight_status softlight_log_softmax_forward_cpu_ex(
     void* y, int64_t y_row_stride,
     int64_t rows, int64_t cols,
     softlight_dtype dtype, const softlight_forward_options* options, int num_threads);
+
+/*
+ * Any axis of a strided array, as three axes: `outer` slices, each a `dim` x `inner` block; the
+ * log-softmax runs along `dim` for each of the outer * inner positions. An N-d array with the
+ * softmax over axis d has outer = product of the extents before d, inner = product of those after
+ * d, when the axes before d (and those after d) collapse to one evenly strided axis each.
+ *
+ * Strides are in elements, {outer, dim, inner}, one triple per array; x and y may differ. A stride
+ * of an axis of extent 1 is never used. Strides must not be negative; y's elements must not alias
+ * one another (INVALID_STRIDE); x and y may be the same array with the same strides (in place),
+ * any other overlap is refused. With options->lse, it receives outer * inner values, the one of
+ * position (o, i) at o * inner + i. Rows (inner = 1, dim stride 1) take the same kernels as
+ * softlight_log_softmax_forward; other layouts take a two-pass kernel whose second pass re-reads x
+ * from the L2 cache (docs/design.md).
+ */
+SOFTLIGHT_API softlight_status softlight_log_softmax_forward_3d(
+    const void* x, const int64_t x_strides[3],
+    void* y, const int64_t y_strides[3],
+    int64_t outer, int64_t dim, int64_t inner,
+    softlight_dtype dtype, const softlight_forward_options* options, void* stream);
+
+/* softlight_log_softmax_forward_3d on the CPU (host memory). */
+SOFTLIGHT_API softlight_status softlight_log_softmax_forward_3d_cpu(
+    const void* x, const int64_t x_strides[3],
+    void* y, const int64_t y_strides[3],
+    int64_t outer, int64_t dim, int64_t inner,
+    softlight_dtype dtype, const softlight_forward_options* options, int num_threads);
+
+/*
+ * The gradient of log-softmax: given dy (the gradient of the loss with respect to y) and y (the
+ * forward's output), for every row
+ *     dx[r, :] = dy[r, :] - exp(y[r, :]) * sum_j dy[r, j]
+ * accumulated as the forward is. One read of dy and y and one write of dx where the row allows
+ * (docs/design.md). dx may be dy or y itself (same strides); any other overlap of dx with an input
+ * is refused. The temperature of the forward is not an input: for y = log_softmax(x / T), scale
+ * the result by 1 / T.
+ */
+SOFTLIGHT_API softlight_status softlight_log_softmax_backward(
+    const void* dy, int64_t dy_row_stride,
+    const void* y, int64_t y_row_stride,
+    void* dx, int64_t dx_row_stride,
+    int64_t rows, int64_t cols,
+    softlight_dtype dtype, void* stream);
+
+/* softlight_log_softmax_backward on the CPU (host memory). */
+SOFTLIGHT_API softlight_status softlight_log_softmax_backward_cpu(
+    const void* dy, int64_t dy_row_stride,
+    const void* y, int64_t y_row_stride,
+    void* dx, int64_t dx_row_stride,
+    int64_t rows, int64_t cols,
+    softlight_dtype dtype, int num_threads);
+
+/* The backward along any axis, with the layouts of softlight_log_softmax_forward_3d. */
+SOFTLIGHT_API softlight_status softlight_log_softmax_backward_3d(
+    const void* dy, const int64_t dy_strides[3],
+    const void* y, const int64_t y_strides[3],
+    void* dx, const int64_t dx_strides[3],
+    int64_t outer, int64_t dim, int64_t inner,
+    softlight_dtype dtype, void* stream);
+
+/* softlight_log_softmax_backward_3d on the CPU (host memory). */
+SOFTLIGHT_API softlight_status softlight_log_softmax_backward_3d_cpu(
+    const void* dy, const int64_t dy_strides[3],
+    const void* y, const int64_t y_strides[3],
+    void* dx, const int64_t dx_strides[3],
+    int64_t outer, int64_t dim, int64_t inner,
+    softlight_dtype dtype, int num_threads);
 
 #ifdef __cplusplus
 }

@@ -1,12 +1,13 @@
 """softlight: log-softmax at the speed of light, for any DLPack array.
 
     import softlight
-    y = softlight.log_softmax(x)          # x: torch, CuPy, JAX or numpy; dim = last axis
+    y = softlight.log_softmax(x)          # x: torch, CuPy, JAX or numpy; any dim (default -1)
+    dx = softlight.log_softmax_backward(dy, y)
 """
 from pathlib import Path
 
 from . import _C
-from ._api import log_softmax, log_softmax_raw
+from ._api import log_softmax, log_softmax_backward, log_softmax_raw
 from ._errors import DeviceError, InvalidArgumentError, SoftlightError, UnsupportedDTypeError
 
 __version__ = "0.1.0"
@@ -36,6 +37,6 @@ def cmake_dir():
     return str(_HERE / "lib" / "cmake" / "softlight")
 
 
-__all__ = ["log_softmax", "log_softmax_raw", "SoftlightError", "InvalidArgumentError",
+__all__ = ["log_softmax", "log_softmax_backward", "log_softmax_raw", "SoftlightError", "InvalidArgumentError",
            "UnsupportedDTypeError", "DeviceError", "version", "include_dir", "library_path",
            "cmake_dir", "__version__"]

@@ -31,7 +31,7 @@ def demo(argv):
     data = TorchData(torch, gpu) if torch is not None else HostData(gpu)
     print(f"GPU: {gpu.name}; {rows} x {cols} float32 ({rows * cols * 4 / 1e9:.1f} GB in, the same out); "
           f"checked {'in full with torch' if torch is not None else 'on three rows (torch not installed)'}")
-    x, y = data.make(rows, cols, "float32")
+    x, y = data.make((rows, cols), "float32")
     run = lambda: softlight.log_softmax_raw(data.ptr(x), data.ptr(y), rows, cols, dtype="float32",  # noqa: E731
                                             stream=gpu.handle)
     run()

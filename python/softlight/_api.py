@@ -18,34 +18,77 @@ def _normalize_dim(dim, ndim):
     return dim % n
 
 
-def _rows_layout(view, name):
-    """(rows, cols, row_stride) of an array taken as rows of its last axis."""
+def _merge(shape, strides):
+    """(extent, stride) of axes that form one evenly strided axis, else None. Axes of extent 1
+    take no part; no axes at all give (1, 0)."""
+    axes = [(n, s) for n, s in zip(shape, strides) if n != 1]
+    if not axes:
+        return 1, 0
+    for (n, s), (n2, s2) in zip(axes, axes[1:]):
+        if s != s2 * n2:
+            return None
+    return math.prod(n for n, _ in axes), axes[-1][1]
+
+
+def _axis_layout(view, d, name):
+    """(outer, dim, inner) and the (outer, dim, inner) strides of an array taken along axis d."""
     shape, strides = view.shape, view.strides
     if not shape:
-        return 1, 1, 1
-    cols = shape[-1]
-    rows = math.prod(shape[:-1])
-    if rows == 0 or cols == 0:
-        return rows, cols, cols  # nothing is read or written: any layout will do
-    if cols > 1 and strides[-1] != 1:
-        raise InvalidArgumentError(
-            f"softlight: the last axis of {name} must be contiguous (stride 1), got stride {strides[-1]}; "
-            f"supported layouts are C-contiguous arrays and 2-d arrays with padded rows")
-    lead = [(n, s) for n, s in zip(shape[:-1], strides[:-1]) if n != 1]
-    if rows <= 1 or not lead:
-        return rows, cols, cols
-    row_stride = lead[-1][1]
-    expected = row_stride
-    for n, s in reversed(lead):
-        if s != expected:
+        return (1, 1, 1), (0, 0, 0)
+    if 0 in shape:  # nothing is read or written: any layout will do
+        return (math.prod(shape[:d]), shape[d], math.prod(shape[d + 1:])), (0, 0, 0)
+    before, after = _merge(shape[:d], strides[:d]), _merge(shape[d + 1:], strides[d + 1:])
+    for part, where in ((before, "before"), (after, "after")):
+        if part is None:
             raise InvalidArgumentError(
-                f"softlight: the leading axes of {name} (shape {shape}, strides {strides} in elements) do not "
-                f"form evenly spaced rows; pass a C-contiguous array or a row-strided 2-d view")
-        expected *= n
-    if row_stride < cols:
-        raise InvalidArgumentError(
-            f"softlight: rows of {name} overlap or run backwards (row stride {row_stride} < {cols} columns)")
-    return rows, cols, row_stride
+                f"softlight: the axes {where} dim {d} of {name} (shape {shape}, strides {strides} in elements) "
+                f"do not merge into one evenly strided axis; pass a contiguous array (for example "
+                f"x.contiguous() or numpy.ascontiguousarray(x))")
+    if any(s < 0 for s in strides):
+        raise InvalidArgumentError(f"softlight: {name} has a negative stride (strides {strides}); "
+                                   f"pass a contiguous array")
+    return (before[0], shape[d], after[0]), (before[1], strides[d] if shape[d] != 1 else 0, after[1])
+
+
+class _Arrays:
+    """The arrays of one call, read through DLPack on one device and stream."""
+
+    def __init__(self, first, stream):
+        self.dev_type, self.dev_id = dlpack_device(first)
+        self.on_gpu = self.dev_type in (CUDA, CUDA_MANAGED)
+        if stream is not None and not self.on_gpu:
+            raise TypeError("softlight: stream= applies to GPU arrays, and the arrays are on the CPU")
+        first = prepare_input(first)
+        self.first = first
+        self.handle = stream_handle(stream) if stream is not None else (
+            default_stream(first, self.dev_id) if self.on_gpu else 0)
+        self.first_view = self.read(first, "x")
+
+    def read(self, a, name, like=None, writable=False):
+        """The View of `a`; with `like`, checked to match it in device, dtype and shape."""
+        if like is not None:
+            dev = dlpack_device(a)
+            a = prepare_input(a) if not writable else a
+            v = export(a, dev[0], self.handle)
+            if v.on_gpu != like.on_gpu or v.device_id != like.device_id:
+                raise InvalidArgumentError(f"softlight: {name} is on {v.device}, the input on {like.device}")
+            if v.dtype != like.dtype:
+                raise InvalidArgumentError(f"softlight: {name} has dtype {v.dtype}, the input {like.dtype}")
+            if v.shape != like.shape:
+                raise InvalidArgumentError(f"softlight: {name} has shape {v.shape}, the input {like.shape}")
+        else:
+            v = export(a, self.dev_type, self.handle)
+        if writable and v.readonly:
+            raise InvalidArgumentError(f"softlight: {name} is read-only")
+        if self.on_gpu:
+            ready_for_foreign_stream(a)
+        return v
+
+    def output(self, out, name):
+        """(array, View) of the result: `out`, or a new array like the first input."""
+        if out is None:
+            out = empty_like(self.first, self.first_view)
+        return out, self.read(out, name, like=self.first_view, writable=True)
 
 
 def _check_temperature(temperature):
@@ -62,69 +105,73 @@ def log_softmax(x, dim=-1, *, out=None, stream=None, temperature=1.0, return_lse
     """Log-softmax of `x` along `dim`, computed in float32 (float64 for float64 inputs).
 
     x:      any DLPack array (numpy, torch, CuPy, JAX, ...) of float32, float16, bfloat16 or
-            float64, on a CUDA GPU or the CPU. `dim` must be its last axis; the array must be
-            C-contiguous, or 2-d with rows a fixed stride apart.
+            float64, on a CUDA GPU or the CPU, of any number of axes; `dim` any axis (negative
+            counts from the end). Strided views work as they are, without a copy, when the axes
+            before `dim` merge into one evenly strided axis and so do those after it (always true
+            of contiguous arrays and of slices along one axis); other views are refused with
+            InvalidArgumentError (make them contiguous first).
     out:    optional array of the same shape, dtype and device to write into; may be `x` itself.
     stream: GPU arrays only. An int handle, a cuda.core Stream, or anything with
             __cuda_stream__. Default: the framework's current stream (torch, CuPy), else the
             legacy default stream.
     temperature: computes log_softmax(x / temperature), fused (finite and positive).
-    return_lse: also return the log-sum-exp of each row of x / temperature (float32; float64 for
-            float64 inputs), shape x.shape[:-1], from the same pass.
+    return_lse: also return the log-sum-exp along `dim` of x / temperature (float32; float64 for
+            float64 inputs), of x's shape without `dim`, from the same pass.
     Returns `out`, or a new array of the same kind as `x` on the same device; with return_lse, the
     pair (y, lse).
     """
     temperature = _check_temperature(temperature)
-    dev_type, dev_id = dlpack_device(x)
-    on_gpu = dev_type in (CUDA, CUDA_MANAGED)
-    if stream is not None and not on_gpu:
-        raise TypeError("softlight: stream= applies to GPU arrays, and x is a CPU array")
-    x = prepare_input(x)
-    handle = stream_handle(stream) if stream is not None else (default_stream(x, dev_id) if on_gpu else 0)
-    if on_gpu:
-        ready_for_foreign_stream(x)
-    xv = export(x, dev_type, handle)
-    ndim = len(xv.shape)
-    d = _normalize_dim(dim, ndim)
-    if ndim and d != ndim - 1:
-        raise InvalidArgumentError(
-            f"softlight: dim={dim} is not the last axis of a {ndim}-d array; this version computes "
-            f"log-softmax over the last axis only (dim=-1)")
-    rows, cols, x_stride = _rows_layout(xv, "x")
-
-    if out is None:
-        out = empty_like(x, xv)
-        out_dev = dev_type, xv.device_id
-    else:
-        out_dev = dlpack_device(out)
-    ov = export(out, out_dev[0], handle)
-    if ov.on_gpu != xv.on_gpu or ov.device_id != xv.device_id:
-        raise InvalidArgumentError(f"softlight: out is on {ov.device}, x on {xv.device}")
-    if ov.dtype != xv.dtype:
-        raise InvalidArgumentError(f"softlight: out has dtype {ov.dtype}, x has {xv.dtype}")
-    if ov.shape != xv.shape:
-        raise InvalidArgumentError(f"softlight: out has shape {ov.shape}, x has {xv.shape}")
-    if ov.readonly:
-        raise InvalidArgumentError("softlight: out is read-only")
-    _, _, y_stride = _rows_layout(ov, "out")
-    if on_gpu:
-        ready_for_foreign_stream(out)
+    arrays = _Arrays(x, stream)
+    xv = arrays.first_view
+    d = _normalize_dim(dim, len(xv.shape))
+    n, x_strides = _axis_layout(xv, d, "x")
+    out, ov = arrays.output(out, "out")
+    _, y_strides = _axis_layout(ov, d, "out")
 
     lse, lse_ptr = None, 0
     if return_lse:
-        lse = empty_like(x, xv, shape=xv.shape[:-1], dtype="float64" if xv.dtype == "float64" else "float32")
-        lse_ptr = export(lse, dev_type, handle).ptr
+        lse_shape = xv.shape[:d] + xv.shape[d + 1:]
+        lse = empty_like(arrays.first, xv, shape=lse_shape, dtype="float64" if xv.dtype == "float64" else "float32")
+        lse_ptr = export(lse, arrays.dev_type, arrays.handle).ptr
 
     code = _dtypes.code(xv.dtype)
-    if on_gpu:
-        status = _C.forward(xv.ptr, x_stride, ov.ptr, y_stride, rows, cols, code, handle, temperature, lse_ptr)
+    if arrays.on_gpu:
+        status = _C.forward_3d(xv.ptr, x_strides, ov.ptr, y_strides, *n, code, arrays.handle, temperature, lse_ptr)
     else:
-        status = _C.forward_cpu(xv.ptr, x_stride, ov.ptr, y_stride, rows, cols, code, 0, temperature, lse_ptr)
+        status = _C.forward_3d_cpu(xv.ptr, x_strides, ov.ptr, y_strides, *n, code, 0, temperature, lse_ptr)
     check(status)
-    finish(x, xv, handle)
-    if return_lse and cols == 0 and rows > 0:
-        lse = filled(lse, -math.inf)  # the log-sum-exp of an empty row; the library wrote nothing
+    finish(arrays.first, xv, arrays.handle)
+    if return_lse and n[1] == 0 and n[0] * n[2] > 0:
+        lse = filled(lse, -math.inf)  # the log-sum-exp of an empty axis; the library wrote nothing
     return (out, lse) if return_lse else out
+
+
+def log_softmax_backward(grad_out, out, dim=-1, *, grad_in=None, stream=None):
+    """The gradient of log_softmax: grad_out - exp(out) * grad_out.sum(dim, keepdim=True).
+
+    grad_out: the gradient of the loss with respect to the forward's output (any DLPack array,
+              float32, float16, bfloat16 or float64, GPU or CPU; layouts as for log_softmax).
+    out:      the forward's output, of the same shape, dtype and device.
+    grad_in:  optional array to write into (may be grad_out or out itself).
+    For y = log_softmax(x / T), multiply the result by 1 / T. Returns grad_in, or a new array of
+    the same kind as grad_out.
+    """
+    arrays = _Arrays(grad_out, stream)
+    gv = arrays.first_view
+    yv = arrays.read(out, "out", like=gv)
+    d = _normalize_dim(dim, len(gv.shape))
+    n, g_strides = _axis_layout(gv, d, "grad_out")
+    _, y_strides = _axis_layout(yv, d, "out")
+    grad_in, dv = arrays.output(grad_in, "grad_in")
+    _, d_strides = _axis_layout(dv, d, "grad_in")
+    code = _dtypes.code(gv.dtype)
+    if arrays.on_gpu:
+        status = _C.backward_3d(gv.ptr, g_strides, yv.ptr, y_strides, dv.ptr, d_strides, *n, code, arrays.handle)
+    else:
+        status = _C.backward_3d_cpu(gv.ptr, g_strides, yv.ptr, y_strides, dv.ptr, d_strides, *n, code, 0)
+    check(status)
+    finish(arrays.first, gv, arrays.handle)
+    return grad_in
 
 
 def log_softmax_raw(x_ptr, y_ptr, rows, cols, *, dtype, x_stride=None, y_stride=None, stream=0,

@@ -8,6 +8,7 @@ import argparse
 import contextlib
 import datetime
 import json
+import math
 import os
 import re
 import subprocess
@@ -24,14 +25,30 @@ FOUNDING = (4096, 393216)
 ATOL_RTOL = {"float32": (1e-5, 1e-5), "float16": (1e-4, 1e-3), "bfloat16": (1e-3, 4e-3), "float64": (1e-12, 1e-12)}
 
 
+# The sweep of cols (rows chosen per dtype so that each tensor holds about --sweep-gb GB).
+SWEEP_COLS = [1, 7, 32, 100, 128, 1000, 1024, 4096, 8192, 32000, 32768, 50257, 65536, 128256, 131072,
+              262144, 393216, 1048576, 4194304]
+GRAD_TOL = {"float64": 1e-12, "float32": 1e-5, "float16": 2e-3, "bfloat16": 8e-3}
+
+
 def parse_shapes(text):
+    """'4096x393216,64x4096x4096' -> [(4096, 393216), (64, 4096, 4096)]."""
     out = []
     for item in text.split(","):
-        m = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", item)
-        if not m:
-            raise SystemExit(f"bad shape {item!r}: write ROWSxCOLS, e.g. 4096x393216")
-        out.append((int(m.group(1)), int(m.group(2))))
+        if not re.fullmatch(r"\s*\d+(\s*[xX]\s*\d+)+\s*", item):
+            raise SystemExit(f"bad shape {item!r}: write extents joined by x, e.g. 4096x393216")
+        out.append(tuple(int(v) for v in re.split(r"[xX]", item.strip())))
     return out
+
+
+def sweep_cases(dtypes, gb):
+    return [((max(1, round(gb * 1e9 / (cols * _dtypes.itemsize(d)))), cols), d) for d in dtypes for cols in SWEEP_COLS]
+
+
+def axis_extents(shape, dim):
+    """(outer, dim, inner) of a C-contiguous shape along axis `dim` and its strides."""
+    outer, inner = math.prod(shape[:dim]), math.prod(shape[dim + 1:])
+    return (outer, shape[dim], inner), (shape[dim] * inner, inner, 1)
 
 
 # --- inputs and checks, with torch or with cuda-python alone -------------------------------------
@@ -47,30 +64,50 @@ class TorchData:
         """Context in which torch work goes to our stream."""
         return self.torch.cuda.stream(self.ext)
 
-    def make(self, rows, cols, dtype):
+    def make(self, shape, dtype, op="forward", dim=-1):
+        """forward: (x, y); backward: ((dy, y), dx), y a log-softmax output along dim."""
         t = self.torch
         with self.on_stream():
-            x = (t.randn(rows, cols, device="cuda") * 3).to(getattr(t, dtype))
-            y = t.empty_like(x)
+            if op == "forward":
+                a = (t.randn(shape, device="cuda") * 3).to(getattr(t, dtype))
+            else:
+                y = t.log_softmax(t.randn(shape, device="cuda") * 3, dim).to(getattr(t, dtype))
+                a = (t.randn(shape, device="cuda").to(getattr(t, dtype)), y)
+            out = t.empty(shape, device="cuda", dtype=getattr(t, dtype))
         self.ext.synchronize()
-        return x, y
+        return a, out
 
     @staticmethod
     def ptr(a):
         return a.data_ptr()
 
-    def check(self, y, x, dtype, kind):
+    def _chunks(self, arrays, dim):
+        """The arrays with `dim` moved last, as matching 2-d chunks of about 2^27 elements."""
+        flat = [a.movedim(dim, -1).reshape(-1, a.shape[dim]) for a in arrays]
+        step = max(1, (1 << 27) // flat[0].shape[1])
+        for r0 in range(0, flat[0].shape[0], step):
+            yield [f[r0:r0 + step].double() for f in flat]
+
+    def check(self, out, inputs, dtype, kind, dim=-1):
+        """(ok, worst error) of a provider's output: kind 'log' / 'prob' (forward, of x) or
+        'grad' (backward, of (dy, y); errors relative to 1 + sum |dy| along the axis)."""
         t = self.torch
-        atol, rtol = ATOL_RTOL[dtype]
         worst, ok = 0.0, True
-        step = max(1, (1 << 27) // x.shape[1])
+        arrays = [out] + (list(inputs) if kind == "grad" else [inputs])
         with self.on_stream():
-            for r0 in range(0, x.shape[0], step):
-                xd = x[r0:r0 + step].double()
-                ref = t.log_softmax(xd, -1) if kind == "log" else t.softmax(xd, -1)
-                yd = y[r0:r0 + step].double()
-                err = (yd - ref).abs()
-                ok = ok and bool((err <= atol + rtol * ref.abs()).all()) and not bool(t.isnan(yd).any())
+            for chunk in self._chunks(arrays, dim):
+                if kind == "grad":
+                    o, dy, y = chunk
+                    ref = dy - t.exp(y) * dy.sum(-1, keepdim=True)
+                    err = (o - ref).abs() / (1 + dy.abs().sum(-1, keepdim=True))
+                    ok = ok and bool((err <= GRAD_TOL[dtype]).all())
+                else:
+                    o, x = chunk
+                    ref = t.log_softmax(x, -1) if kind == "log" else t.softmax(x, -1)
+                    err = (o - ref).abs()
+                    atol, rtol = ATOL_RTOL[dtype]
+                    ok = ok and bool((err <= atol + rtol * ref.abs()).all())
+                ok = ok and not bool(t.isnan(o).any())
                 worst = max(worst, float(err.max()))
         return ok, worst
 
@@ -85,7 +122,10 @@ class HostData:
     def on_stream():
         return contextlib.nullcontext()
 
-    def make(self, rows, cols, dtype):
+    def make(self, shape, dtype, op="forward", dim=-1):
+        if op != "forward" or len(shape) != 2 or dim not in (-1, 1):
+            raise SystemExit("softlight bench: without torch only the forward over the last axis of 2-d shapes runs")
+        rows, cols = shape
         n = rows * cols
         size = _dtypes.itemsize(dtype)
         x = DeviceMatrix(self.gpu.alloc(n * size), (rows, cols))
@@ -100,7 +140,7 @@ class HostData:
     def ptr(a):
         return int(a.buf.handle)
 
-    def check(self, y, x, dtype, kind):
+    def check(self, y, x, dtype, kind, dim=-1):
         rows, cols = x.shape
         size = _dtypes.itemsize(dtype)
         atol, rtol = ATOL_RTOL[dtype]
@@ -143,40 +183,95 @@ def from_storage(raw, dtype):
 
 # --- providers ----------------------------------------------------------------------------------
 
-def providers(args, gpu, data, torch):
-    """name -> (kind, make(x, y, rows, cols, dtype) -> callable enqueuing one run on our stream)."""
+def providers(args, gpu, data, torch, op):
+    """name -> (kind, make(case) -> callable enqueuing one run on our stream). kind: how the output
+    is checked (None: not checked, the floor). For the forward the floor is a device copy of x; for
+    the backward, reading two tensors and writing one (torch.add(dy, y, out=dx))."""
+    from . import _C
     p = {}
-    nbytes = lambda rows, cols, dtype: rows * cols * _dtypes.itemsize(dtype)  # noqa: E731
-    p["copy"] = (None, lambda x, y, r, c, d: lambda: gpu.copy(data.ptr(y), data.ptr(x), nbytes(r, c, d)))
-    p["softlight"] = ("log", lambda x, y, r, c, d: lambda: log_softmax_raw(
-        data.ptr(x), data.ptr(y), r, c, dtype=d, stream=gpu.handle))
+    if op == "forward":
+        p["copy"] = (None, lambda c: lambda: gpu.copy(data.ptr(c.out), data.ptr(c.inp), c.nbytes))
+
+        def softlight_forward(c):
+            if len(c.shape) == 2 and c.dim == 1:
+                return lambda: log_softmax_raw(data.ptr(c.inp), data.ptr(c.out), *c.shape, dtype=c.dtype,
+                                               stream=gpu.handle)
+            n, st = axis_extents(c.shape, c.dim)
+            code = _dtypes.code(c.dtype)
+            return lambda: check(_C.forward_3d(data.ptr(c.inp), st, data.ptr(c.out), st, *n, code, gpu.handle))
+        p["softlight"] = ("log", softlight_forward)
+    else:
+        if torch is None:
+            raise SystemExit("softlight bench: --op backward needs torch (for its inputs and its floor)")
+        p["copy"] = (None, lambda c: lambda: torch.add(c.inp[0], c.inp[1], out=c.out))
+
+        def softlight_backward(c):
+            n, st = axis_extents(c.shape, c.dim)
+            code = _dtypes.code(c.dtype)
+            dy, y = (data.ptr(a) for a in c.inp)
+            return lambda: check(_C.backward_3d(dy, st, y, st, data.ptr(c.out), st, *n, code, gpu.handle))
+        p["softlight"] = ("grad", softlight_backward)
     if torch is None:
         return p
-    p["torch"] = ("log", lambda x, y, r, c, d: lambda: torch.log_softmax(x, -1))
-    if not args.no_compile:
-        compiled = torch.compile(lambda t: torch.log_softmax(t, -1))
-        p["torch.compile"] = ("log", lambda x, y, r, c, d: lambda: compiled(x))
-    try:
-        from quack import softmax as quack_softmax
-        p["quack"] = ("prob", lambda x, y, r, c, d: lambda: quack_softmax(x))
-    except Exception as e:  # noqa: BLE001 - an anchor that is not installed is skipped, and said so
-        print(f"# quack not available: {type(e).__name__}: {e}", file=sys.stderr)
-    try:
-        from liger_kernel.transformers.functional import liger_softmax
-        p["liger"] = ("prob", lambda x, y, r, c, d: lambda: liger_softmax(x))
-    except Exception as e:  # noqa: BLE001
-        print(f"# liger not available: {type(e).__name__}: {e}", file=sys.stderr)
+    compile_opts = {"dynamic": True} if args.sweep else {}
+    compiled = {}
+
+    def compiled_for(dim):
+        if dim not in compiled:
+            if op == "forward":
+                compiled[dim] = torch.compile(lambda t: torch.log_softmax(t, dim), **compile_opts)
+            else:
+                compiled[dim] = torch.compile(lambda g, y: g - torch.exp(y) * g.sum(dim, keepdim=True),
+                                              **compile_opts)
+        return compiled[dim]
+    if op == "forward":
+        p["torch"] = ("log", lambda c: lambda: torch.log_softmax(c.inp, c.dim))
+        if not args.no_compile:
+            p["torch.compile"] = ("log", lambda c: (lambda f: lambda: f(c.inp))(compiled_for(c.dim)))
+        try:
+            from quack import softmax as quack_softmax
+            p["quack"] = ("prob", lambda c: lambda: quack_softmax(c.inp) if c.last2d() else _skip("2-d, last axis"))
+        except Exception as e:  # noqa: BLE001 - an anchor that is not installed is skipped, and said so
+            print(f"# quack not available: {type(e).__name__}: {e}", file=sys.stderr)
+        try:
+            from liger_kernel.transformers.functional import liger_softmax
+            p["liger"] = ("prob", lambda c: lambda: liger_softmax(c.inp) if c.last2d() else _skip("2-d, last axis"))
+        except Exception as e:  # noqa: BLE001
+            print(f"# liger not available: {type(e).__name__}: {e}", file=sys.stderr)
+    else:
+        p["torch"] = ("grad", lambda c: lambda: torch._log_softmax_backward_data(c.inp[0], c.inp[1], c.dim,
+                                                                               c.inp[1].dtype))
+        if not args.no_compile:
+            p["torch.compile"] = ("grad", lambda c: (lambda f: lambda: f(*c.inp))(compiled_for(c.dim)))
     if args.providers:
         keep = set(args.providers.split(",")) | {"copy"}
         p = {k: v for k, v in p.items() if k in keep}
     return p
 
 
-def run_once(fn, data, y):
+def _skip(why):
+    raise NotImplementedError(f"this anchor takes {why} only")
+
+
+def check(status):
+    from ._errors import check as check_status
+    check_status(status)
+
+
+class Case:
+    def __init__(self, op, shape, dim, dtype, inp, out):
+        self.op, self.shape, self.dim, self.dtype, self.inp, self.out = op, shape, dim, dtype, inp, out
+        self.nbytes = math.prod(shape) * _dtypes.itemsize(dtype)
+
+    def last2d(self):
+        return len(self.shape) == 2 and self.dim == 1
+
+
+def run_once(fn, data, out):
     """Run fn once on our stream; returns its output (for providers that allocate their own)."""
     with data.on_stream():
         r = fn()
-    return y if r is None else r
+    return out if r is None else r
 
 
 def _git_commit():
@@ -190,15 +285,21 @@ def _git_commit():
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m softlight bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shapes", default="4096x393216", help="comma-separated ROWSxCOLS")
+    ap.add_argument("--shapes", default="4096x393216", help="comma-separated shapes, e.g. 4096x393216,64x4096x4096")
+    ap.add_argument("--dim", type=int, default=-1, help="the axis of the softmax (default: the last)")
     ap.add_argument("--dtypes", default="float32,bfloat16")
-    ap.add_argument("--op", default="forward", choices=["forward"], help="operation (forward)")
+    ap.add_argument("--op", default="forward", choices=["forward", "backward"])
+    ap.add_argument("--sweep", action="store_true",
+                    help=f"instead of --shapes: rows x cols for cols in {SWEEP_COLS}, each tensor about "
+                         f"--sweep-gb GB (torch.compile then compiles with dynamic=True)")
+    ap.add_argument("--sweep-gb", type=float, default=1.0)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--providers", default="", help="comma-separated subset (copy is always timed)")
     ap.add_argument("--no-torch", action="store_true", help="do not use torch even if installed")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     ap.add_argument("--out-dir", default="docs/perf", help="where the JSON and PNG go ('' for none)")
+    ap.add_argument("--name", default="", help="suffix of the result files (default: none)")
     ap.add_argument("--commit", default=None, help="commit to record (default: git rev-parse HEAD)")
     args = ap.parse_args(argv)
 
@@ -213,75 +314,89 @@ def main(argv=None):
         raise SystemExit("softlight bench: no CUDA GPU is visible; the benchmark needs one")
     gpu = Gpu(0)
     data = TorchData(torch, gpu) if torch is not None else HostData(gpu)
-    provs = providers(args, gpu, data, torch)
-    shapes = parse_shapes(args.shapes)
+    provs = providers(args, gpu, data, torch, args.op)
     dtypes = [_dtypes.normalize(d) for d in args.dtypes.split(",")]
-    total = len(shapes) * len(dtypes) * len(provs)
+    cases = sweep_cases(dtypes, args.sweep_gb) if args.sweep else [
+        (shape, d) for shape in parse_shapes(args.shapes) for d in dtypes]
+    total = len(cases) * len(provs)
     rows_out, done = [], 0
-    for rows, cols in shapes:
-        for dtype in dtypes:
-            x, y = data.make(rows, cols, dtype)
-            copy_ms = None
-            for name, (kind, make) in provs.items():
-                done += 1
-                print(f"[{done}/{total}] {name:14s} {rows}x{cols} {dtype}", file=sys.stderr, flush=True)
-                row = {"op": args.op, "provider": name, "shape": [rows, cols], "dtype": dtype}
-                try:
-                    fn = make(x, y, rows, cols, dtype)
-                    out = run_once(fn, data, y)
-                    if kind is not None:
-                        ok, err = data.check(out, x, dtype, kind)
-                        row["max_abs_err"] = err
-                        if not ok:
-                            row.update(status="wrong", ms=None)
-                            rows_out.append(row)
-                            continue
-                    del out
-                    with data.on_stream():
-                        ms = gpu.time_ms(fn, args.warmup, args.reps)
-                    if name == "copy":
-                        copy_ms = ms
-                    row.update(status="ok", ms=ms)
-                except Exception as e:  # noqa: BLE001 - one failing anchor must not end the run
-                    row.update(status=f"failed: {type(e).__name__}: {str(e)[:160]}", ms=None)
-                rows_out.append(row)
-                if torch is not None:
-                    torch.cuda.empty_cache()
-            for r in rows_out:
-                if r["shape"] == [rows, cols] and r["dtype"] == dtype:
-                    r["copy_ms"] = copy_ms
-            del x, y
+    for shape, dtype in cases:
+        dim = args.dim % len(shape)
+        inp, out = data.make(shape, dtype, args.op, dim)
+        case = Case(args.op, shape, dim, dtype, inp, out)
+        copy_ms = None
+        these = []
+        for name, (kind, make) in provs.items():
+            done += 1
+            print(f"[{done}/{total}] {name:14s} {'x'.join(map(str, shape))} {dtype} {args.op}", file=sys.stderr,
+                  flush=True)
+            row = {"op": args.op, "provider": name, "shape": list(shape), "dtype": dtype}
+            if dim != len(shape) - 1:
+                row["dim"] = dim
+            try:
+                fn = make(case)
+                result = run_once(fn, data, out)
+                if kind is not None:
+                    ok, err = data.check(result, inp, dtype, kind, dim)
+                    row["max_abs_err"] = err
+                    if not ok:
+                        row.update(status=f"wrong (max |error| {err:.2e})", ms=None)
+                        these.append(row)
+                        continue
+                del result
+                with data.on_stream():
+                    ms = gpu.time_ms(fn, args.warmup, args.reps)
+                if name == "copy":
+                    copy_ms = ms
+                row.update(status="ok", ms=ms)
+            except Exception as e:  # noqa: BLE001 - one failing anchor must not end the run
+                row.update(status=f"failed: {type(e).__name__}: {str(e)[:160]}", ms=None)
+            these.append(row)
             if torch is not None:
                 torch.cuda.empty_cache()
+        for r in these:
+            r["copy_ms"] = copy_ms
+        rows_out += these
+        del inp, out, case
+        if torch is not None:
+            torch.cuda.empty_cache()
 
     meta = {"gpu": gpu.name, "commit": args.commit or _git_commit(),
             "command": "python -m softlight bench " + " ".join(argv if argv is not None else sys.argv[1:]),
             "softlight_version": __import__("softlight").__version__,
             "torch": getattr(torch, "__version__", None), "date": datetime.date.today().isoformat()}
+    if args.op == "backward":
+        meta["copy"] = "torch.add(dy, y, out=dx): two tensors read, one written"
     print_table(rows_out)
     if args.out_dir:
-        write_results(meta, rows_out, Path(args.out_dir))
+        write_results(meta, rows_out, Path(args.out_dir), args.name)
     return 0
 
 
+def moved_bytes(r):
+    """Bytes a provider must move at least: one read and one write (forward), two reads and one
+    write (backward)."""
+    return (3 if r["op"] == "backward" else 2) * math.prod(r["shape"]) * _dtypes.itemsize(r["dtype"])
+
+
 def print_table(rows):
-    print(f"{'provider':14s} {'shape':>14s} {'dtype':9s} {'ms':>8s} {'GB/s':>6s} {'x copy':>7s}  status")
+    print(f"{'provider':14s} {'op':8s} {'shape':>16s} {'dtype':9s} {'ms':>8s} {'GB/s':>6s} {'x copy':>7s}  status")
     for r in rows:
-        m, n = r["shape"]
-        nbytes = 2 * m * n * _dtypes.itemsize(r["dtype"])
         ms, copy_ms = r.get("ms"), r.get("copy_ms")
-        t = f"{ms:8.3f} {nbytes / ms / 1e6:6.0f} {ms / copy_ms:7.3f}" if ms and copy_ms else f"{'-':>8s} {'-':>6s} {'-':>7s}"
-        print(f"{r['provider']:14s} {f'{m}x{n}':>14s} {r['dtype']:9s} {t}  {r['status']}")
-    by = {(r["provider"], tuple(r["shape"]), r["dtype"]): r.get("ms") for r in rows}
-    sl, tm = by.get(("softlight", FOUNDING, "float32")), by.get(("torch", FOUNDING, "float32"))
+        shape = "x".join(map(str, r["shape"])) + (f" d{r['dim']}" if "dim" in r else "")
+        t = (f"{ms:8.3f} {moved_bytes(r) / ms / 1e6:6.0f} {ms / copy_ms:7.3f}" if ms and copy_ms
+             else f"{'-':>8s} {'-':>6s} {'-':>7s}")
+        print(f"{r['provider']:14s} {r['op']:8s} {shape:>16s} {r['dtype']:9s} {t}  {r['status']}")
+    by = {(r["provider"], tuple(r["shape"]), r["dtype"], r["op"]): r.get("ms") for r in rows}
+    sl, tm = by.get(("softlight", FOUNDING, "float32", "forward")), by.get(("torch", FOUNDING, "float32", "forward"))
     if sl and tm:
         print(f"KernelBench level 1 #24 (LogSoftmax, 4096x393216 float32): ModelNew (softlight) is "
               f"{tm / sl:.2f}x faster than Model (torch.log_softmax)")
 
 
-def write_results(meta, rows, out_dir):
+def write_results(meta, rows, out_dir, name=""):
     out_dir.mkdir(parents=True, exist_ok=True)
-    stem = re.sub(r"[^A-Za-z0-9]+", "-", meta["gpu"]).strip("-") + "-" + meta["date"]
+    stem = re.sub(r"[^A-Za-z0-9]+", "-", meta["gpu"]).strip("-") + "-" + meta["date"] + (f"-{name}" if name else "")
     path = out_dir / f"{stem}.json"
     path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
     print(f"# wrote {path}")
@@ -305,7 +420,7 @@ def plot(meta, rows, path):
     for r in rows:
         if r["provider"] not in provs and r.get("ms"):
             provs.append(r["provider"])
-    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(cases) * max(1, len(provs)) / 3), 4.5))
+    fig, ax = plt.subplots(figsize=(min(36, max(6, 1.6 * len(cases) * max(1, len(provs)) / 3)), 4.5))
     width = 0.8 / max(1, len(provs))
     for i, p in enumerate(provs):
         xs, ys = [], []
@@ -313,11 +428,12 @@ def plot(meta, rows, path):
             for r in rows:
                 if r["provider"] == p and tuple(r["shape"]) == shape and r["dtype"] == dtype and r.get("ms"):
                     xs.append(j + i * width)
-                    ys.append(2 * shape[0] * shape[1] * _dtypes.itemsize(dtype) / r["ms"] / 1e6)
+                    ys.append(moved_bytes(r) / r["ms"] / 1e6)
         ax.bar(xs, ys, width, label=p, color=plt.get_cmap("tab10")(i % 10))
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cases))])
-    ax.set_xticklabels([f"{s[0]}x{s[1]}\n{d} {o}" for s, d, o in cases], fontsize=8)
-    ax.set_ylabel("GB/s (one read + one write)")
+    ax.set_xticklabels(["x".join(map(str, s)) + f"\n{d} {o}" for s, d, o in cases], fontsize=7,
+                       rotation=90 if len(cases) > 12 else 0)
+    ax.set_ylabel("GB/s (bytes that must move: forward 1 read + 1 write, backward 2 + 1)")
     ax.set_title(f"log-softmax on {meta['gpu']} ({meta['date']}, commit {meta['commit']})", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()

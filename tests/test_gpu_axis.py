@@ -1,0 +1,168 @@
+"""GPU tests of any axis, strided views and the backward: every layout the split_rows family and
+the warp_rows backward take, all four dtypes, against float64; outputs poisoned first, special
+values included. Skipped without a GPU."""
+import pytest
+
+import softlight
+from gpu_util import DTYPES, needs_gpu, tdtype, torch
+from reference import POISON, TOL
+
+pytestmark = needs_gpu
+
+GRAD_TOL = {"float64": 1e-12, "float32": 1e-5, "float16": 2e-3, "bfloat16": 8e-3}
+
+
+def assert_close(y, ref, dtype, what=""):
+    """y against a float64 reference of the same shape: NaN where it has NaN, the same
+    infinities, finite values within TOL."""
+    atol, rtol = TOL[dtype]
+    y = y.double()
+    nan_r = torch.isnan(ref)
+    assert torch.equal(torch.isnan(y), nan_r), f"{what}: NaN mismatch"
+    inf_r = torch.isinf(ref)
+    assert torch.equal(y[inf_r], ref[inf_r]), f"{what}: infinities differ"
+    fin = ~nan_r & ~inf_r
+    err = (y[fin] - ref[fin]).abs()
+    lim = atol + rtol * ref[fin].abs()
+    if err.numel():
+        assert bool((err <= lim).all()), f"{what}: max excess {float((err - lim).max()):.3e}"
+
+
+def assert_grad_close(dx, dy, y, d, dtype, what=""):
+    dyd = dy.double()
+    ref = dyd - torch.exp(y.double()) * dyd.sum(d, keepdim=True)
+    dxd = dx.double()
+    assert torch.equal(torch.isnan(dxd), torch.isnan(ref)), f"{what}: NaN mismatch"
+    fin = ~torch.isnan(ref)
+    scale = (1 + dyd.abs().sum(d, keepdim=True)).expand_as(ref)
+    err = ((dxd - ref).abs() / scale)[fin]
+    if err.numel():
+        assert float(err.max()) <= GRAD_TOL[dtype], f"{what}: {float(err.max()):.3e}"
+
+
+def rand(shape, dtype, scale=3.0):
+    return (torch.randn(shape, device="cuda") * scale).to(tdtype(dtype))
+
+
+AXES = [((2, 7, 5, 3), None), ((64, 4096, 32), 1), ((4, 300, 33), 1), ((3, 100000, 2), 1),
+        ((8, 12288), 0), ((1000, 3), 0), ((2, 5, 70000), 1), ((5, 1), 1), ((1, 50000, 1), 1)]
+
+
+@pytest.mark.parametrize("shape,dims", AXES, ids=lambda v: str(v))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_forward_every_axis(shape, dims, dtype):
+    x = rand(shape, dtype)
+    for d in range(len(shape)) if dims is None else [dims]:
+        y = torch.full_like(x, POISON)
+        softlight.log_softmax(x, dim=d, out=y)
+        torch.cuda.synchronize()
+        assert_close(y, torch.log_softmax(x.double(), d), dtype, f"{shape} dim={d}")
+
+
+@pytest.mark.parametrize("view,d", [
+    (lambda a: a.t(), 0), (lambda a: a.t(), 1), (lambda a: a[:, 1:-1], 1), (lambda a: a[:, ::3], 1),
+    (lambda a: a.reshape(40, 50, 30)[:, 3:40, :], 1), (lambda a: a.reshape(40, 50, 30)[:, :, 5], 0),
+], ids=["t-dim0", "t-dim1", "slice", "step3", "middle-slice", "select-inner"])
+def test_forward_strided_views(view, d):
+    x = view(rand((2000, 30), "float32"))
+    y = softlight.log_softmax(x, dim=d)
+    torch.cuda.synchronize()
+    assert_close(y, torch.log_softmax(x.double(), d), "float32")
+
+
+def test_forward_special_values_down_columns():
+    x = rand((4096, 8), "float32")
+    x[5, 0] = float("nan")
+    x[9, 1] = float("inf")
+    x[:, 2] = float("-inf")
+    x[::2, 3] = float("-inf")
+    x[0, 4] = x[-1, 4] = float("-inf")
+    for dtype in ("float32", "bfloat16"):
+        xx = x.to(tdtype(dtype))
+        y = softlight.log_softmax(xx, dim=0)
+        torch.cuda.synchronize()
+        assert torch.equal(torch.isnan(y), torch.isnan(torch.log_softmax(xx.float(), 0)))
+        assert_close(y, torch.log_softmax(xx.double(), 0), dtype)
+
+
+def test_forward_lse_and_temperature_along_an_axis():
+    x = rand((6, 20000, 5), "float32")
+    y, lse = softlight.log_softmax(x, dim=1, temperature=2.0, return_lse=True)
+    torch.cuda.synchronize()
+    assert lse.shape == (6, 5)
+    assert_close(y, torch.log_softmax(x.double() / 2, 1), "float32")
+    assert_close(lse, torch.logsumexp(x.double() / 2, 1), "float32")
+
+
+def test_forward_in_place_along_an_axis():
+    x = rand((16, 3000, 40), "float32")
+    ref = torch.log_softmax(x.double(), 1)
+    softlight.log_softmax(x, dim=1, out=x)
+    torch.cuda.synchronize()
+    assert_close(x, ref, "float32")
+
+
+# --- backward --------------------------------------------------------------------------------------
+
+BACKWARD_COLS = [1, 7, 100, 1000, 1024, 1025, 2048, 4096, 16384, 32768, 50257, 131072, 393216, 1048576]
+
+
+@pytest.mark.parametrize("cols", BACKWARD_COLS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_backward_rows(cols, dtype):
+    rows = max(1, min(300, (1 << 23) // cols))
+    y = torch.log_softmax(rand((rows, cols), "float32"), -1).to(tdtype(dtype))
+    dy = rand((rows, cols), dtype, 1.0)
+    dx = torch.full_like(dy, POISON)
+    assert softlight.log_softmax_backward(dy, y, grad_in=dx) is dx
+    torch.cuda.synchronize()
+    assert_grad_close(dx, dy, y, -1, dtype, f"{rows}x{cols}")
+
+
+@pytest.mark.parametrize("cols", [1000, 1003, 70000])
+def test_backward_misaligned_and_strided_rows(cols):
+    base = rand((9, cols + 5), "float32", 1.0)
+    y = torch.log_softmax(rand((8, cols), "float32"), -1)
+    dy = base[1:, 1:cols + 1]  # an odd offset and a padded row stride
+    dx = torch.full((8, cols + 3), POISON, device="cuda")[:, 2:cols + 2]
+    softlight.log_softmax_backward(dy, y, grad_in=dx)
+    torch.cuda.synchronize()
+    assert_grad_close(dx, dy, y, -1, "float32")
+
+
+@pytest.mark.parametrize("shape,d", [((8, 512, 64), 1), ((3, 70000, 3), 1), ((2000, 30), 0), ((4, 5, 6), 2)],
+                         ids=lambda v: str(v))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_backward_along_any_axis(shape, d, dtype):
+    y = torch.log_softmax(rand(shape, "float32"), d).to(tdtype(dtype))
+    dy = rand(shape, dtype, 1.0)
+    dx = softlight.log_softmax_backward(dy, y, dim=d)
+    torch.cuda.synchronize()
+    assert_grad_close(dx, dy, y, d, dtype, f"{shape} dim={d}")
+
+
+def test_backward_equals_torch_autograd():
+    x = rand((64, 50000), "float32").requires_grad_()
+    y = torch.log_softmax(x, -1)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    dx = softlight.log_softmax_backward(dy, y.detach())
+    torch.cuda.synchronize()
+    torch.testing.assert_close(dx, x.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_backward_in_place_and_special_values():
+    y = torch.log_softmax(rand((4, 5000), "float32"), -1)
+    y[0, 7] = float("-inf")
+    y[1, 3] = float("nan")
+    dy = rand((4, 5000), "float32", 1.0)
+    ref = dy.double() - torch.exp(y.double()) * dy.double().sum(-1, keepdim=True)
+    g = dy.clone()
+    softlight.log_softmax_backward(dy, y, grad_in=dy)  # over grad_out
+    torch.cuda.synchronize()
+    assert float(dy[0, 7]) == float(g[0, 7])  # exp(-inf) = 0
+    assert torch.equal(torch.isnan(dy), torch.isnan(ref))
+    yy = y.clone()
+    softlight.log_softmax_backward(g, yy, grad_in=yy)  # over out
+    torch.cuda.synchronize()
+    assert torch.equal(torch.isnan(yy), torch.isnan(ref))
