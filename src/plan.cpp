@@ -22,14 +22,11 @@ Plan plan_warp_rows(const Problem& p, int vec) {
   Plan plan;
   plan.family = Family::warp_rows;
   plan.vec = vec;
+  // Four accesses per lane where the row allows (more rows per warp, each lane with four loads in
+  // flight): a lane per row-vector left warps latency-bound on rows of 128 fp32 and less.
   const int64_t vectors = ceil_div(p.cols, vec);
-  if (vectors <= 32) {
-    plan.group = static_cast<int>(pow2_ceil(vectors));
-    plan.iters = 1;
-  } else {
-    plan.group = 32;
-    plan.iters = static_cast<int>(pow2_ceil(ceil_div(vectors, 32)));
-  }
+  plan.group = static_cast<int>(std::min<int64_t>(32, pow2_ceil(ceil_div(vectors, kWarpRowsMinIters))));
+  plan.iters = static_cast<int>(pow2_ceil(ceil_div(vectors, plan.group)));
   plan.threads = kWarpRowsThreads;
   const int64_t rows_per_cta = kWarpRowsThreads / plan.group;
   plan.grid = std::min<int64_t>(ceil_div(p.rows, rows_per_cta), int64_t{1} << 30);

@@ -82,6 +82,7 @@ struct Plan {
 // Constants shared by the planner and the kernels.
 constexpr int kWarpRowsThreads = 128;
 constexpr int kWarpRowsMaxIters = 8;
+constexpr int kWarpRowsMinIters = 4;
 constexpr int kClusterDefaultThreads = 2 * 256 + 32;  // two consumer groups, a producer warp
 constexpr int kClusterMaxThreads = 800;           // keeps 80 registers per thread
 // Chunk sizes measured best on an H200 at the founding shape (docs/design.md): 8 KB for 4- and

@@ -74,7 +74,7 @@ split_rows_kernel(const T* __restrict__ in0, Strides s0, const T* __restrict__ i
                   T* out, Strides so, SplitShape sh, acc_t<T> scale, acc_t<T>* __restrict__ lse) {
   using A = acc_t<T>;
   using P = Part<A, Backward>;
-  constexpr int U = V >= 8 || (Backward && V >= 4) ? 2 : 4;  // units in flight per thread and step
+  constexpr int U = V == 1 ? 8 : V >= 8 || (Backward && V >= 4) ? 2 : 4;  // units in flight per thread and step
   // Dynamic shared memory: [red: one per thread][mine: L][total: L].
   extern __shared__ __align__(16) unsigned char smem[];
   const int L = sh.lanes, tid = threadIdx.x, nthreads = blockDim.x;

@@ -2,6 +2,8 @@
 // warp) holds one row in registers, ITERS packs of V elements per lane; the group reduces with
 // shuffles. One DRAM read, one write. Rows are walked warp by warp so that every lane of a warp
 // stays in the shuffles even where the last rows run out.
+#include <algorithm>
+
 #include "common.cuh"
 #include "kernels.hpp"
 
@@ -114,8 +116,44 @@ cudaError_t launch_backward_iters(const Plan& p, const AxisCall& a, cudaStream_t
   return cudaGetLastError();
 }
 
+// Rows of one element: the same algebra, eight rows per thread in flight (one row per lane and
+// step would leave the loads latency-bound: 1 GB of one-element rows took 3x a copy).
+constexpr int kSingleRows = 8;
+template <class T>
+__global__ void __launch_bounds__(kWarpRowsThreads)
+single_column_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t ys, int64_t rows,
+                     acc_t<T> scale, acc_t<T>* __restrict__ lse) {
+  using A = acc_t<T>;
+  const int64_t threads = int64_t{gridDim.x} * blockDim.x;
+  for (int64_t base = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; base < rows; base += threads * kSingleRows) {
+    A v[kSingleRows];
+#pragma unroll
+    for (int k = 0; k < kSingleRows; ++k) {
+      const int64_t r = base + k * threads;
+      v[k] = r < rows ? to_acc(x[r * xs]) * scale : A(0);
+    }
+#pragma unroll
+    for (int k = 0; k < kSingleRows; ++k) {
+      const int64_t r = base + k * threads;
+      if (r < rows) {
+        const A log_sum = log_acc(exp_shifted(v[k], v[k]));
+        y[r * ys] = from_acc<T>(log_softmax_out(v[k], v[k], log_sum));
+        if (lse != nullptr) lse[r] = v[k] + log_sum;
+      }
+    }
+  }
+}
+
 template <class T, int V>
 cudaError_t launch_iters(const Plan& p, const RowsArgs& a, cudaStream_t stream) {
+  if (a.cols == 1) {
+    const int64_t grid = std::min<int64_t>(p.grid, (a.rows + kWarpRowsThreads * kSingleRows - 1) /
+                                                       (kWarpRowsThreads * kSingleRows));
+    single_column_kernel<T><<<static_cast<unsigned>(grid), kWarpRowsThreads, 0, stream>>>(
+        static_cast<const T*>(a.x), a.x_stride, static_cast<T*>(a.y), a.y_stride, a.rows,
+        static_cast<acc_t<T>>(a.scale), static_cast<acc_t<T>*>(a.lse));
+    return cudaGetLastError();
+  }
   const T* x = static_cast<const T*>(a.x);
   T* y = static_cast<T*>(a.y);
   const int cols = static_cast<int>(a.cols);

@@ -23,13 +23,14 @@ def test_nothing_to_do():
 
 
 @pytest.mark.parametrize("cols,group,iters,vec", [
-    (1, 1, 1, 1), (3, 4, 1, 1), (4, 1, 1, 4), (32, 8, 1, 4), (100, 32, 1, 4), (128, 32, 1, 4),
-    (1000, 32, 8, 4), (1024, 32, 8, 4), (7, 8, 1, 1), (33, 64 // 2, 2, 1), (256, 32, 2, 4),
+    (1, 1, 1, 1), (3, 1, 4, 1), (4, 1, 1, 4), (32, 2, 4, 4), (100, 8, 4, 4), (128, 8, 4, 4),
+    (1000, 32, 8, 4), (1024, 32, 8, 4), (7, 2, 4, 1), (33, 16, 4, 1), (256, 16, 4, 4),
 ])
 def test_short_rows_go_to_warps(cols, group, iters, vec):
     p = plan(1000, cols)
     assert (p["family"], p["group"], p["iters"], p["vec"]) == ("warp_rows", group, iters, vec)
     assert p["group"] * p["iters"] * p["vec"] >= cols  # the row fits the group's registers
+    assert p["iters"] >= min(4, math.ceil(cols / p["vec"]))  # and each lane has loads in flight
 
 
 def test_warp_rows_limits_by_dtype():
