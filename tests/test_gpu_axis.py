@@ -166,3 +166,28 @@ def test_backward_in_place_and_special_values():
     softlight.log_softmax_backward(g, yy, grad_in=yy)  # over out
     torch.cuda.synchronize()
     assert torch.equal(torch.isnan(yy), torch.isnan(ref))
+
+
+# --- rows misaligned alike in x and y: peeled to vectors (block_rows) ---------------------------------
+
+@pytest.mark.parametrize("cols", [50257, 4099, 70001])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_peeled_rows(cols, dtype):
+    rows = 37
+    x = rand((rows, cols), dtype)
+    # Special values on the peeled edges: the first and last elements of some rows.
+    x[0, 0] = float("nan")
+    x[1, -1] = float("inf")
+    x[2, :3] = float("-inf")
+    x[3, -3:] = float("-inf")
+    x[4, 1:] = float("-inf")
+    y = torch.full_like(x, POISON)
+    softlight.log_softmax(x, out=y)
+    # Offset views: x and y both start one element in (the same misalignment), and not alike.
+    xo = torch.cat([torch.zeros(1, device="cuda", dtype=x.dtype), x.flatten()])[1:].view(rows, cols)
+    yo = torch.full((rows * cols + 1,), POISON, device="cuda", dtype=x.dtype)[1:].view(rows, cols)
+    softlight.log_softmax(xo, out=yo)
+    torch.cuda.synchronize()
+    ref = torch.log_softmax(x.double(), -1)
+    assert_close(y, ref, dtype, f"{cols} {dtype}")
+    assert_close(yo, ref, dtype, f"{cols} {dtype} offset")
