@@ -79,22 +79,17 @@ py::dict dlpack_view(py::capsule cap) {
   return d;
 }
 
-py::dict plan(int64_t rows, int64_t cols, int elem_bytes, bool aligned16, int cc_major,
-              int cc_minor, int sm_count, int64_t smem_optin, int max_cluster, int cluster,
-              int chunk_bytes, int threads, int hints, bool peelable) {
-  softlight::Problem p;
-  p.rows = rows;
-  p.cols = cols;
-  p.elem_bytes = elem_bytes;
-  p.aligned16 = aligned16;
-  p.peelable = peelable;
+softlight::DeviceInfo device(int cc_major, int cc_minor, int sm_count, int64_t smem_optin, int max_cluster) {
   softlight::DeviceInfo d;
   d.cc_major = cc_major;
   d.cc_minor = cc_minor;
   d.sm_count = sm_count;
   d.smem_per_block_optin = smem_optin;
   d.max_cluster = max_cluster;
-  const softlight::Plan r = softlight::plan_rows(p, d, softlight::Overrides{cluster, chunk_bytes, threads, hints});
+  return d;
+}
+
+py::dict plan_dict(const softlight::Plan& r) {
   py::dict out;
   out["family"] = softlight::family_name(r.family);
   out["vec"] = r.vec;
@@ -112,7 +107,23 @@ py::dict plan(int64_t rows, int64_t cols, int elem_bytes, bool aligned16, int cc
   out["chunks_per_row"] = r.chunks_per_row;
   out["chunks_per_cta"] = r.chunks_per_cta;
   out["hints"] = r.hints;
+  out["lanes"] = r.lanes;
+  out["tiles"] = r.tiles;
+  out["segment"] = r.segment;
   return out;
+}
+
+py::dict plan(int64_t rows, int64_t cols, int elem_bytes, bool aligned16, int cc_major,
+              int cc_minor, int sm_count, int64_t smem_optin, int max_cluster, int cluster,
+              int chunk_bytes, int threads, int hints, bool peelable) {
+  softlight::Problem p;
+  p.rows = rows;
+  p.cols = cols;
+  p.elem_bytes = elem_bytes;
+  p.aligned16 = aligned16;
+  p.peelable = peelable;
+  const auto d = device(cc_major, cc_minor, sm_count, smem_optin, max_cluster);
+  return plan_dict(softlight::plan_rows(p, d, softlight::Overrides{cluster, chunk_bytes, threads, hints}));
 }
 
 py::dict plan_axis(int64_t outer, int64_t dim, int64_t inner, int elem_bytes, bool rows, bool aligned16,
@@ -125,24 +136,7 @@ py::dict plan_axis(int64_t outer, int64_t dim, int64_t inner, int elem_bytes, bo
   p.rows = rows;
   p.aligned16 = aligned16;
   p.backward = backward;
-  softlight::DeviceInfo d;
-  d.cc_major = cc_major;
-  d.sm_count = sm_count;
-  d.smem_per_block_optin = smem_optin;
-  d.max_cluster = max_cluster;
-  const softlight::Plan r = softlight::plan_axis(p, d);
-  py::dict out;
-  out["family"] = softlight::family_name(r.family);
-  out["vec"] = r.vec;
-  out["threads"] = r.threads;
-  out["grid"] = r.grid;
-  out["group"] = r.group;
-  out["iters"] = r.iters;
-  out["cluster"] = r.cluster;
-  out["lanes"] = r.lanes;
-  out["tiles"] = r.tiles;
-  out["segment"] = r.segment;
-  return out;
+  return plan_dict(softlight::plan_axis(p, device(cc_major, 0, sm_count, smem_optin, max_cluster)));
 }
 
 softlight_dtype as_dtype(int code) { return static_cast<softlight_dtype>(code); }

@@ -355,12 +355,7 @@ cudaError_t launch(const Plan& p, const RowsArgs& a, cudaStream_t stream) {
 
   cudaLaunchConfig_t cfg = {};
   cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(p.cluster);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  set_cluster_dim(&cfg, attr, p.cluster);
   cfg.blockDim = dim3(p.threads);
   cfg.gridDim = dim3(static_cast<unsigned>(p.cluster));
   cfg.dynamicSmemBytes = static_cast<size_t>(p.smem_bytes);

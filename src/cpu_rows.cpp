@@ -215,8 +215,7 @@ extern "C" softlight_status softlight_log_softmax_forward_cpu_ex(
   using namespace softlight;
   RowsCall call{x, x_row_stride, y, y_row_stride, rows, cols, dtype};
   bool noop = false;
-  softlight_status st = apply_options(options, &call);
-  if (st == SOFTLIGHT_SUCCESS) st = validate_rows_call(call, &noop);
+  const softlight_status st = prepare_rows_call(options, &call, &noop);
   if (st != SOFTLIGHT_SUCCESS || noop) return st;
   return with_cpu_type(dtype, [&](auto tag) { run<decltype(tag)>(call, num_threads); });
 }
@@ -234,10 +233,9 @@ extern "C" softlight_status softlight_log_softmax_forward_3d_cpu(
     int64_t dim, int64_t inner, softlight_dtype dtype, const softlight_forward_options* options,
     int num_threads) {
   using namespace softlight;
-  if (x_strides == nullptr || y_strides == nullptr) return SOFTLIGHT_ERROR_NULL_POINTER;
-  AxisCall call{{outer, dim, inner}, dtype, x, {x_strides[0], x_strides[1], x_strides[2]}, nullptr, {0, 0, 0},
-                y, {y_strides[0], y_strides[1], y_strides[2]}};
-  const softlight_status st = apply_options(options, &call);
+  softlight_status st;
+  AxisCall call = forward_axis_call(x, x_strides, y, y_strides, outer, dim, inner, dtype, &st);
+  if (st == SOFTLIGHT_SUCCESS) st = apply_options(options, &call);
   return st != SOFTLIGHT_SUCCESS ? st : axis_cpu(call, num_threads);
 }
 
@@ -246,11 +244,9 @@ extern "C" softlight_status softlight_log_softmax_backward_3d_cpu(
     const int64_t dx_strides[3], int64_t outer, int64_t dim, int64_t inner, softlight_dtype dtype,
     int num_threads) {
   using namespace softlight;
-  if (dy_strides == nullptr || y_strides == nullptr || dx_strides == nullptr) return SOFTLIGHT_ERROR_NULL_POINTER;
-  AxisCall call{{outer, dim, inner}, dtype, dy, {dy_strides[0], dy_strides[1], dy_strides[2]},
-                y, {y_strides[0], y_strides[1], y_strides[2]}, dx, {dx_strides[0], dx_strides[1], dx_strides[2]}};
-  call.backward = true;
-  return axis_cpu(call, num_threads);
+  softlight_status st;
+  const AxisCall call = backward_axis_call(dy, dy_strides, y, y_strides, dx, dx_strides, outer, dim, inner, dtype, &st);
+  return st != SOFTLIGHT_SUCCESS ? st : axis_cpu(call, num_threads);
 }
 
 extern "C" softlight_status softlight_log_softmax_backward_cpu(

@@ -206,8 +206,7 @@ extern "C" softlight_status softlight_log_softmax_forward_ex(
   using namespace softlight;
   RowsCall call{x, x_row_stride, y, y_row_stride, rows, cols, dtype};
   bool noop = false;
-  softlight_status st = apply_options(options, &call);
-  if (st == SOFTLIGHT_SUCCESS) st = validate_rows_call(call, &noop);
+  softlight_status st = prepare_rows_call(options, &call, &noop);
   if (st != SOFTLIGHT_SUCCESS || noop) return st;
   CallDevice dev;
   if ((st = dev.open({x, y, call.lse})) != SOFTLIGHT_SUCCESS) return st;
@@ -220,10 +219,9 @@ extern "C" softlight_status softlight_log_softmax_forward_3d(
     int64_t dim, int64_t inner, softlight_dtype dtype, const softlight_forward_options* options,
     void* stream) {
   using namespace softlight;
-  if (x_strides == nullptr || y_strides == nullptr) return SOFTLIGHT_ERROR_NULL_POINTER;
-  AxisCall call{{outer, dim, inner}, dtype, x, {x_strides[0], x_strides[1], x_strides[2]}, nullptr, {0, 0, 0},
-                y, {y_strides[0], y_strides[1], y_strides[2]}};
-  const softlight_status st = apply_options(options, &call);
+  softlight_status st;
+  AxisCall call = forward_axis_call(x, x_strides, y, y_strides, outer, dim, inner, dtype, &st);
+  if (st == SOFTLIGHT_SUCCESS) st = apply_options(options, &call);
   return st != SOFTLIGHT_SUCCESS ? st : axis_gpu(call, stream);
 }
 
@@ -232,11 +230,9 @@ extern "C" softlight_status softlight_log_softmax_backward_3d(
     const int64_t dx_strides[3], int64_t outer, int64_t dim, int64_t inner, softlight_dtype dtype,
     void* stream) {
   using namespace softlight;
-  if (dy_strides == nullptr || y_strides == nullptr || dx_strides == nullptr) return SOFTLIGHT_ERROR_NULL_POINTER;
-  AxisCall call{{outer, dim, inner}, dtype, dy, {dy_strides[0], dy_strides[1], dy_strides[2]},
-                y, {y_strides[0], y_strides[1], y_strides[2]}, dx, {dx_strides[0], dx_strides[1], dx_strides[2]}};
-  call.backward = true;
-  return axis_gpu(call, stream);
+  softlight_status st;
+  const AxisCall call = backward_axis_call(dy, dy_strides, y, y_strides, dx, dx_strides, outer, dim, inner, dtype, &st);
+  return st != SOFTLIGHT_SUCCESS ? st : axis_gpu(call, stream);
 }
 
 extern "C" softlight_status softlight_log_softmax_backward(

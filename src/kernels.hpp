@@ -23,6 +23,16 @@ struct RowsArgs {
   void* lse;     // optional per-row log-sum-exp, accumulation type
 };
 
+// Makes `cfg` launch clusters of `cluster` CTAs along x (attr: storage for one attribute).
+inline void set_cluster_dim(cudaLaunchConfig_t* cfg, cudaLaunchAttribute* attr, int cluster) {
+  attr->id = cudaLaunchAttributeClusterDimension;
+  attr->val.clusterDim.x = static_cast<unsigned>(cluster);
+  attr->val.clusterDim.y = 1;
+  attr->val.clusterDim.z = 1;
+  cfg->attrs = attr;
+  cfg->numAttrs = 1;
+}
+
 cudaError_t launch_warp_rows(const Plan& plan, const RowsArgs& a, cudaStream_t stream);
 cudaError_t launch_block_rows(const Plan& plan, const RowsArgs& a, cudaStream_t stream);
 // Returns cudaErrorInvalidClusterSize when no cluster of plan.cluster CTAs can be scheduled.

@@ -233,12 +233,7 @@ cudaError_t launch(const Plan& p, const AxisCall& a, cudaStream_t stream) {
       const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
       if (e != cudaSuccess) return e;
     }
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = static_cast<unsigned>(p.cluster);
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    set_cluster_dim(&cfg, attr, p.cluster);
   }
   // Persistent: as many CTAs (clusters) as fit at once, each walking positions; launching a
   // cluster per position leaves SMs idle while whole clusters wait to be placed.

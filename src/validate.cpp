@@ -103,6 +103,39 @@ bool same_layout(const int64_t a[3], const int64_t b[3]) {
 
 }  // namespace
 
+softlight_status prepare_rows_call(const softlight_forward_options* o, RowsCall* c, bool* noop) {
+  *noop = false;
+  const softlight_status st = apply_options(o, c);
+  return st != SOFTLIGHT_SUCCESS ? st : validate_rows_call(*c, noop);
+}
+
+namespace {
+void copy3(int64_t (&dst)[3], const int64_t* src) {
+  for (int a = 0; a < 3; ++a) dst[a] = src ? src[a] : 0;
+}
+}  // namespace
+
+AxisCall forward_axis_call(const void* x, const int64_t* xs, void* y, const int64_t* ys, int64_t outer,
+                           int64_t dim, int64_t inner, softlight_dtype dtype, softlight_status* st) {
+  AxisCall c{{outer, dim, inner}, dtype, x, {}, nullptr, {}, y, {}};
+  copy3(c.in0_s, xs);
+  copy3(c.out_s, ys);
+  *st = xs && ys ? SOFTLIGHT_SUCCESS : SOFTLIGHT_ERROR_NULL_POINTER;
+  return c;
+}
+
+AxisCall backward_axis_call(const void* dy, const int64_t* dys, const void* y, const int64_t* ys, void* dx,
+                            const int64_t* dxs, int64_t outer, int64_t dim, int64_t inner,
+                            softlight_dtype dtype, softlight_status* st) {
+  AxisCall c{{outer, dim, inner}, dtype, dy, {}, y, {}, dx, {}};
+  copy3(c.in0_s, dys);
+  copy3(c.in1_s, ys);
+  copy3(c.out_s, dxs);
+  c.backward = true;
+  *st = dys && ys && dxs ? SOFTLIGHT_SUCCESS : SOFTLIGHT_ERROR_NULL_POINTER;
+  return c;
+}
+
 void normalize_strides(AxisCall* c) {
   for (int a = 0; a < 3; ++a) {
     if (c->n[a] == 1) c->in0_s[a] = c->in1_s[a] = c->out_s[a] = 0;

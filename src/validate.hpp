@@ -50,6 +50,16 @@ softlight_status apply_options(const softlight_forward_options* o, AxisCall* c);
 // as the very same array.
 softlight_status validate_axis_call(const AxisCall& c, bool* noop);
 
+// apply_options then validate_rows_call: what both forward entries of the rows form do first.
+softlight_status prepare_rows_call(const softlight_forward_options* o, RowsCall* c, bool* noop);
+
+// The AxisCall of a 3-d forward or backward entry (NULL stride arrays: NULL_POINTER in *st).
+AxisCall forward_axis_call(const void* x, const int64_t* xs, void* y, const int64_t* ys, int64_t outer,
+                           int64_t dim, int64_t inner, softlight_dtype dtype, softlight_status* st);
+AxisCall backward_axis_call(const void* dy, const int64_t* dys, const void* y, const int64_t* ys, void* dx,
+                            const int64_t* dxs, int64_t outer, int64_t dim, int64_t inner,
+                            softlight_dtype dtype, softlight_status* st);
+
 // The strides of an axis call with those of extent-1 axes set to 0.
 void normalize_strides(AxisCall* c);
 
