@@ -134,8 +134,6 @@ softlight_status run_rows(const RowsArgs& args, DeviceInfo dev, cudaStream_t s) 
   prob.elem_bytes = elem;
   prob.aligned16 = aligned16(args.x) && aligned16(args.y) && (args.cols * elem) % 16 == 0 &&
                    (args.rows == 1 || ((args.x_stride * elem) % 16 == 0 && (args.y_stride * elem) % 16 == 0));
-  prob.peelable = (reinterpret_cast<uintptr_t>(args.x) - reinterpret_cast<uintptr_t>(args.y)) % 16 == 0 &&
-                  (args.rows == 1 || ((args.x_stride - args.y_stride) * elem) % 16 == 0);
   const Overrides over = overrides_from_env();
   Plan plan = plan_rows(prob, dev, over);
   cudaError_t e = run_plan(plan, args, s);

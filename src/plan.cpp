@@ -36,8 +36,6 @@ Plan plan_warp_rows(const Problem& p, int vec) {
 Plan plan_block_rows(const Problem& p, const DeviceInfo& d, int vec) {
   Plan plan;
   plan.family = Family::block_rows;
-  plan.peel = vec == 1 && p.peelable && p.elem_bytes < 16;
-  if (plan.peel) vec = 16 / p.elem_bytes;
   plan.vec = vec;
   const int64_t row_bytes = p.cols * p.elem_bytes;
   const int64_t vectors = ceil_div(p.cols, vec);

@@ -34,9 +34,6 @@ struct Problem {
   // 16-byte vector access is valid for x and y: both base pointers and both row strides (in
   // bytes) are multiples of 16, and so is cols * elem_bytes.
   bool aligned16 = false;
-  // x and y rows are misaligned alike (bases and row strides agree modulo 16 bytes), so a row
-  // can be peeled to 16-byte vectors (block_rows).
-  bool peelable = false;
 };
 
 // A problem along any axis (docs: softlight_log_softmax_forward_3d), for the backward and for
@@ -67,7 +64,6 @@ struct Plan {
   int iters = 0;           // vectors per lane per row (1, 2, 4 or 8)
   // block_rows and cluster_rows
   bool resident = false;   // the row (or slice) stays in shared memory: one DRAM read
-  bool peel = false;       // block_rows: vectors between a scalar head and tail
   bool double_buffered = false;  // cluster_rows: two slices fit, the next row loads meanwhile
   int64_t smem_bytes = 0;  // dynamic shared memory per CTA
   // cluster_rows

@@ -168,14 +168,14 @@ def test_backward_in_place_and_special_values():
     assert torch.equal(torch.isnan(yy), torch.isnan(ref))
 
 
-# --- rows misaligned alike in x and y: peeled to vectors (block_rows) ---------------------------------
+# --- rows of odd length: every row but the first misaligned (block_rows, element by element) -----------
 
 @pytest.mark.parametrize("cols", [50257, 4099, 70001])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_peeled_rows(cols, dtype):
+def test_odd_rows_with_special_values_at_their_ends(cols, dtype):
     rows = 37
     x = rand((rows, cols), dtype)
-    # Special values on the peeled edges: the first and last elements of some rows.
+    # Special values at the first and last elements of some rows.
     x[0, 0] = float("nan")
     x[1, -1] = float("inf")
     x[2, :3] = float("-inf")

@@ -33,15 +33,6 @@ def test_short_rows_go_to_warps(cols, group, iters, vec):
     assert p["iters"] >= min(4, math.ceil(cols / p["vec"]))  # and each lane has loads in flight
 
 
-@pytest.mark.parametrize("cols,dtype,vec", [(50257, "bfloat16", 8), (50257, "float32", 4), (4099, "float16", 8)])
-def test_equally_misaligned_rows_are_peeled_to_vectors(cols, dtype, vec):
-    p = _C.plan(100, cols, ELEM[dtype], False, **H200, peelable=True)
-    assert (p["family"], p["peel"], p["vec"]) == ("block_rows", True, vec)
-    q = _C.plan(100, cols, ELEM[dtype], False, **H200)  # x and y misaligned differently
-    assert (q["family"], q["peel"], q["vec"]) == ("block_rows", False, 1)
-    assert _C.plan(100, cols, 8, False, **H200, peelable=True)["vec"] == 2  # float64 as well
-
-
 def test_warp_rows_limits_by_dtype():
     assert plan(10, 2048, "bfloat16")["family"] == "warp_rows"    # 256 vectors of 8
     assert plan(10, 2056, "bfloat16")["family"] == "block_rows"
