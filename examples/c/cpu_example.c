@@ -67,6 +67,32 @@ int main(void) {
   expect(softlight_log_softmax_forward_cpu_ex(x, STRIDE, y, STRIDE, ROWS, COLS, SOFTLIGHT_FLOAT32, &opts, 1) ==
              SOFTLIGHT_ERROR_INVALID_ARGUMENT, "negative temperature refused");
 
+  /* Any axis: the matrix's columns (dim = rows, inner = columns: outer 1, strides {0, STRIDE, 1}). */
+  const int64_t strides[3] = {0, STRIDE, 1};
+  st = softlight_log_softmax_forward_3d_cpu(x, strides, y, strides, 1, ROWS, COLS, SOFTLIGHT_FLOAT32, NULL, 1);
+  expect(st == SOFTLIGHT_SUCCESS, softlight_status_string(st));
+  for (int j = 0; j < COLS; ++j) {
+    double m = -INFINITY, s = 0.0;
+    for (int r = 0; r < ROWS; ++r) m = x[r * STRIDE + j] > m ? x[r * STRIDE + j] : m;
+    for (int r = 0; r < ROWS; ++r) s += exp(x[r * STRIDE + j] - m);
+    expect(fabs(y[2 * STRIDE + j] - ((x[2 * STRIDE + j] - m) - log(s))) < 1e-5, "log-softmax down a column");
+  }
+
+  /* The backward of the rows' log-softmax: dx = dy - exp(y) * sum(dy), here with dy = 1 - row index. */
+  float dy[ROWS * STRIDE], dx[ROWS * STRIDE];
+  st = softlight_log_softmax_forward_cpu(x, STRIDE, y, STRIDE, ROWS, COLS, SOFTLIGHT_FLOAT32, 0);
+  for (int i = 0; i < ROWS * STRIDE; ++i) dy[i] = (float)((i % STRIDE) % 3) - 1.0f;
+  st = softlight_log_softmax_backward_cpu(dy, STRIDE, y, STRIDE, dx, STRIDE, ROWS, COLS, SOFTLIGHT_FLOAT32, 0);
+  expect(st == SOFTLIGHT_SUCCESS, softlight_status_string(st));
+  for (int r = 0; r < ROWS; ++r) {
+    double sum = 0.0;
+    for (int j = 0; j < COLS; ++j) sum += dy[r * STRIDE + j];
+    for (int j = 0; j < COLS; ++j) {
+      const double ref = dy[r * STRIDE + j] - exp((double)y[r * STRIDE + j]) * sum;
+      expect(fabs(dx[r * STRIDE + j] - ref) < 1e-5 * (1.0 + fabs(sum)), "backward");
+    }
+  }
+
   /* Bad arguments come back as named statuses, with nothing written. */
   const float before = y[0];
   expect(softlight_log_softmax_forward_cpu(NULL, COLS, y, COLS, 1, COLS, SOFTLIGHT_FLOAT32, 0) ==
