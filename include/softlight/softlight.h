@@ -129,9 +129,10 @@ SOFTLIGHT_API softlight_status softlight_log_softmax_forward_cpu_ex(
  * d, when the axes before d (and those after d) collapse to one evenly strided axis each.
  *
  * Strides are in elements, {outer, dim, inner}, one triple per array; x and y may differ. A stride
- * of an axis of extent 1 is never used. Strides must not be negative; y's elements must not alias
- * one another (INVALID_STRIDE); x and y may be the same array with the same strides (in place),
- * any other overlap is refused. With options->lse, it receives outer * inner values, the one of
+ * of an axis of extent 1 is never used. Strides must not be negative. x may repeat elements (a
+ * stride 0); y may not: its axes, ordered by stride, must each step past all that the smaller ones
+ * reach (as every view of an array does), else INVALID_STRIDE. x and y may be the same array with
+ * the same strides (in place); any other overlap of their spans is refused. With options->lse, it receives outer * inner values, the one of
  * position (o, i) at o * inner + i. Rows (inner = 1, dim stride 1) take the same kernels as
  * softlight_log_softmax_forward; other layouts take a two-pass kernel whose second pass re-reads x
  * from the L2 cache (docs/design.md).
