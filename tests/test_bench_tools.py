@@ -1,0 +1,86 @@
+"""The benchmark's host-side parts, without a GPU: argument parsing, the sweep's sizes, the bytes each
+op must move, the table, and the committed results' schema (every docs/perf JSON is machine-written;
+this keeps them readable by the tools that render them)."""
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from softlight import bench
+
+ROOT = Path(__file__).resolve().parents[1]
+PERF = ROOT / "docs" / "perf"
+
+
+def test_parse_shapes():
+    assert bench.parse_shapes("4096x393216, 64X4096x4096") == [(4096, 393216), (64, 4096, 4096)]
+    for bad in ("4096", "4096x", "x5", "4096*393216", "4096x-1"):
+        with pytest.raises(SystemExit, match="bad shape"):
+            bench.parse_shapes(bad)
+
+
+def test_sweep_cases_hold_about_the_asked_bytes():
+    cases = bench.sweep_cases(["float32", "bfloat16"], 1.0)
+    assert len(cases) == 2 * len(bench.SWEEP_COLS)
+    for (rows, cols), dtype in cases:
+        nbytes = rows * cols * (4 if dtype == "float32" else 2)
+        assert cols in bench.SWEEP_COLS and 0.5e9 <= nbytes <= 2e9, (rows, cols, dtype)
+
+
+@pytest.mark.parametrize("shape,dim,n,strides", [
+    ((4096, 393216), 1, (4096, 393216, 1), (393216, 1, 1)),
+    ((64, 4096, 4096), 1, (64, 4096, 4096), (4096 * 4096, 4096, 1)),
+    ((5, 6, 7), 0, (1, 5, 42), (210, 42, 1)),
+])
+def test_axis_extents(shape, dim, n, strides):
+    assert bench.axis_extents(shape, dim) == (n, strides)
+
+
+def test_moved_bytes_and_table(capsys):
+    rows = [
+        {"op": "forward", "provider": "copy", "shape": [4096, 393216], "dtype": "float32", "ms": 3.0, "copy_ms": 3.0,
+         "status": "ok"},
+        {"op": "backward", "provider": "softlight", "shape": [2, 3, 4], "dim": 1, "dtype": "bfloat16", "ms": None,
+         "copy_ms": 1.0, "status": "wrong (max |error| 1e-2)"},
+    ]
+    assert bench.moved_bytes(rows[0]) == 2 * 4096 * 393216 * 4
+    assert bench.moved_bytes(rows[1]) == 3 * 24 * 2
+    bench.print_table(rows)
+    out = capsys.readouterr().out
+    assert "4096x393216" in out and "2x3x4 d1" in out and "wrong" in out
+    assert f"{2 * 4096 * 393216 * 4 / 3.0 / 1e6:6.0f}" in out  # GB/s of the copy row
+
+
+RESULTS = sorted(PERF.glob("*.json"))
+
+
+@pytest.mark.parametrize("path", RESULTS, ids=lambda p: p.name)
+def test_committed_results_follow_the_schema(path):
+    doc = json.loads(path.read_text())
+    assert {"gpu", "commit", "command", "softlight_version", "torch", "date"} <= set(doc["meta"])
+    assert doc["meta"]["command"].startswith("python -m softlight bench")
+    assert doc["rows"]
+    for r in doc["rows"]:
+        assert r["op"] in ("forward", "backward")
+        assert r["provider"] in ("softlight", "copy", "torch", "torch.compile", "quack", "liger")
+        assert r["dtype"] in ("float32", "float16", "bfloat16", "float64")
+        assert all(isinstance(v, int) and v > 0 for v in r["shape"])
+        assert "copy_ms" in r and "status" in r
+        if r["status"] == "ok":
+            assert r["ms"] > 0 and math.isfinite(r["ms"])
+        else:
+            assert r["ms"] is None
+    # Every case has the floor measured in the same run.
+    for r in doc["rows"]:
+        assert r["copy_ms"] and r["copy_ms"] > 0
+
+
+@pytest.mark.parametrize("path", RESULTS, ids=lambda p: p.name)
+def test_perf_table_renders_every_result(path):
+    for extra in ([], ["--compact"]):
+        out = subprocess.run([sys.executable, str(ROOT / "tools" / "perf_table.py"), str(path)] + extra,
+                             capture_output=True, text=True, check=True).stdout
+        assert out.count("\n| ") >= 2 and "softlight" in out
