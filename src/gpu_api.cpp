@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <initializer_list>
 #include <optional>
+#include <utility>
 
 #include "kernels.hpp"
 #include "plan.hpp"
@@ -67,10 +68,39 @@ cudaError_t device_info(int device, DeviceInfo* d) {
   return cudaSuccess;
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+softlight_status cuda_status(cudaError_t e) {
+  cudaGetLastError();
+  return no_driver(e) ? SOFTLIGHT_ERROR_NO_DEVICE : SOFTLIGHT_ERROR_CUDA;
+}
+
+// 16-byte vector access is valid for rows of `cols` elements of `elem` bytes at each (pointer, row
+// stride in elements) pair: pointers, row strides and the row length are multiples of 16 bytes.
+// Pass a stride of 0 where there is one row.
+bool vectorizable(std::initializer_list<std::pair<const void*, int64_t>> arrays, int64_t cols, int elem) {
+  if ((cols * elem) % 16 != 0) return false;
+  for (const auto& [p, stride] : arrays)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0 || (stride * elem) % 16 != 0) return false;
+  return true;
+}
+
+// Plans, launches, and where a cluster cannot be placed (a partitioned or busy GPU) halves the
+// largest cluster allowed and plans again, down to none. Nothing has been queued when that error
+// comes back. plan(dev) -> Plan, launch(plan) -> cudaError_t.
+template <class PlanFn, class LaunchFn>
+softlight_status launch_with_cluster_fallback(DeviceInfo dev, PlanFn plan_for, LaunchFn launch) {
+  Plan plan = plan_for(dev);
+  cudaError_t e = launch(plan);
+  while (e == cudaErrorInvalidClusterSize && dev.max_cluster > 0) {
+    dev.max_cluster = plan.cluster > 1 ? plan.cluster / 2 : 0;
+    plan = plan_for(dev);
+    e = launch(plan);
+  }
+  return e == cudaSuccess ? SOFTLIGHT_SUCCESS : cuda_status(e);
+}
 
 // Tuning knobs for experiments: SOFTLIGHT_CLUSTER, SOFTLIGHT_CHUNK_BYTES, SOFTLIGHT_THREADS,
-// SOFTLIGHT_HINTS (unset: the planner's choice); SOFTLIGHT_VERBOSE prints cluster launches.
+// SOFTLIGHT_HINTS, SOFTLIGHT_SPLIT_LANES, SOFTLIGHT_SPLIT_SEGMENT_BYTES (unset: the planner's
+// choice); SOFTLIGHT_VERBOSE prints cluster launches.
 Overrides overrides_from_env() {
   Overrides o;
   if (const char* s = std::getenv("SOFTLIGHT_CLUSTER")) o.cluster = std::atoi(s);
@@ -78,6 +108,14 @@ Overrides overrides_from_env() {
   if (const char* s = std::getenv("SOFTLIGHT_THREADS")) o.threads = std::atoi(s);
   if (const char* s = std::getenv("SOFTLIGHT_HINTS")) o.hints = std::atoi(s);
   if (o.chunk_bytes % 16 != 0 || o.chunk_bytes < 0) o.chunk_bytes = 0;
+  return o;
+}
+
+SplitOverrides split_overrides_from_env() {
+  SplitOverrides o;
+  if (const char* v = std::getenv("SOFTLIGHT_SPLIT_LANES")) o.lanes = std::atoi(v);
+  if (const char* v = std::getenv("SOFTLIGHT_SPLIT_SEGMENT_BYTES")) o.segment_bytes = std::atoll(v);
+  if (o.lanes < 0 || o.lanes > 1024 || (o.lanes & (o.lanes - 1)) != 0) o.lanes = 0;
   return o;
 }
 
@@ -89,17 +127,6 @@ cudaError_t run_plan(const Plan& plan, const RowsArgs& args, cudaStream_t stream
     case Family::cluster_rows: return launch_cluster_rows(plan, args, stream);
   }
   return cudaErrorInvalidValue;
-}
-
-}  // namespace
-}  // namespace softlight
-
-namespace softlight {
-namespace {
-
-softlight_status cuda_status(cudaError_t e) {
-  cudaGetLastError();
-  return no_driver(e) ? SOFTLIGHT_ERROR_NO_DEVICE : SOFTLIGHT_ERROR_CUDA;
 }
 
 // The device of every array of a call (null entries skipped), made current for the scope, and
@@ -126,73 +153,61 @@ class CallDevice {
   std::optional<DeviceScope> scope_;
 };
 
-softlight_status run_rows(const RowsArgs& args, DeviceInfo dev, cudaStream_t s) {
-  const int elem = softlight_dtype_size(args.dtype);
+softlight_status run_rows(const RowsArgs& args, const DeviceInfo& dev, cudaStream_t s) {
   Problem prob;
   prob.rows = args.rows;
   prob.cols = args.cols;
-  prob.elem_bytes = elem;
-  prob.aligned16 = aligned16(args.x) && aligned16(args.y) && (args.cols * elem) % 16 == 0 &&
-                   (args.rows == 1 || ((args.x_stride * elem) % 16 == 0 && (args.y_stride * elem) % 16 == 0));
+  prob.elem_bytes = softlight_dtype_size(args.dtype);
+  const bool one = args.rows == 1;
+  prob.aligned16 = vectorizable({{args.x, one ? 0 : args.x_stride}, {args.y, one ? 0 : args.y_stride}}, args.cols,
+                                prob.elem_bytes);
   const Overrides over = overrides_from_env();
-  Plan plan = plan_rows(prob, dev, over);
-  cudaError_t e = run_plan(plan, args, s);
-  // A cluster that cannot be placed (a partitioned or busy GPU): halve it until one can, then
-  // fall back to one CTA per row. Nothing has been queued when this error comes back.
-  while (e == cudaErrorInvalidClusterSize && dev.max_cluster > 0) {
-    dev.max_cluster = plan.cluster > 1 ? plan.cluster / 2 : 0;
-    plan = plan_rows(prob, dev, Overrides{0, over.chunk_bytes, over.threads, over.hints});
-    e = run_plan(plan, args, s);
-  }
-  return e == cudaSuccess ? SOFTLIGHT_SUCCESS : cuda_status(e);
+  // After a fallback, the planner chooses the cluster again (the override may be what failed).
+  const Overrides again{0, over.chunk_bytes, over.threads, over.hints};
+  bool first = true;
+  return launch_with_cluster_fallback(
+      dev,
+      [&](const DeviceInfo& d) {
+        const Plan p = plan_rows(prob, d, first ? over : again);
+        first = false;
+        return p;
+      },
+      [&](const Plan& p) { return run_plan(p, args, s); });
 }
 
-// A validated axis call (strides normalized): rows of the forward go to run_rows, the rest to
-// the axis plan.
-softlight_status run_axis(const AxisCall& c, DeviceInfo dev, cudaStream_t s) {
+// A checked axis call: rows of the forward go to run_rows, the rest to the axis plan.
+softlight_status run_axis(const AxisCall& c, const DeviceInfo& dev, cudaStream_t s) {
   const bool rows = axis_call_is_rows(c);
   if (rows && !c.backward) {
     const RowsArgs args{c.in0, c.in0_s[0], c.out, c.out_s[0], c.n[0], c.n[1], c.dtype, c.scale, c.lse};
     return run_rows(args, dev, s);
   }
-  const int elem = softlight_dtype_size(c.dtype);
   AxisProblem prob;
   prob.outer = c.n[0];
   prob.dim = c.n[1];
   prob.inner = c.n[2];
-  prob.elem_bytes = elem;
+  prob.elem_bytes = softlight_dtype_size(c.dtype);
   prob.rows = rows;
   prob.backward = c.backward;
-  prob.aligned16 = rows && (c.n[1] * elem) % 16 == 0 && aligned16(c.in0) && aligned16(c.out) &&
-                   (!c.backward || aligned16(c.in1)) &&
-                   (c.in0_s[0] * elem) % 16 == 0 && (c.out_s[0] * elem) % 16 == 0 &&
-                   (!c.backward || (c.in1_s[0] * elem) % 16 == 0);
-  SplitOverrides so;
-  if (const char* v = std::getenv("SOFTLIGHT_SPLIT_LANES")) so.lanes = std::atoi(v);
-  if (const char* v = std::getenv("SOFTLIGHT_SPLIT_SEGMENT_BYTES")) so.segment_bytes = std::atoll(v);
-  if (so.lanes < 0 || so.lanes > 1024 || (so.lanes & (so.lanes - 1)) != 0) so.lanes = 0;
-  Plan plan = plan_axis(prob, dev, so);
-  auto go = [&] {
-    return plan.family == Family::warp_rows ? launch_warp_rows_backward(plan, c, s) : launch_split_rows(plan, c, s);
-  };
-  cudaError_t e = go();
-  while (e == cudaErrorInvalidClusterSize && dev.max_cluster > 0) {
-    dev.max_cluster = plan.cluster > 1 ? plan.cluster / 2 : 0;
-    plan = plan_axis(prob, dev, so);
-    e = go();
-  }
-  return e == cudaSuccess ? SOFTLIGHT_SUCCESS : cuda_status(e);
+  // Strides are normalized: an outer stride is 0 where there is one row. (The forward has no in1:
+  // in0 stands in for it.)
+  const void* in1 = c.backward ? c.in1 : c.in0;
+  const int64_t in1_stride = c.backward ? c.in1_s[0] : c.in0_s[0];
+  prob.aligned16 = rows && vectorizable({{c.in0, c.in0_s[0]}, {in1, in1_stride}, {c.out, c.out_s[0]}}, c.n[1],
+                                        prob.elem_bytes);
+  const SplitOverrides over = split_overrides_from_env();
+  return launch_with_cluster_fallback(
+      dev, [&](const DeviceInfo& d) { return plan_axis(prob, d, over); },
+      [&](const Plan& p) {
+        return p.family == Family::warp_rows ? launch_warp_rows_backward(p, c, s) : launch_split_rows(p, c, s);
+      });
 }
 
-softlight_status axis_gpu(AxisCall call, void* stream) {
-  bool noop = false;
-  softlight_status st = validate_axis_call(call, &noop);
-  if (st != SOFTLIGHT_SUCCESS || noop) return st;
-  normalize_strides(&call);
+// A checked axis call (see forward_axis_call) on the device of its arrays.
+softlight_status axis_gpu(const AxisCall& call, void* stream) {
   CallDevice dev;
-  if ((st = dev.open({call.in0, call.backward ? call.in1 : nullptr, call.out, call.lse})) != SOFTLIGHT_SUCCESS)
-    return st;
-  return run_axis(call, dev.info, static_cast<cudaStream_t>(stream));
+  const softlight_status st = dev.open({call.in0, call.backward ? call.in1 : nullptr, call.out, call.lse});
+  return st != SOFTLIGHT_SUCCESS ? st : run_axis(call, dev.info, static_cast<cudaStream_t>(stream));
 }
 
 }  // namespace
@@ -218,9 +233,9 @@ extern "C" softlight_status softlight_log_softmax_forward_3d(
     void* stream) {
   using namespace softlight;
   softlight_status st;
-  AxisCall call = forward_axis_call(x, x_strides, y, y_strides, outer, dim, inner, dtype, &st);
-  if (st == SOFTLIGHT_SUCCESS) st = apply_options(options, &call);
-  return st != SOFTLIGHT_SUCCESS ? st : axis_gpu(call, stream);
+  bool noop;
+  const AxisCall call = forward_axis_call(x, x_strides, y, y_strides, outer, dim, inner, dtype, options, &st, &noop);
+  return st != SOFTLIGHT_SUCCESS || noop ? st : axis_gpu(call, stream);
 }
 
 extern "C" softlight_status softlight_log_softmax_backward_3d(
@@ -229,8 +244,10 @@ extern "C" softlight_status softlight_log_softmax_backward_3d(
     void* stream) {
   using namespace softlight;
   softlight_status st;
-  const AxisCall call = backward_axis_call(dy, dy_strides, y, y_strides, dx, dx_strides, outer, dim, inner, dtype, &st);
-  return st != SOFTLIGHT_SUCCESS ? st : axis_gpu(call, stream);
+  bool noop;
+  const AxisCall call = backward_axis_call(dy, dy_strides, y, y_strides, dx, dx_strides, outer, dim, inner, dtype,
+                                           &st, &noop);
+  return st != SOFTLIGHT_SUCCESS || noop ? st : axis_gpu(call, stream);
 }
 
 extern "C" softlight_status softlight_log_softmax_backward(

@@ -9,17 +9,31 @@ namespace softlight {
 
 namespace {
 
-// Byte extent of a strided matrix, or -1 if it does not fit in int64.
-int64_t extent_bytes(int64_t rows, int64_t cols, int64_t stride, int elem) {
-  const int64_t limit = std::numeric_limits<int64_t>::max() / elem;
-  if (rows > 1 && stride > (limit - cols) / (rows - 1)) return -1;
-  return ((rows - 1) * stride + cols) * elem;
+// Bytes from the first element of a strided 3-d array to one past its last (strides
+// non-negative), or -1 if that does not fit in int64.
+int64_t span_bytes(const int64_t n[3], const int64_t s[3], int elem) {
+  const int64_t limit = std::numeric_limits<int64_t>::max() / elem;  // elements that fit
+  int64_t last = 0;  // offset of the last element, in elements
+  for (int a = 0; a < 3; ++a) {
+    if (n[a] > 1 && s[a] > (limit - 1 - last) / (n[a] - 1)) return -1;
+    last += (n[a] - 1) * s[a];
+  }
+  return (last + 1) * elem;
 }
 
-}  // namespace
+bool ranges_overlap(uintptr_t a, int64_t a_bytes, uintptr_t b, int64_t b_bytes) {
+  return a < b + static_cast<uintptr_t>(b_bytes) && b < a + static_cast<uintptr_t>(a_bytes);
+}
 
-namespace {
-template <class Call> softlight_status apply(const softlight_forward_options* o, Call* c) {
+// The log-sum-exp output (`count` values of the accumulation type) overlaps an array's span.
+bool lse_clashes(const void* lse, int64_t count, int elem, uintptr_t x0, int64_t xb, uintptr_t y0, int64_t yb) {
+  if (lse == nullptr) return false;
+  const auto l0 = reinterpret_cast<uintptr_t>(lse);
+  const int64_t lb = count * (elem == 8 ? 8 : 4);
+  return ranges_overlap(l0, lb, x0, xb) || ranges_overlap(l0, lb, y0, yb);
+}
+
+template <class Call> softlight_status apply_options(const softlight_forward_options* o, Call* c) {
   if (o == nullptr) return SOFTLIGHT_SUCCESS;
   const double t = o->temperature == 0.0 ? 1.0 : o->temperature;
   if (!(t > 0.0) || !std::isfinite(t)) return SOFTLIGHT_ERROR_INVALID_ARGUMENT;
@@ -27,15 +41,7 @@ template <class Call> softlight_status apply(const softlight_forward_options* o,
   c->lse = o->lse;
   return SOFTLIGHT_SUCCESS;
 }
-}  // namespace
 
-softlight_status apply_options(const softlight_forward_options* o, RowsCall* c) { return apply(o, c); }
-softlight_status apply_options(const softlight_forward_options* o, AxisCall* c) { return apply(o, c); }
-
-namespace {
-bool ranges_overlap(uintptr_t a, int64_t a_bytes, uintptr_t b, int64_t b_bytes) {
-  return a < b + static_cast<uintptr_t>(b_bytes) && b < a + static_cast<uintptr_t>(a_bytes);
-}
 }  // namespace
 
 softlight_status validate_rows_call(const RowsCall& c, bool* noop) {
@@ -52,8 +58,8 @@ softlight_status validate_rows_call(const RowsCall& c, bool* noop) {
   const int64_t xs = c.rows > 1 ? c.x_stride : c.cols;
   const int64_t ys = c.rows > 1 ? c.y_stride : c.cols;
   if (xs < c.cols || ys < c.cols) return SOFTLIGHT_ERROR_INVALID_STRIDE;
-  const int64_t xb = extent_bytes(c.rows, c.cols, xs, elem);
-  const int64_t yb = extent_bytes(c.rows, c.cols, ys, elem);
+  const int64_t n[3] = {c.rows, c.cols, 1}, x_s[3] = {xs, 1, 0}, y_s[3] = {ys, 1, 0};
+  const int64_t xb = span_bytes(n, x_s, elem), yb = span_bytes(n, y_s, elem);
   if (xb < 0 || yb < 0) return SOFTLIGHT_ERROR_INVALID_SIZE;
   const auto x0 = reinterpret_cast<uintptr_t>(c.x), y0 = reinterpret_cast<uintptr_t>(c.y);
   if (x0 == y0) {
@@ -61,27 +67,17 @@ softlight_status validate_rows_call(const RowsCall& c, bool* noop) {
   } else if (ranges_overlap(x0, xb, y0, yb)) {
     return SOFTLIGHT_ERROR_OVERLAP;
   }
-  if (c.lse != nullptr) {
-    const auto l0 = reinterpret_cast<uintptr_t>(c.lse);
-    const int64_t lb = c.rows * (elem == 8 ? 8 : 4);
-    if (ranges_overlap(l0, lb, x0, xb) || ranges_overlap(l0, lb, y0, yb)) return SOFTLIGHT_ERROR_OVERLAP;
-  }
+  if (lse_clashes(c.lse, c.rows, elem, x0, xb, y0, yb)) return SOFTLIGHT_ERROR_OVERLAP;
   return SOFTLIGHT_SUCCESS;
 }
 
-namespace {
-
-// Lowest and one-past-highest byte of a strided 3-d array (strides non-negative), or -1 if the
-// highest does not fit in int64.
-int64_t span_bytes(const int64_t n[3], const int64_t s[3], int elem) {
-  const int64_t limit = std::numeric_limits<int64_t>::max() / elem;
-  int64_t last = 0;  // offset of the last element, in elements
-  for (int a = 0; a < 3; ++a) {
-    if (n[a] > 1 && s[a] > (limit - last) / (n[a] - 1)) return -1;
-    last += (n[a] - 1) * s[a];
-  }
-  return (last + 1) * elem;
+softlight_status prepare_rows_call(const softlight_forward_options* o, RowsCall* c, bool* noop) {
+  *noop = false;
+  const softlight_status st = apply_options(o, c);
+  return st != SOFTLIGHT_SUCCESS ? st : validate_rows_call(*c, noop);
 }
+
+namespace {
 
 // No two positions of the array share an element: with the axes ordered by stride, each stride
 // steps past everything the smaller ones reach.
@@ -101,56 +97,13 @@ bool same_layout(const int64_t a[3], const int64_t b[3]) {
   return a[0] == b[0] && a[1] == b[1] && a[2] == b[2];
 }
 
-}  // namespace
-
-softlight_status prepare_rows_call(const softlight_forward_options* o, RowsCall* c, bool* noop) {
-  *noop = false;
-  const softlight_status st = apply_options(o, c);
-  return st != SOFTLIGHT_SUCCESS ? st : validate_rows_call(*c, noop);
+// Strides from the caller's array (none: NULL_POINTER), those of extent-1 axes set to 0.
+softlight_status take_strides(int64_t (&dst)[3], const int64_t* src, const int64_t n[3]) {
+  for (int a = 0; a < 3; ++a) dst[a] = src == nullptr || n[a] == 1 ? 0 : src[a];
+  return src == nullptr ? SOFTLIGHT_ERROR_NULL_POINTER : SOFTLIGHT_SUCCESS;
 }
 
-namespace {
-void copy3(int64_t (&dst)[3], const int64_t* src) {
-  for (int a = 0; a < 3; ++a) dst[a] = src ? src[a] : 0;
-}
-}  // namespace
-
-AxisCall forward_axis_call(const void* x, const int64_t* xs, void* y, const int64_t* ys, int64_t outer,
-                           int64_t dim, int64_t inner, softlight_dtype dtype, softlight_status* st) {
-  AxisCall c{{outer, dim, inner}, dtype, x, {}, nullptr, {}, y, {}};
-  copy3(c.in0_s, xs);
-  copy3(c.out_s, ys);
-  *st = xs && ys ? SOFTLIGHT_SUCCESS : SOFTLIGHT_ERROR_NULL_POINTER;
-  return c;
-}
-
-AxisCall backward_axis_call(const void* dy, const int64_t* dys, const void* y, const int64_t* ys, void* dx,
-                            const int64_t* dxs, int64_t outer, int64_t dim, int64_t inner,
-                            softlight_dtype dtype, softlight_status* st) {
-  AxisCall c{{outer, dim, inner}, dtype, dy, {}, y, {}, dx, {}};
-  copy3(c.in0_s, dys);
-  copy3(c.in1_s, ys);
-  copy3(c.out_s, dxs);
-  c.backward = true;
-  *st = dys && ys && dxs ? SOFTLIGHT_SUCCESS : SOFTLIGHT_ERROR_NULL_POINTER;
-  return c;
-}
-
-void normalize_strides(AxisCall* c) {
-  for (int a = 0; a < 3; ++a) {
-    if (c->n[a] == 1) c->in0_s[a] = c->in1_s[a] = c->out_s[a] = 0;
-  }
-}
-
-bool axis_call_is_rows(const AxisCall& c) {
-  return c.n[2] == 1 && (c.n[1] == 1 || (c.in0_s[1] == 1 && c.out_s[1] == 1 && (!c.backward || c.in1_s[1] == 1)));
-}
-
-softlight_status validate_axis_call(const AxisCall& call, bool* noop) {
-  *noop = false;
-  AxisCall c = call;
-  if (!c.backward) c.in1 = nullptr;
-  normalize_strides(&c);
+softlight_status validate_axis_call(const AxisCall& c, bool* noop) {
   const int elem = softlight_dtype_size(c.dtype);
   if (elem == 0) return SOFTLIGHT_ERROR_UNSUPPORTED_DTYPE;
   if (c.n[0] < 0 || c.n[1] < 0 || c.n[2] < 0) return SOFTLIGHT_ERROR_INVALID_SIZE;
@@ -175,13 +128,40 @@ softlight_status validate_axis_call(const AxisCall& call, bool* noop) {
     return ranges_overlap(i0, bytes, o0, ob);
   };
   if (clash(c.in0, c.in0_s, ib0) || (c.backward && clash(c.in1, c.in1_s, ib1))) return SOFTLIGHT_ERROR_OVERLAP;
-  if (c.lse != nullptr) {
-    const auto l0 = reinterpret_cast<uintptr_t>(c.lse);
-    const int64_t lb = c.n[0] * c.n[2] * (elem == 8 ? 8 : 4);
-    if (ranges_overlap(l0, lb, reinterpret_cast<uintptr_t>(c.in0), ib0) || ranges_overlap(l0, lb, o0, ob))
-      return SOFTLIGHT_ERROR_OVERLAP;
-  }
+  if (lse_clashes(c.lse, c.n[0] * c.n[2], elem, reinterpret_cast<uintptr_t>(c.in0), ib0, o0, ob))
+    return SOFTLIGHT_ERROR_OVERLAP;
   return SOFTLIGHT_SUCCESS;
+}
+
+}  // namespace
+
+AxisCall forward_axis_call(const void* x, const int64_t* xs, void* y, const int64_t* ys, int64_t outer,
+                           int64_t dim, int64_t inner, softlight_dtype dtype,
+                           const softlight_forward_options* options, softlight_status* st, bool* noop) {
+  AxisCall c{{outer, dim, inner}, dtype, x, {}, nullptr, {}, y, {}};
+  *noop = false;
+  *st = take_strides(c.in0_s, xs, c.n);
+  if (const softlight_status s = take_strides(c.out_s, ys, c.n); *st == SOFTLIGHT_SUCCESS) *st = s;
+  if (*st == SOFTLIGHT_SUCCESS) *st = apply_options(options, &c);
+  if (*st == SOFTLIGHT_SUCCESS) *st = validate_axis_call(c, noop);
+  return c;
+}
+
+AxisCall backward_axis_call(const void* dy, const int64_t* dys, const void* y, const int64_t* ys, void* dx,
+                            const int64_t* dxs, int64_t outer, int64_t dim, int64_t inner,
+                            softlight_dtype dtype, softlight_status* st, bool* noop) {
+  AxisCall c{{outer, dim, inner}, dtype, dy, {}, y, {}, dx, {}};
+  c.backward = true;
+  *noop = false;
+  *st = take_strides(c.in0_s, dys, c.n);
+  if (const softlight_status s = take_strides(c.in1_s, ys, c.n); *st == SOFTLIGHT_SUCCESS) *st = s;
+  if (const softlight_status s = take_strides(c.out_s, dxs, c.n); *st == SOFTLIGHT_SUCCESS) *st = s;
+  if (*st == SOFTLIGHT_SUCCESS) *st = validate_axis_call(c, noop);
+  return c;
+}
+
+bool axis_call_is_rows(const AxisCall& c) {
+  return c.n[2] == 1 && (c.n[1] == 1 || (c.in0_s[1] == 1 && c.out_s[1] == 1 && (!c.backward || c.in1_s[1] == 1)));
 }
 
 }  // namespace softlight

@@ -19,13 +19,13 @@ struct RowsCall {
   void* lse = nullptr;   // optional per-row log-sum-exp (accumulation type)
 };
 
-// Fills in scale and lse from the options (NULL: defaults); INVALID_ARGUMENT for a temperature
-// that is not finite and positive.
-softlight_status apply_options(const softlight_forward_options* o, RowsCall* c);
-
 // SOFTLIGHT_SUCCESS with *noop set when there is nothing to do; otherwise the first problem found,
 // checked in the order: dtype, sizes, pointers, strides, overlap.
 softlight_status validate_rows_call(const RowsCall& c, bool* noop);
+
+// Fills in scale and lse from the options (NULL: defaults), then validate_rows_call; a temperature
+// that is not finite and positive is INVALID_ARGUMENT.
+softlight_status prepare_rows_call(const softlight_forward_options* o, RowsCall* c, bool* noop);
 
 // A call along any axis: extents {outer, dim, inner}; strides {outer, dim, inner} in elements per
 // array. Forward: in0 = x, out = y. Backward: in0 = dy, in1 = y, out = dx.
@@ -43,25 +43,17 @@ struct AxisCall {
   void* lse = nullptr;  // forward: optional log-sum-exp per (outer, inner) position
 };
 
-softlight_status apply_options(const softlight_forward_options* o, AxisCall* c);
-
-// As validate_rows_call, for the 3-d forms: strides must be non-negative (those of extent-1 axes
-// are ignored), the output must not alias itself, and an output may share an input's memory only
-// as the very same array.
-softlight_status validate_axis_call(const AxisCall& c, bool* noop);
-
-// apply_options then validate_rows_call: what both forward entries of the rows form do first.
-softlight_status prepare_rows_call(const softlight_forward_options* o, RowsCall* c, bool* noop);
-
-// The AxisCall of a 3-d forward or backward entry (NULL stride arrays: NULL_POINTER in *st).
+// The checked AxisCall of a 3-d forward or backward entry, its strides of extent-1 axes set to 0.
+// *st is the first problem found — NULL stride arrays, then the options, then as
+// validate_rows_call: strides must be non-negative, the output must not alias itself (its axes,
+// ordered by stride, each step past all the smaller ones reach), and an output may share an
+// input's memory only as the very same array — and *noop says there is nothing to do.
 AxisCall forward_axis_call(const void* x, const int64_t* xs, void* y, const int64_t* ys, int64_t outer,
-                           int64_t dim, int64_t inner, softlight_dtype dtype, softlight_status* st);
+                           int64_t dim, int64_t inner, softlight_dtype dtype,
+                           const softlight_forward_options* options, softlight_status* st, bool* noop);
 AxisCall backward_axis_call(const void* dy, const int64_t* dys, const void* y, const int64_t* ys, void* dx,
                             const int64_t* dxs, int64_t outer, int64_t dim, int64_t inner,
-                            softlight_dtype dtype, softlight_status* st);
-
-// The strides of an axis call with those of extent-1 axes set to 0.
-void normalize_strides(AxisCall* c);
+                            softlight_dtype dtype, softlight_status* st, bool* noop);
 
 // The rows view of an axis call when it is one (inner == 1, every dim stride 1): rows = outer,
 // row strides the outer strides.

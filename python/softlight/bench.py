@@ -17,9 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
+from . import _C
 from . import _dtypes
 from ._api import log_softmax_raw
 from ._device import Gpu
+from ._errors import check
 
 FOUNDING = (4096, 393216)
 ATOL_RTOL = {"float32": (1e-5, 1e-5), "float16": (1e-4, 1e-3), "bfloat16": (1e-3, 4e-3), "float64": (1e-12, 1e-12)}
@@ -187,7 +189,6 @@ def providers(args, gpu, data, torch, op):
     """name -> (kind, make(case) -> callable enqueuing one run on our stream). kind: how the output
     is checked (None: not checked, the floor). For the forward the floor is a device copy of x; for
     the backward, reading two tensors and writing one (torch.add(dy, y, out=dx))."""
-    from . import _C
     p = {}
     if op == "forward":
         p["copy"] = (None, lambda c: lambda: gpu.copy(data.ptr(c.out), data.ptr(c.inp), c.nbytes))
@@ -251,11 +252,6 @@ def providers(args, gpu, data, torch, op):
 
 def _skip(why):
     raise NotImplementedError(f"this anchor takes {why} only")
-
-
-def check(status):
-    from ._errors import check as check_status
-    check_status(status)
 
 
 class Case:
