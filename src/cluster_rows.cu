@@ -13,6 +13,10 @@
 // behind the writing of the row before it. Resident: the slice fits the ring and is read once
 // (the planner prefers clusters wide enough for two slices). Streamed: the slice outgrows the
 // ring and the producer sends each chunk twice, once to each group.
+//
+// Backward (dx = dy - exp(y) * sum(dy)): the ring holds dy, whose sum the statistics warps take;
+// y, needed by the writers only, arrives through a second, short ring (`aux`) that a second
+// producer thread keeps full. So dy and y are each read from DRAM once and dx written once.
 #include <cstdio>
 #include <cstdlib>
 
@@ -32,6 +36,7 @@ struct ClusterShape {
   double scale;  // x is multiplied by this on load (1 / temperature)
   void* lse;     // optional per-row log-sum-exp (accumulation type)
   int hints;     // bit 0: loads evict-first in L2; bit 1: stores streaming (tuning, see plan.hpp)
+  int aux_slots; // backward: chunks of the y ring
 };
 
 // The kernel body exists in the sm_90 device pass only (SOFTLIGHT_HOPPER, hopper.cuh); other
@@ -118,7 +123,7 @@ struct RingPos {
 // One CTA's share of the work. Warps [0, G) fold statistics, warps [G, 2G) write, warp 2G
 // produces. Both consumer groups walk the ring's sequence of chunks; in streaming mode each row
 // is sent twice, the first pass for the statistics warps and the second for the writers.
-template <class T, int U> struct ClusterCta {  // U: 16-byte vectors per thread and step
+template <class T, int U, bool Backward> struct ClusterCta {  // U: 16-byte vectors per thread and step
   using A = acc_t<T>;
   static constexpr int V = 16 / sizeof(T);
 
@@ -126,6 +131,9 @@ template <class T, int U> struct ClusterCta {  // U: 16-byte vectors per thread 
   unsigned char* ring;
   uint64_t* full;
   uint64_t* empty;
+  unsigned char* aux;  // backward: the y ring, with its own barriers
+  uint64_t* aux_full;
+  uint64_t* aux_empty;
   uint64_t* stats_bar;          // [kStatsBuffers]
   MaxSum<A>* partials;          // [kStatsBuffers][kMaxCluster]
   A* scratch;                   // [32]
@@ -148,6 +156,10 @@ template <class T, int U> struct ClusterCta {  // U: 16-byte vectors per thread 
     __syncwarp();
     if (lane == 0) mbar_arrive(smem_addr(empty + slot));
   }
+  __device__ __forceinline__ void release_aux(uint32_t slot) const {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(smem_addr(aux_empty + slot));
+  }
 
   // Statistics warps: fold the slice of row `iter` into a running (max, sum) as its chunks land,
   // reduce over the group, send the result to every CTA of the cluster.
@@ -161,11 +173,30 @@ template <class T, int U> struct ClusterCta {  // U: 16-byte vectors per thread 
     } else {
       while (*rows_done < iter) __nanosleep(64);
     }
-    MaxSum<A> part{neg_inf<A>(), A(0)};
+    // Backward: the max stays 0, so the (max, sum) algebra below reduces to plain sums of dy.
+    MaxSum<A> part{Backward ? A(0) : neg_inf<A>(), A(0)};
     for (int64_t k = 0; k < my_chunks; ++k) {
       mbar_wait(smem_addr(full + pos.slot), pos.phase);
       const T* c = slot_data(pos.slot);
       const int vectors = static_cast<int>(bytes_of(k) / 16);
+      if constexpr (Backward) {
+        A s = 0;
+        for (int base = gtid; base < vectors; base += U * group) {
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+            A v[V];
+            if (base + u * group < vectors) {
+              load_pack<T, V>(c + (base + u * group) * V, v);
+#pragma unroll
+              for (int j = 0; j < V; ++j) s += v[j];
+            }
+          }
+        }
+        part.s += s;
+        if (!sh.resident) release(pos.slot);
+        pos.advance(sh.ring_slots);
+        continue;
+      }
       // Each chunk is summed on its own and merged into the row's running partial: a short
       // chain of additions per sum keeps very long rows accurate.
       MaxSum<A> cp{neg_inf<A>(), A(0)};
@@ -210,7 +241,8 @@ template <class T, int U> struct ClusterCta {  // U: 16-byte vectors per thread 
 
   // Writer warps: wait for the cluster's partials of row `iter`, merge them, write the slice out
   // from shared memory and hand each slot back as soon as it is read.
-  __device__ __forceinline__ void write(RingPos& pos, int64_t iter, int64_t row_index, T* dst) const {
+  __device__ __forceinline__ void write(RingPos& pos, RingPos& apos, int64_t iter, int64_t row_index,
+                                        T* dst) const {
     if (!sh.resident) pos.advance(sh.ring_slots, my_chunks);  // the statistics pass of this row
     const int buf = static_cast<int>(iter % kStatsBuffers);
     const uint32_t bar = smem_addr(stats_bar + buf);
@@ -235,6 +267,33 @@ template <class T, int U> struct ClusterCta {  // U: 16-byte vectors per thread 
       const T* c = slot_data(pos.slot);
       T* out = dst + k * (sh.chunk_bytes / int64_t{sizeof(T)});
       const int vectors = static_cast<int>(bytes_of(k) / 16);
+      if constexpr (Backward) {
+        mbar_wait(smem_addr(aux_full + apos.slot), apos.phase);
+        const T* yc = reinterpret_cast<const T*>(aux + size_t(apos.slot) * sh.chunk_bytes);
+        for (int base = gtid; base < vectors; base += U * group) {
+          A g[U][V], v[U][V];
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+            if (base + u * group < vectors) {
+              load_pack<T, V>(c + (base + u * group) * V, g[u]);
+              load_pack<T, V>(yc + (base + u * group) * V, v[u]);
+            }
+          }
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+            if (base + u * group < vectors) {
+#pragma unroll
+              for (int j = 0; j < V; ++j) v[u][j] = log_softmax_grad(g[u][j], v[u][j], row.s);
+              store_pack<T, V>(out + (base + u * group) * V, v[u], (sh.hints & 2) != 0);
+            }
+          }
+        }
+        release(pos.slot);
+        pos.advance(sh.ring_slots);
+        release_aux(apos.slot);
+        apos.advance(sh.aux_slots);
+        continue;
+      }
       for (int base = gtid; base < vectors; base += U * group) {
         A v[U][V];
 #pragma unroll
@@ -257,19 +316,23 @@ template <class T, int U> struct ClusterCta {  // U: 16-byte vectors per thread 
 };
 #endif  // SOFTLIGHT_HOPPER
 
-template <class T, int U>
+// Forward: x in, y out (aux unused). Backward: x is dy, aux is y, y is dx.
+template <class T, int U, bool Backward>
 __global__ void __launch_bounds__(kClusterMaxThreads, 1)
-cluster_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t ys,
-                    int64_t rows, int64_t cols, ClusterShape sh) {
+cluster_rows_kernel(const T* __restrict__ x, int64_t xs, const T* __restrict__ aux, int64_t as,
+                    T* __restrict__ y, int64_t ys, int64_t rows, int64_t cols, ClusterShape sh) {
 #ifdef SOFTLIGHT_HOPPER
   extern __shared__ __align__(128) unsigned char smem[];
-  ClusterCta<T, U> cta;
+  ClusterCta<T, U, Backward> cta;
   cta.sh = sh;
   cta.scale = static_cast<acc_t<T>>(sh.scale);
   cta.ring = smem;
-  cta.full = reinterpret_cast<uint64_t*>(smem + size_t(sh.ring_slots) * sh.chunk_bytes);
+  cta.aux = smem + size_t(sh.ring_slots) * sh.chunk_bytes;
+  cta.full = reinterpret_cast<uint64_t*>(cta.aux + size_t(sh.aux_slots) * sh.chunk_bytes);
   cta.empty = cta.full + sh.ring_slots;
-  cta.stats_bar = cta.empty + sh.ring_slots;
+  cta.aux_full = cta.empty + sh.ring_slots;
+  cta.aux_empty = cta.aux_full + sh.aux_slots;
+  cta.stats_bar = cta.aux_empty + sh.aux_slots;  // an even count of barriers before: 16-aligned below
   cta.partials = reinterpret_cast<MaxSum<acc_t<T>>*>(cta.stats_bar + kStatsBuffers);  // 16-aligned
   cta.scratch = reinterpret_cast<acc_t<T>*>(cta.partials + kStatsBuffers * kMaxCluster);
   cta.rows_started = reinterpret_cast<volatile int*>(cta.scratch + 32);
@@ -291,6 +354,10 @@ cluster_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int6
       mbar_init(smem_addr(cta.full + i), 1);
       mbar_init(smem_addr(cta.empty + i), group_warps);
     }
+    for (int i = 0; i < sh.aux_slots; ++i) {
+      mbar_init(smem_addr(cta.aux_full + i), 1);
+      mbar_init(smem_addr(cta.aux_empty + i), group_warps);
+    }
     for (int b = 0; b < kStatsBuffers; ++b) {
       mbar_init(smem_addr(cta.stats_bar + b), 1);
       mbar_arrive_expect_tx(smem_addr(cta.stats_bar + b), 2 * sizeof(acc_t<T>) * cta.csize);
@@ -306,12 +373,27 @@ cluster_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int6
     int64_t iter = 0;
     for (int64_t row = cluster_id; row < rows; row += clusters, ++iter) cta.stats(pos, iter);
   } else if (warp < 2 * group_warps) {
-    RingPos pos;
+    RingPos pos, apos;
     int64_t iter = 0;
     for (int64_t row = cluster_id; row < rows; row += clusters, ++iter) {
       T* dst = reinterpret_cast<T*>(reinterpret_cast<unsigned char*>(y + row * ys) +
                                     cta.first_chunk * sh.chunk_bytes);
-      cta.write(pos, iter, row, dst);
+      cta.write(pos, apos, iter, row, dst);
+    }
+  } else if (Backward && threadIdx.x == 2 * cta.group + 1) {
+    // Backward: a second producer thread keeps the y ring full, in the writers' order.
+    RingPos pos;
+    for (int64_t row = cluster_id; row < rows; row += clusters) {
+      const unsigned char* src =
+          reinterpret_cast<const unsigned char*>(aux + row * as) + cta.first_chunk * sh.chunk_bytes;
+      for (int64_t k = 0; k < cta.my_chunks; ++k) {
+        mbar_wait(smem_addr(cta.aux_empty + pos.slot), pos.phase ^ 1);
+        const uint32_t bytes = cta.bytes_of(k);
+        mbar_arrive_expect_tx(smem_addr(cta.aux_full + pos.slot), bytes);
+        bulk_load(smem_addr(cta.aux + size_t(pos.slot) * sh.chunk_bytes), src + k * sh.chunk_bytes, bytes,
+                  smem_addr(cta.aux_full + pos.slot));
+        pos.advance(sh.aux_slots);
+      }
     }
   } else if (threadIdx.x == 2 * cta.group) {
     // Producer: one thread walks the same rows and keeps the ring full.
@@ -341,12 +423,28 @@ cluster_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int6
 #endif
 }
 
-template <class T>
-cudaError_t launch(const Plan& p, const RowsArgs& a, cudaStream_t stream) {
+// The operands of one launch: x (dy), aux (y, backward only), y (dx), with their row strides.
+struct Operands {
+  const void* x;
+  int64_t xs;
+  const void* aux;
+  int64_t as;
+  void* y;
+  int64_t ys;
+  int64_t rows, cols;
+  double scale;
+  void* lse;
+};
+
+template <class T, bool Backward>
+cudaError_t launch(const Plan& p, const Operands& a, cudaStream_t stream) {
   // A step of a consumer group covers group * U vectors: U = 4 when a chunk holds that many,
-  // else 2, so that small chunks do not leave lanes idle.
+  // else 2, so that small chunks do not leave lanes idle. The backward's writers hold two packs
+  // per vector and keep U = 2 within the register budget.
   const int group = (p.threads - 32) / 2;
-  auto kernel = p.chunk_bytes / 16 >= 4 * group ? cluster_rows_kernel<T, 4> : cluster_rows_kernel<T, 2>;
+  auto kernel = cluster_rows_kernel<T, 2, Backward>;
+  if constexpr (!Backward)
+    if (p.chunk_bytes / 16 >= 4 * group) kernel = cluster_rows_kernel<T, 4, false>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(p.smem_bytes));
   if (e == cudaSuccess && p.cluster > 8)
@@ -368,15 +466,16 @@ cudaError_t launch(const Plan& p, const RowsArgs& a, cudaStream_t stream) {
   cfg.gridDim = dim3(static_cast<unsigned>(clusters * p.cluster));
 
   const ClusterShape sh{p.chunk_bytes, p.ring_slots, p.chunks_per_row, p.chunks_per_cta,
-                        p.resident ? 1 : 0, a.scale, a.lse, p.hints};
+                        p.resident ? 1 : 0, a.scale, a.lse, p.hints, Backward ? p.aux_slots : 0};
   if (std::getenv("SOFTLIGHT_VERBOSE"))
     std::fprintf(stderr,
-                 "softlight: cluster_rows cluster=%d clusters=%lld (active max %d) threads=%d chunk=%d "
-                 "slots=%d chunks/cta=%lld resident=%d hints=%d\n",
-                 p.cluster, static_cast<long long>(clusters), active, p.threads, p.chunk_bytes,
-                 p.ring_slots, static_cast<long long>(p.chunks_per_cta), p.resident ? 1 : 0, p.hints);
-  e = cudaLaunchKernelEx(&cfg, kernel, static_cast<const T*>(a.x), a.x_stride,
-                         static_cast<T*>(a.y), a.y_stride, a.rows, a.cols, sh);
+                 "softlight: cluster_rows%s cluster=%d clusters=%lld (active max %d) threads=%d chunk=%d "
+                 "slots=%d aux=%d chunks/cta=%lld resident=%d hints=%d\n",
+                 Backward ? " backward" : "", p.cluster, static_cast<long long>(clusters), active, p.threads,
+                 p.chunk_bytes, p.ring_slots, sh.aux_slots, static_cast<long long>(p.chunks_per_cta),
+                 p.resident ? 1 : 0, p.hints);
+  e = cudaLaunchKernelEx(&cfg, kernel, static_cast<const T*>(a.x), a.xs, static_cast<const T*>(a.aux), a.as,
+                         static_cast<T*>(a.y), a.ys, a.rows, a.cols, sh);
   if (e != cudaSuccess) return e;
   return cudaGetLastError();
 }
@@ -384,7 +483,13 @@ cudaError_t launch(const Plan& p, const RowsArgs& a, cudaStream_t stream) {
 }  // namespace
 
 cudaError_t launch_cluster_rows(const Plan& p, const RowsArgs& a, cudaStream_t stream) {
-  return with_element_type(a.dtype, [&](auto tag) { return launch<decltype(tag)>(p, a, stream); });
+  const Operands o{a.x, a.x_stride, nullptr, 0, a.y, a.y_stride, a.rows, a.cols, a.scale, a.lse};
+  return with_element_type(a.dtype, [&](auto tag) { return launch<decltype(tag), false>(p, o, stream); });
+}
+
+cudaError_t launch_cluster_rows_backward(const Plan& p, const AxisCall& a, cudaStream_t stream) {
+  const Operands o{a.in0, a.in0_s[0], a.in1, a.in1_s[0], a.out, a.out_s[0], a.n[0], a.n[1], 1.0, nullptr};
+  return with_element_type(a.dtype, [&](auto tag) { return launch<decltype(tag), true>(p, o, stream); });
 }
 
 }  // namespace softlight

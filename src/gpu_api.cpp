@@ -84,15 +84,18 @@ bool vectorizable(std::initializer_list<std::pair<const void*, int64_t>> arrays,
 }
 
 // Plans, launches, and where a cluster cannot be placed (a partitioned or busy GPU) halves the
-// largest cluster allowed and plans again, down to none. Nothing has been queued when that error
-// comes back. plan(dev) -> Plan, launch(plan) -> cudaError_t.
+// largest cluster allowed and plans again, down to none; the planner then chooses the cluster
+// itself (an override may be what failed). Nothing has been queued when that error comes back.
+// plan(dev, overrides) -> Plan, launch(plan) -> cudaError_t.
 template <class PlanFn, class LaunchFn>
-softlight_status launch_with_cluster_fallback(DeviceInfo dev, PlanFn plan_for, LaunchFn launch) {
-  Plan plan = plan_for(dev);
+softlight_status launch_with_cluster_fallback(DeviceInfo dev, const Overrides& over, PlanFn plan_for,
+                                              LaunchFn launch) {
+  Plan plan = plan_for(dev, over);
   cudaError_t e = launch(plan);
+  const Overrides again{0, over.chunk_bytes, over.threads, over.hints};
   while (e == cudaErrorInvalidClusterSize && dev.max_cluster > 0) {
     dev.max_cluster = plan.cluster > 1 ? plan.cluster / 2 : 0;
-    plan = plan_for(dev);
+    plan = plan_for(dev, again);
     e = launch(plan);
   }
   return e == cudaSuccess ? SOFTLIGHT_SUCCESS : cuda_status(e);
@@ -161,17 +164,12 @@ softlight_status run_rows(const RowsArgs& args, const DeviceInfo& dev, cudaStrea
   const bool one = args.rows == 1;
   prob.aligned16 = vectorizable({{args.x, one ? 0 : args.x_stride}, {args.y, one ? 0 : args.y_stride}}, args.cols,
                                 prob.elem_bytes);
-  const Overrides over = overrides_from_env();
-  // After a fallback, the planner chooses the cluster again (the override may be what failed).
-  const Overrides again{0, over.chunk_bytes, over.threads, over.hints};
-  bool first = true;
+  // Peeling needs element-aligned pointers (as any access does) that agree modulo 16 bytes.
+  prob.peelable = reinterpret_cast<uintptr_t>(args.x) % prob.elem_bytes == 0 &&
+                  (reinterpret_cast<uintptr_t>(args.x) - reinterpret_cast<uintptr_t>(args.y)) % 16 == 0 &&
+                  (one || ((args.x_stride - args.y_stride) * prob.elem_bytes) % 16 == 0);
   return launch_with_cluster_fallback(
-      dev,
-      [&](const DeviceInfo& d) {
-        const Plan p = plan_rows(prob, d, first ? over : again);
-        first = false;
-        return p;
-      },
+      dev, overrides_from_env(), [&](const DeviceInfo& d, const Overrides& o) { return plan_rows(prob, d, o); },
       [&](const Plan& p) { return run_plan(p, args, s); });
 }
 
@@ -195,11 +193,16 @@ softlight_status run_axis(const AxisCall& c, const DeviceInfo& dev, cudaStream_t
   const int64_t in1_stride = c.backward ? c.in1_s[0] : c.in0_s[0];
   prob.aligned16 = rows && vectorizable({{c.in0, c.in0_s[0]}, {in1, in1_stride}, {c.out, c.out_s[0]}}, c.n[1],
                                         prob.elem_bytes);
-  const SplitOverrides over = split_overrides_from_env();
+  const SplitOverrides split = split_overrides_from_env();
   return launch_with_cluster_fallback(
-      dev, [&](const DeviceInfo& d) { return plan_axis(prob, d, over); },
+      dev, overrides_from_env(),
+      [&](const DeviceInfo& d, const Overrides& o) { return plan_axis(prob, d, split, o); },
       [&](const Plan& p) {
-        return p.family == Family::warp_rows ? launch_warp_rows_backward(p, c, s) : launch_split_rows(p, c, s);
+        switch (p.family) {
+          case Family::warp_rows: return launch_warp_rows_backward(p, c, s);
+          case Family::cluster_rows: return launch_cluster_rows_backward(p, c, s);
+          default: return launch_split_rows(p, c, s);
+        }
       });
 }
 

@@ -40,6 +40,9 @@ cudaError_t launch_cluster_rows(const Plan& plan, const RowsArgs& a, cudaStream_
 
 // Backward of rows of up to 256 vectors (a rows AxisCall: inner 1, axis strides 1).
 cudaError_t launch_warp_rows_backward(const Plan& plan, const AxisCall& a, cudaStream_t stream);
+// Backward of aligned rows (a rows AxisCall) through cluster_rows' rings; errors as
+// launch_cluster_rows.
+cudaError_t launch_cluster_rows_backward(const Plan& plan, const AxisCall& a, cudaStream_t stream);
 // Any AxisCall, forward or backward (strides normalized). cudaErrorInvalidClusterSize when no
 // cluster of plan.cluster CTAs can be scheduled.
 cudaError_t launch_split_rows(const Plan& plan, const AxisCall& a, cudaStream_t stream);

@@ -36,6 +36,8 @@ Plan plan_warp_rows(const Problem& p, int vec) {
 Plan plan_block_rows(const Problem& p, const DeviceInfo& d, int vec) {
   Plan plan;
   plan.family = Family::block_rows;
+  plan.peel = vec == 1 && p.peelable && p.elem_bytes < 16;
+  if (plan.peel) vec = 16 / p.elem_bytes;
   plan.vec = vec;
   const int64_t row_bytes = p.cols * p.elem_bytes;
   const int64_t vectors = ceil_div(p.cols, vec);
@@ -47,7 +49,8 @@ Plan plan_block_rows(const Problem& p, const DeviceInfo& d, int vec) {
   return plan;
 }
 
-Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
+// backward: a second ring of kClusterAuxSlots chunks carries y, and the first holds dy.
+Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o, bool backward = false) {
   Plan plan;
   plan.family = Family::cluster_rows;
   plan.vec = 16 / p.elem_bytes;
@@ -56,8 +59,9 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
   plan.chunk_bytes = o.chunk_bytes > 0 ? o.chunk_bytes : p.elem_bytes == 2 ? kClusterChunk16 : kClusterChunk32;
   // Each slot costs its chunk and two mbarriers; a fixed area holds the rest.
   const int slot_bytes = plan.chunk_bytes + 16;
-  plan.ring_slots = static_cast<int>((d.smem_per_block_optin - kClusterReserveBytes) / slot_bytes);
-  plan.smem_bytes = int64_t{plan.ring_slots} * slot_bytes + kClusterReserveBytes;
+  plan.aux_slots = backward ? kClusterAuxSlots : 0;
+  plan.ring_slots = static_cast<int>((d.smem_per_block_optin - kClusterReserveBytes) / slot_bytes) - plan.aux_slots;
+  plan.smem_bytes = int64_t{plan.ring_slots + plan.aux_slots} * slot_bytes + kClusterReserveBytes;
   plan.chunks_per_row = ceil_div(p.cols * p.elem_bytes, plan.chunk_bytes);
   plan.hints = o.hints >= 0 ? o.hints & 3 : kClusterDefaultHints;
   const int max_cluster = std::min(d.max_cluster, kMaxCluster);
@@ -111,16 +115,19 @@ Plan plan_split_rows(const AxisProblem& p, const DeviceInfo& d, const SplitOverr
 
 }  // namespace
 
-Plan plan_axis(const AxisProblem& p, const DeviceInfo& d, const SplitOverrides& o) {
+Plan plan_axis(const AxisProblem& p, const DeviceInfo& d, const SplitOverrides& o, const Overrides& co) {
   if (p.outer <= 0 || p.dim <= 0 || p.inner <= 0) return Plan{};
   const int vec = p.aligned16 ? 16 / p.elem_bytes : 1;
-  if (p.backward && p.rows && ceil_div(p.dim, vec) <= int64_t{32} * kWarpRowsMaxIters) {
+  if (p.backward && p.rows) {
     Problem rows;
     rows.rows = p.outer;
     rows.cols = p.dim;
     rows.elem_bytes = p.elem_bytes;
     rows.aligned16 = p.aligned16;
-    return plan_warp_rows(rows, vec);
+    if (ceil_div(p.dim, vec) <= int64_t{32} * kWarpRowsMaxIters) return plan_warp_rows(rows, vec);
+    const bool hopper = d.cc_major >= 9 && d.max_cluster >= 1;
+    if (hopper && p.aligned16 && (p.dim * p.elem_bytes >= kClusterMinRowBytes || co.cluster > 0))
+      return plan_cluster_rows(rows, d, co, true);
   }
   return plan_split_rows(p, d, o);
 }

@@ -34,6 +34,9 @@ struct Problem {
   // 16-byte vector access is valid for x and y: both base pointers and both row strides (in
   // bytes) are multiples of 16, and so is cols * elem_bytes.
   bool aligned16 = false;
+  // x and y rows are misaligned alike (bases and row strides agree modulo 16 bytes), so a row
+  // can be peeled to 16-byte vectors (block_rows).
+  bool peelable = false;
 };
 
 // A problem along any axis (docs: softlight_log_softmax_forward_3d), for the backward and for
@@ -64,12 +67,14 @@ struct Plan {
   int iters = 0;           // vectors per lane per row (1, 2, 4 or 8)
   // block_rows and cluster_rows
   bool resident = false;   // the row (or slice) stays in shared memory: one DRAM read
+  bool peel = false;       // block_rows: vectors between a scalar head and tail
   bool double_buffered = false;  // cluster_rows: two slices fit, the next row loads meanwhile
   int64_t smem_bytes = 0;  // dynamic shared memory per CTA
   // cluster_rows
   int cluster = 0;         // CTAs per row
   int chunk_bytes = 0;     // bytes per bulk copy / ring slot
   int ring_slots = 0;      // chunks the ring holds
+  int aux_slots = 0;       // backward: chunks of the second ring, which streams y to the writers
   int64_t chunks_per_row = 0;
   int64_t chunks_per_cta = 0;
   int hints = 0;           // cache hints (see Overrides)
@@ -91,6 +96,8 @@ constexpr int kClusterChunk32 = 8 * 1024;
 constexpr int kClusterChunk16 = 16 * 1024;
 constexpr int kClusterDefaultHints = 0;
 constexpr int kClusterReserveBytes = 2048;  // stats barriers, cluster partials, scratch
+// Backward: chunks in flight of y, which only the writers read (32 KB of fp32 per CTA).
+constexpr int kClusterAuxSlots = 4;
 constexpr int kBlockRowsReserveBytes = 1024;
 constexpr int kMaxCluster = 16;
 
@@ -110,8 +117,10 @@ struct SplitOverrides {
   int64_t segment_bytes = 0;
 };
 
-// The plan for an axis problem: the backward of short rows goes to warp_rows, everything else to
-// split_rows (the forward of rows takes plan_rows).
-Plan plan_axis(const AxisProblem& p, const DeviceInfo& d, const SplitOverrides& o = SplitOverrides{});
+// The plan for an axis problem: the backward of short rows goes to warp_rows, that of aligned rows
+// of 32 KB and more on Hopper to cluster_rows, everything else to split_rows (the forward of rows
+// takes plan_rows).
+Plan plan_axis(const AxisProblem& p, const DeviceInfo& d, const SplitOverrides& o = SplitOverrides{},
+               const Overrides& cluster_overrides = Overrides{});
 
 }  // namespace softlight

@@ -4,7 +4,8 @@ values included. Skipped without a GPU."""
 import pytest
 
 import softlight
-from gpu_util import DTYPES, needs_gpu, tdtype, torch
+from softlight import _C
+from gpu_util import DTYPES, device_plan_args, needs_gpu, tdtype, torch
 from reference import POISON, TOL
 
 pytestmark = needs_gpu
@@ -168,14 +169,66 @@ def test_backward_in_place_and_special_values():
     assert torch.equal(torch.isnan(yy), torch.isnan(ref))
 
 
-# --- rows of odd length: every row but the first misaligned (block_rows, element by element) -----------
+def backward_plan(rows, cols, dtype):
+    """The plan the library makes for the backward of aligned rows on this GPU (no overrides)."""
+    d = {k: v for k, v in device_plan_args().items() if k != "cc_minor"}
+    e = torch.tensor([], dtype=tdtype(dtype)).element_size()
+    return _C.plan_axis(rows, cols, 1, e, True, cols * e % 16 == 0, True, **d)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("cluster", [1, 2, 4, 8, 16])
+@pytest.mark.parametrize("chunk,threads,hints", [(4096, 288, 0), (16384, 544, 3), (32768, 160, 1)])
+def test_backward_cluster_shapes_forced(monkeypatch, cluster, chunk, threads, hints, dtype):
+    """The backward through cluster_rows' two rings, with every cluster size and chunk size the
+    tuning knobs can pick: rows that leave CTAs without a chunk, rows that stream dy through the
+    ring twice, and more rows than clusters so that each cluster goes round several times."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("clusters need sm_90")
+    for k, v in (("CLUSTER", cluster), ("CHUNK_BYTES", chunk), ("THREADS", threads), ("HINTS", hints)):
+        monkeypatch.setenv(f"SOFTLIGHT_{k}", str(v))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    e = torch.tensor([], dtype=tdtype(dtype)).element_size()
+    for cols in (8192, 69632, 393216, 2_000_000):
+        rows = min(3 * sms // cluster + 5, max(1, (1 << 25) // (cols * e)))
+        y = torch.log_softmax(rand((rows, cols), "float32"), -1).to(tdtype(dtype))
+        dy = rand((rows, cols), dtype, 1.0)
+        dx = torch.full_like(dy, POISON)
+        softlight.log_softmax_backward(dy, y, grad_in=dx)
+        torch.cuda.synchronize()
+        assert_grad_close(dx, dy, y, -1, dtype, f"cluster={cluster} chunk={chunk} threads={threads} {rows}x{cols}")
+
+
+@pytest.mark.parametrize("cols", [393216, 1048576])
+def test_backward_cluster_rows_in_place_and_special_values(cols):
+    assert backward_plan(8, cols, "float32")["family"] == "cluster_rows"
+    y = torch.log_softmax(rand((8, cols), "float32"), -1)
+    y[0, 7] = float("-inf")
+    y[1, cols - 3] = float("nan")
+    dy = rand((8, cols), "float32", 1.0)
+    dy[2, cols // 2] = float("inf")
+    ref = dy.double() - torch.exp(y.double()) * dy.double().sum(-1, keepdim=True)
+    for target in ("dy", "y"):
+        g, yy = dy.clone(), y.clone()
+        out = g if target == "dy" else yy
+        softlight.log_softmax_backward(g, yy, grad_in=out)
+        torch.cuda.synchronize()
+        assert torch.equal(torch.isnan(out), torch.isnan(ref)), target
+        inf = torch.isinf(ref)  # row 2: inf in dy makes the sum inf
+        assert bool(inf[2].any()) and torch.equal(out.double()[inf], ref[inf]), target
+        fin = torch.isfinite(ref)
+        scale = (1 + dy.double().abs().sum(-1, keepdim=True)).expand_as(ref)
+        assert float(((out.double() - ref).abs() / scale)[fin].max()) <= GRAD_TOL["float32"], target
+
+
+# --- rows misaligned alike in x and y: peeled to vectors (block_rows) ---------------------------------
 
 @pytest.mark.parametrize("cols", [50257, 4099, 70001])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_odd_rows_with_special_values_at_their_ends(cols, dtype):
+def test_peeled_rows(cols, dtype):
     rows = 37
     x = rand((rows, cols), dtype)
-    # Special values at the first and last elements of some rows.
+    # Special values on the peeled edges: the first and last elements of some rows.
     x[0, 0] = float("nan")
     x[1, -1] = float("inf")
     x[2, :3] = float("-inf")

@@ -33,6 +33,15 @@ def test_short_rows_go_to_warps(cols, group, iters, vec):
     assert p["iters"] >= min(4, math.ceil(cols / p["vec"]))  # and each lane has loads in flight
 
 
+@pytest.mark.parametrize("cols,dtype,vec", [(50257, "bfloat16", 8), (50257, "float32", 4), (4099, "float16", 8)])
+def test_equally_misaligned_rows_are_peeled_to_vectors(cols, dtype, vec):
+    p = _C.plan(100, cols, ELEM[dtype], False, **H200, peelable=True)
+    assert (p["family"], p["peel"], p["vec"]) == ("block_rows", True, vec)
+    q = _C.plan(100, cols, ELEM[dtype], False, **H200)  # x and y misaligned differently
+    assert (q["family"], q["peel"], q["vec"]) == ("block_rows", False, 1)
+    assert _C.plan(100, cols, 8, False, **H200, peelable=True)["vec"] == 2  # float64 as well
+
+
 def test_warp_rows_limits_by_dtype():
     assert plan(10, 2048, "bfloat16")["family"] == "warp_rows"    # 256 vectors of 8
     assert plan(10, 2056, "bfloat16")["family"] == "block_rows"
@@ -141,13 +150,35 @@ def test_backward_of_short_rows_stays_in_registers():
     assert plan_axis(1000, 1025, backward=True)["family"] == "split_rows"
 
 
+@pytest.mark.parametrize("dim,dtype,cluster,aux_bytes", [
+    (393216, "float32", 16, 4 * 8192), (393216, "bfloat16", 16, 4 * 16384), (8192, "float32", 1, 4 * 8192)])
+def test_backward_of_long_aligned_rows_keeps_dy_in_a_cluster_ring(dim, dtype, cluster, aux_bytes):
+    p = plan_axis(4096, dim, dtype=dtype, backward=True)
+    assert (p["family"], p["cluster"], p["aux_slots"]) == ("cluster_rows", cluster, 4)
+    assert p["resident"] and p["double_buffered"]  # dy read once, the next row's loading meanwhile
+    assert p["chunks_per_cta"] * p["chunk_bytes"] * cluster >= dim * ELEM[dtype]
+    # Both rings and their barriers fit the CTA's shared memory.
+    assert (p["ring_slots"] + p["aux_slots"]) * (p["chunk_bytes"] + 16) + 2048 == p["smem_bytes"] <= 232448
+    assert p["aux_slots"] * p["chunk_bytes"] == aux_bytes
+    forward = plan(4096, dim, dtype)
+    assert forward["aux_slots"] == 0 and forward["ring_slots"] == p["ring_slots"] + p["aux_slots"]
+
+
+def test_backward_cluster_ring_limits():
+    assert plan_axis(64, 4 << 20, backward=True)["resident"] is False  # 16 MB rows stream dy twice
+    assert plan_axis(64, 8191, backward=True, aligned=False)["family"] == "split_rows"
+    assert plan_axis(64, 8188, backward=True)["family"] == "split_rows"  # under 32 KB
+    assert plan_axis(64, 393216, backward=True, dev=A100)["family"] == "split_rows"
+
+
 @pytest.mark.parametrize("dim,dtype,cluster", [
     (393216, "float32", 16), (32768, "float32", 2), (16384, "float32", 1), (4194304, "float32", 16),
     (393216, "bfloat16", 8), (131072, "bfloat16", 4)])
 def test_long_rows_split_over_clusters_into_l2_sized_segments(dim, dtype, cluster):
-    p = plan_axis(64, dim, dtype=dtype, backward=True)
-    assert (p["family"], p["cluster"], p["lanes"], p["vec"]) == ("split_rows", cluster, 1, 16 // ELEM[dtype])
-    seg_bytes = p["segment"] * 16
+    # Rows whose arrays are not 16-byte aligned alike: the backward reads them element by element.
+    p = plan_axis(64, dim, dtype=dtype, backward=True, aligned=False)
+    assert (p["family"], p["cluster"], p["lanes"], p["vec"]) == ("split_rows", cluster, 1, 1)
+    seg_bytes = p["segment"] * ELEM[dtype]
     assert seg_bytes * cluster >= dim * ELEM[dtype]  # the segments cover the row
     if cluster < 16:
         assert seg_bytes <= 96 * 1024
