@@ -128,7 +128,8 @@ py::dict plan(int64_t rows, int64_t cols, int elem_bytes, bool aligned16, int cc
 }
 
 py::dict plan_axis(int64_t outer, int64_t dim, int64_t inner, int elem_bytes, bool rows, bool aligned16,
-                   bool backward, int cc_major, int sm_count, int64_t smem_optin, int max_cluster) {
+                   bool backward, int cc_major, int sm_count, int64_t smem_optin, int max_cluster,
+                   bool tiles_aligned, int cluster) {
   softlight::AxisProblem p;
   p.outer = outer;
   p.dim = dim;
@@ -137,7 +138,11 @@ py::dict plan_axis(int64_t outer, int64_t dim, int64_t inner, int elem_bytes, bo
   p.rows = rows;
   p.aligned16 = aligned16;
   p.backward = backward;
-  return plan_dict(softlight::plan_axis(p, device(cc_major, 0, sm_count, smem_optin, max_cluster)));
+  p.tiles_aligned = tiles_aligned;
+  softlight::Overrides over;
+  over.cluster = cluster;
+  return plan_dict(softlight::plan_axis(p, device(cc_major, 0, sm_count, smem_optin, max_cluster),
+                                        softlight::SplitOverrides{}, over));
 }
 
 softlight_dtype as_dtype(int code) { return static_cast<softlight_dtype>(code); }
@@ -251,7 +256,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("dlpack_view", &dlpack_view, py::arg("capsule"));
   m.def("plan_axis", &plan_axis, py::arg("outer"), py::arg("dim"), py::arg("inner"), py::arg("elem_bytes"),
         py::arg("rows"), py::arg("aligned16"), py::arg("backward"), py::arg("cc_major"), py::arg("sm_count"),
-        py::arg("smem_optin"), py::arg("max_cluster"));
+        py::arg("smem_optin"), py::arg("max_cluster"), py::arg("tiles_aligned") = false, py::arg("cluster") = 0);
   m.def("plan", &plan, py::arg("rows"), py::arg("cols"), py::arg("elem_bytes"), py::arg("aligned16"),
         py::arg("cc_major"), py::arg("cc_minor"), py::arg("sm_count"), py::arg("smem_optin"),
         py::arg("max_cluster"), py::arg("cluster") = 0, py::arg("chunk_bytes") = 0,

@@ -92,7 +92,8 @@ softlight_status launch_with_cluster_fallback(DeviceInfo dev, const Overrides& o
                                               LaunchFn launch) {
   Plan plan = plan_for(dev, over);
   cudaError_t e = launch(plan);
-  const Overrides again{0, over.chunk_bytes, over.threads, over.hints};
+  Overrides again = over;
+  again.cluster = 0;
   while (e == cudaErrorInvalidClusterSize && dev.max_cluster > 0) {
     dev.max_cluster = plan.cluster > 1 ? plan.cluster / 2 : 0;
     plan = plan_for(dev, again);
@@ -102,7 +103,7 @@ softlight_status launch_with_cluster_fallback(DeviceInfo dev, const Overrides& o
 }
 
 // Tuning knobs for experiments: SOFTLIGHT_CLUSTER, SOFTLIGHT_CHUNK_BYTES, SOFTLIGHT_THREADS,
-// SOFTLIGHT_HINTS, SOFTLIGHT_SPLIT_LANES, SOFTLIGHT_SPLIT_SEGMENT_BYTES (unset: the planner's
+// SOFTLIGHT_HINTS, SOFTLIGHT_TILE_BYTES, SOFTLIGHT_SPLIT_LANES, SOFTLIGHT_SPLIT_SEGMENT_BYTES (unset: the planner's
 // choice); SOFTLIGHT_VERBOSE prints cluster launches.
 Overrides overrides_from_env() {
   Overrides o;
@@ -110,6 +111,7 @@ Overrides overrides_from_env() {
   if (const char* s = std::getenv("SOFTLIGHT_CHUNK_BYTES")) o.chunk_bytes = std::atoi(s);
   if (const char* s = std::getenv("SOFTLIGHT_THREADS")) o.threads = std::atoi(s);
   if (const char* s = std::getenv("SOFTLIGHT_HINTS")) o.hints = std::atoi(s);
+  if (const char* s = std::getenv("SOFTLIGHT_TILE_BYTES")) o.tile_bytes = std::atoi(s);
   if (o.chunk_bytes % 16 != 0 || o.chunk_bytes < 0) o.chunk_bytes = 0;
   return o;
 }
@@ -193,6 +195,13 @@ softlight_status run_axis(const AxisCall& c, const DeviceInfo& dev, cudaStream_t
   const int64_t in1_stride = c.backward ? c.in1_s[0] : c.in0_s[0];
   prob.aligned16 = rows && vectorizable({{c.in0, c.in0_s[0]}, {in1, in1_stride}, {c.out, c.out_s[0]}}, c.n[1],
                                         prob.elem_bytes);
+  // cluster_tiles reads x through a tensor map: axes nested in order (each stride spans the
+  // axes inside it) and extents that fit its 32-bit coordinates.
+  const bool nested = (c.n[1] == 1 || c.in0_s[1] >= c.n[2]) && (c.n[0] == 1 || c.in0_s[0] >= c.n[1] * c.in0_s[1]);
+  const bool small = c.n[0] < (int64_t{1} << 31) && c.n[1] < (int64_t{1} << 31) && c.n[2] < (int64_t{1} << 31);
+  prob.tiles_aligned = !rows && !c.backward && c.in0_s[2] == 1 && c.out_s[2] == 1 && nested && small &&
+                       vectorizable({{c.in0, c.in0_s[0]}, {c.in0, c.in0_s[1]}, {c.out, c.out_s[0]}, {c.out, c.out_s[1]}},
+                                    c.n[2], prob.elem_bytes);
   const SplitOverrides split = split_overrides_from_env();
   return launch_with_cluster_fallback(
       dev, overrides_from_env(),
@@ -201,6 +210,13 @@ softlight_status run_axis(const AxisCall& c, const DeviceInfo& dev, cudaStream_t
         switch (p.family) {
           case Family::warp_rows: return launch_warp_rows_backward(p, c, s);
           case Family::cluster_rows: return launch_cluster_rows_backward(p, c, s);
+          case Family::cluster_tiles: {
+            const cudaError_t e = launch_cluster_tiles(p, c, s);
+            if (e != cudaErrorNotSupported) return e;
+            AxisProblem q = prob;  // no tensor map: split_rows
+            q.tiles_aligned = false;
+            return launch_split_rows(plan_axis(q, dev, split), c, s);
+          }
           default: return launch_split_rows(p, c, s);
         }
       });

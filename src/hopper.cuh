@@ -1,5 +1,6 @@
 // Hopper (sm_90) helpers shared by the cluster kernels: shared-memory addresses, the cluster's
-// ranks and barriers, and reads of another CTA's shared memory. Device code of the sm_90 pass only.
+// ranks and barriers, reads of another CTA's shared memory, mbarriers, bulk copies into shared
+// memory and stores into another CTA's. Device code of the sm_90 pass only.
 #pragma once
 
 #include <cstdint>
@@ -48,6 +49,78 @@ __device__ __forceinline__ double ld_cluster(uint32_t addr, double) {
   asm volatile("ld.shared::cluster.f64 %0, [%1];" : "=d"(v) : "r"(addr) : "memory");
   return v;
 }
+
+// --- mbarriers, bulk copies and remote stores (the rings of the cluster families) ---------------
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+// Acquires at cluster scope: a barrier may complete on writes from other CTAs (st.async).
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2; "
+        "selp.u32 %0, 1, 0, p; }"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes,
+                                          uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+          "r"(dst), "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+}
+// The same with an L2 eviction policy: evict-first, since every input byte is read exactly once.
+__device__ __forceinline__ void bulk_load_evict_first(uint32_t dst, const void* src, uint32_t bytes,
+                                                      uint32_t bar) {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], "
+      "%2, [%3], %4;" ::"r"(dst),
+      "l"(src), "r"(bytes), "r"(bar), "l"(policy)
+      : "memory");
+}
+// Store a (max, sum) pair into another CTA's shared memory, completing on its barrier.
+__device__ __forceinline__ void send_pair(uint32_t raddr, float m, float s, uint32_t rbar) {
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];" ::"r"(
+          raddr),
+      "f"(m), "f"(s), "r"(rbar)
+      : "memory");
+}
+__device__ __forceinline__ void send_pair(uint32_t raddr, double m, double s, uint32_t rbar) {
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f64 [%0], {%1, %2}, [%3];" ::"r"(
+          raddr),
+      "d"(m), "d"(s), "r"(rbar)
+      : "memory");
+}
+
+// A position in the ring: slot index and the parity of the slot's current use.
+struct RingPos {
+  uint32_t slot = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void advance(uint32_t slots) {
+    if (++slot == slots) {
+      slot = 0;
+      phase ^= 1;
+    }
+  }
+  __device__ __forceinline__ void advance(uint32_t slots, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) advance(slots);
+  }
+};
 #endif
 
 }  // namespace softlight

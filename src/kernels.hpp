@@ -43,6 +43,10 @@ cudaError_t launch_warp_rows_backward(const Plan& plan, const AxisCall& a, cudaS
 // Backward of aligned rows (a rows AxisCall) through cluster_rows' rings; errors as
 // launch_cluster_rows.
 cudaError_t launch_cluster_rows_backward(const Plan& plan, const AxisCall& a, cudaStream_t stream);
+// Forward along a non-last axis, inner contiguous and 16-byte aligned (AxisProblem::tiles_aligned);
+// errors as launch_cluster_rows, and cudaErrorNotSupported (nothing queued) where the driver
+// cannot describe x as a tensor map.
+cudaError_t launch_cluster_tiles(const Plan& plan, const AxisCall& a, cudaStream_t stream);
 // Any AxisCall, forward or backward (strides normalized). cudaErrorInvalidClusterSize when no
 // cluster of plan.cluster CTAs can be scheduled.
 cudaError_t launch_split_rows(const Plan& plan, const AxisCall& a, cudaStream_t stream);

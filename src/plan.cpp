@@ -90,6 +90,67 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
   return plan;
 }
 
+// Shared memory of cluster_tiles besides the ring's chunks and barriers (cluster_tiles.cu):
+// stats barriers, partials from every CTA, the statistics warps' per-column partials, the
+// writers' per-column results, a counter.
+int64_t tile_reserve_bytes(int cluster, int w, int elem_bytes, int threads) {
+  const int64_t pair = elem_bytes == 8 ? 16 : 8;
+  const int64_t group_warps = (threads - 32) / 64;
+  return 8 * kTileStatsBuffers + (kTileStatsBuffers * (cluster + 1) + group_warps) * w * pair + 16;
+}
+
+// The cluster_tiles plan, or none where a tile's slice of the axis cannot stay in a CTA's ring.
+Plan plan_cluster_tiles(const AxisProblem& p, const DeviceInfo& d, const Overrides& o) {
+  Plan plan;
+  const bool tile_ok = o.tile_bytes >= 64 && o.tile_bytes <= 512 && (o.tile_bytes & (o.tile_bytes - 1)) == 0;
+  const int tile_bytes = tile_ok ? o.tile_bytes : kTileBytes;
+  const int w = static_cast<int>(std::min<int64_t>(std::max(1, tile_bytes / p.elem_bytes), pow2_ceil(p.inner)));
+  const int row_bytes = w * p.elem_bytes;
+  plan.threads = o.threads >= 96 && o.threads <= kClusterMaxThreads && (o.threads - 32) % 64 == 0 ? o.threads
+                                                                                                   : kClusterDefaultThreads;
+  const int chunk = p.elem_bytes == 2 ? kTileChunk16 : kTileChunk32;
+  plan.chunk_bytes = o.chunk_bytes > 0 && o.chunk_bytes % row_bytes == 0 ? o.chunk_bytes : chunk;
+  plan.chunk_bytes = std::min(plan.chunk_bytes, kTileMaxBoxRows * row_bytes);  // a tensor-map box
+  const int64_t chunks_per_tile = ceil_div(p.dim, plan.chunk_bytes / row_bytes);
+  const int64_t slot_bytes = plan.chunk_bytes + 16;
+  auto slots = [&](int c) {
+    return static_cast<int>((d.smem_per_block_optin - tile_reserve_bytes(c, w, p.elem_bytes, plan.threads)) / slot_bytes);
+  };
+  const int max_cluster = std::min(d.max_cluster, kMaxCluster);
+  // Portable clusters (up to 8 CTAs) first: on an H200 only 7 clusters of 16 fit at once, which
+  // leaves 20 SMs idle, and a slice that fits once on 128 SMs measured faster than one that fits
+  // twice on 112 (docs/design.md). Within that, clusters whose slice fits the ring twice (the next
+  // tile loads while this one is written), else once; of those, the smallest that still gives
+  // every SM a CTA, else the largest.
+  const int64_t tiles = p.outer * ceil_div(p.inner, w);
+  int chosen = 0;
+  for (int limit : {std::min(8, max_cluster), max_cluster}) {
+    for (int times = 2; times >= 1 && !chosen; --times) {
+      for (int c = 1; c <= limit; c *= 2) {
+        if ((o.cluster > 0 && c != o.cluster) || times * ceil_div(chunks_per_tile, c) > slots(c)) continue;
+        chosen = c;
+        if (tiles * c >= d.sm_count) break;
+      }
+    }
+    if (chosen) break;
+  }
+  if (!chosen) return Plan{};
+  plan.family = Family::cluster_tiles;
+  plan.hints = o.hints >= 0 ? o.hints & 3 : 0;
+  plan.vec = 16 / p.elem_bytes;
+  plan.lanes = w;
+  plan.tiles = ceil_div(p.inner, w);
+  plan.grid = std::min<int64_t>(p.outer * plan.tiles, int64_t{1} << 24);  // tiles' clusters; occupancy caps it
+  plan.cluster = chosen;
+  plan.ring_slots = slots(chosen);
+  plan.chunks_per_row = chunks_per_tile;
+  plan.chunks_per_cta = ceil_div(chunks_per_tile, chosen);
+  plan.resident = true;
+  plan.double_buffered = 2 * plan.chunks_per_cta <= plan.ring_slots;
+  plan.smem_bytes = plan.ring_slots * slot_bytes + tile_reserve_bytes(chosen, w, p.elem_bytes, plan.threads);
+  return plan;
+}
+
 Plan plan_split_rows(const AxisProblem& p, const DeviceInfo& d, const SplitOverrides& o) {
   Plan plan;
   plan.family = Family::split_rows;
@@ -129,6 +190,11 @@ Plan plan_axis(const AxisProblem& p, const DeviceInfo& d, const SplitOverrides& 
     if (hopper && p.aligned16 && (p.dim * p.elem_bytes >= kClusterMinRowBytes || co.cluster > 0))
       return plan_cluster_rows(rows, d, co, true);
   }
+  const bool hopper = d.cc_major >= 9 && d.max_cluster >= 1;
+  if (!p.backward && !p.rows && p.tiles_aligned && hopper && p.inner * p.elem_bytes >= kTileMinInnerBytes) {
+    const Plan tiles = plan_cluster_tiles(p, d, co);
+    if (tiles.family != Family::none) return tiles;
+  }
   return plan_split_rows(p, d, o);
 }
 
@@ -139,6 +205,7 @@ const char* family_name(Family f) {
     case Family::block_rows: return "block_rows";
     case Family::cluster_rows: return "cluster_rows";
     case Family::split_rows: return "split_rows";
+    case Family::cluster_tiles: return "cluster_tiles";
   }
   return "unknown";
 }

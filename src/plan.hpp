@@ -13,6 +13,8 @@ enum class Family : int {
   cluster_rows = 3,  // Hopper: a cluster of CTAs per row, bulk copies into a ring of chunks
   split_rows = 4,    // any axis, forward or backward: the axis split over a cluster of CTAs (one
                      // CTA off Hopper), two passes, the second re-reading from the L2 cache
+  cluster_tiles = 5, // Hopper, forward along a non-last axis: a cluster per tile of 256 bytes of
+                     // inner positions over the whole axis, held in a ring of chunks (one read)
 };
 
 const char* family_name(Family f);
@@ -47,6 +49,9 @@ struct AxisProblem {
   bool rows = false;       // inner == 1 and the axis is contiguous in every array
   bool aligned16 = false;  // rows, and 16-byte vector access is valid for every array
   bool backward = false;
+  // Not rows: x and y have inner stride 1, and their bases, outer and axis strides, and the inner
+  // extent are multiples of 16 bytes (cluster_tiles' bulk copies).
+  bool tiles_aligned = false;
 };
 
 // Tuning overrides for experiments (0 = planner's choice).
@@ -55,6 +60,7 @@ struct Overrides {
   int chunk_bytes = 0;
   int threads = 0;  // cluster_rows: threads per CTA (consumer warps plus the producer warp)
   int hints = -1;   // cluster_rows: cache hints, bit 0 loads evict-first, bit 1 streaming stores
+  int tile_bytes = 0;  // cluster_tiles: tile width in bytes (a power of two, 64 to 512)
 };
 
 struct Plan {
@@ -78,8 +84,9 @@ struct Plan {
   int64_t chunks_per_row = 0;
   int64_t chunks_per_cta = 0;
   int hints = 0;           // cache hints (see Overrides)
-  // split_rows (cluster above: CTAs per position, splitting the axis)
-  int lanes = 0;           // positions along inner per CTA (1 for rows)
+  // split_rows (cluster above: CTAs per position, splitting the axis) and cluster_tiles (cluster,
+  // chunks and ring above)
+  int lanes = 0;           // positions along inner per CTA (1 for rows); cluster_tiles: tile width
   int64_t tiles = 0;       // ceil(inner / lanes)
   int64_t segment = 0;     // units (vectors, or elements) of the axis per CTA
 };
@@ -111,6 +118,16 @@ constexpr int64_t kSplitSegmentBytes = 96 * 1024;
 constexpr int kSplitLanes = 128;
 constexpr int kSplitThreads = 1024;
 
+// cluster_tiles: the tile width (bytes of inner positions; each position of the axis is one bulk
+// copy of this size), the least inner extent worth a tile, and the buffers of cluster partials.
+constexpr int kTileBytes = 256;
+constexpr int kTileMinInnerBytes = 128;
+constexpr int kTileStatsBuffers = 2;
+// Chunk sizes measured best at (64, 4096, 4096) along dim 1 on an H200 (docs/design.md).
+constexpr int kTileChunk32 = 16 * 1024;
+constexpr int kTileChunk16 = 32 * 1024;
+constexpr int kTileMaxBoxRows = 256;  // positions of the axis per chunk, at most
+
 // Tuning overrides of split_rows (0 = the planner's choice).
 struct SplitOverrides {
   int lanes = 0;
@@ -118,8 +135,10 @@ struct SplitOverrides {
 };
 
 // The plan for an axis problem: the backward of short rows goes to warp_rows, that of aligned rows
-// of 32 KB and more on Hopper to cluster_rows, everything else to split_rows (the forward of rows
-// takes plan_rows).
+// of 32 KB and more on Hopper to cluster_rows; the forward along a non-last axis to cluster_tiles
+// on Hopper where the layout is aligned and a tile's slice fits a CTA's ring; everything else to
+// split_rows (the forward of rows takes plan_rows). cluster_overrides: cluster, chunk and threads
+// of the cluster families.
 Plan plan_axis(const AxisProblem& p, const DeviceInfo& d, const SplitOverrides& o = SplitOverrides{},
                const Overrides& cluster_overrides = Overrides{});
 

@@ -130,12 +130,12 @@ def test_every_plan_covers_its_row(dtype):
 
 # --- any axis, and the backward ------------------------------------------------------------------
 
-def plan_axis(outer, dim, inner=1, dtype="float32", backward=False, rows=None, aligned=None, dev=H200):
+def plan_axis(outer, dim, inner=1, dtype="float32", backward=False, rows=None, aligned=None, dev=H200, **kw):
     e = ELEM[dtype]
     rows = inner == 1 if rows is None else rows
     aligned = rows and dim * e % 16 == 0 if aligned is None else aligned
     d = {k: dev[k] for k in ("cc_major", "sm_count", "smem_optin", "max_cluster")}
-    return _C.plan_axis(outer, dim, inner, e, rows, aligned, backward, **d)
+    return _C.plan_axis(outer, dim, inner, e, rows, aligned, backward, **d, **kw)
 
 
 def test_axis_nothing_to_do():
@@ -202,3 +202,35 @@ def test_non_last_axis_covers_inner_in_coalesced_tiles(inner, lanes):
 def test_a_cluster_never_has_idle_ctas():
     p = plan_axis(10, 3, 5000)  # 3 elements along the axis: at most 2 CTAs can share them
     assert p["cluster"] <= 2 and p["segment"] >= 1
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16", "float64"])
+def test_non_last_axis_on_hopper_goes_to_cluster_tiles(dtype):
+    e = ELEM[dtype]
+    p = plan_axis(64, 4096, 4096, dtype, tiles_aligned=True)
+    assert (p["family"], p["cluster"], p["vec"]) == ("cluster_tiles", 8, 16 // e)
+    assert p["lanes"] * e == 256 and p["tiles"] == 4096 // p["lanes"] and p["grid"] == 64 * p["tiles"]
+    assert p["chunk_bytes"] == (32768 if e == 2 else 16384)
+    # The slice of the axis (128 KB) stays in the ring, read once; it fits once, and the ring's
+    # other slots load the next tile.
+    rows_per_chunk = p["chunk_bytes"] // 256
+    assert p["chunks_per_cta"] * 8 * rows_per_chunk >= 4096 and p["resident"]
+    assert p["chunks_per_cta"] < p["ring_slots"] < 2 * p["chunks_per_cta"] and not p["double_buffered"]
+    assert p["ring_slots"] * (p["chunk_bytes"] + 16) < p["smem_bytes"] <= 232448
+    # Clusters of 16 only where 8 cannot hold the slice.
+    assert plan_axis(64, 8192, 4096, dtype, tiles_aligned=True)["cluster"] == 16
+
+
+def test_cluster_tiles_limits():
+    assert plan_axis(64, 4096, 4096)["family"] == "split_rows"  # not aligned for bulk copies
+    assert plan_axis(64, 4096, 16, tiles_aligned=True)["family"] == "split_rows"  # 64-byte tiles
+    assert plan_axis(64, 4096, 4096, backward=True, tiles_aligned=True)["family"] == "split_rows"
+    assert plan_axis(64, 4096, 4096, tiles_aligned=True, dev=A100)["family"] == "split_rows"
+    assert plan_axis(8, 100000, 64, tiles_aligned=True)["family"] == "split_rows"  # 1.6 MB slices at 16
+    once = plan_axis(4, 10000, 64, tiles_aligned=True)  # 160 KB slices: fit once
+    assert (once["family"], once["cluster"], once["double_buffered"]) == ("cluster_tiles", 16, False)
+    assert plan_axis(1000, 64, 256, tiles_aligned=True)["cluster"] == 1  # 4000 tiles fill the GPU
+    narrow = plan_axis(16, 3000, 40, tiles_aligned=True)  # 160-byte rows in 256-byte tiles
+    assert (narrow["family"], narrow["lanes"], narrow["tiles"]) == ("cluster_tiles", 64, 1)
+    forced = plan_axis(64, 4096, 4096, tiles_aligned=True, cluster=16)
+    assert (forced["cluster"], forced["double_buffered"]) == (16, True)
