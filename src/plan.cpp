@@ -56,7 +56,8 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
   plan.vec = 16 / p.elem_bytes;
   plan.threads = o.threads >= 96 && o.threads <= kClusterMaxThreads && (o.threads - 32) % 64 == 0 ? o.threads
                                                                             : kClusterDefaultThreads;
-  plan.chunk_bytes = o.chunk_bytes > 0 ? o.chunk_bytes : p.elem_bytes == 2 ? kClusterChunk16 : kClusterChunk32;
+  const int chunk16 = backward ? kClusterBackwardChunk16 : kClusterChunk16;
+  plan.chunk_bytes = o.chunk_bytes > 0 ? o.chunk_bytes : p.elem_bytes == 2 ? chunk16 : kClusterChunk32;
   // Each slot costs its chunk and two mbarriers; a fixed area holds the rest.
   const int slot_bytes = plan.chunk_bytes + 16;
   plan.aux_slots = backward ? kClusterAuxSlots : 0;

@@ -98,9 +98,11 @@ constexpr int kWarpRowsMinIters = 4;
 constexpr int kClusterDefaultThreads = 2 * 256 + 32;  // two consumer groups, a producer warp
 constexpr int kClusterMaxThreads = 800;           // keeps 80 registers per thread
 // Chunk sizes measured best on an H200 at the founding shape (docs/design.md): 8 KB for 4- and
-// 8-byte types, 16 KB for 2-byte types.
+// 8-byte types, 32 KB for 2-byte types.
 constexpr int kClusterChunk32 = 8 * 1024;
-constexpr int kClusterChunk16 = 16 * 1024;
+constexpr int kClusterChunk16 = 32 * 1024;
+// The backward's second ring holds kClusterAuxSlots chunks: 16 KB keeps room for dy's ring.
+constexpr int kClusterBackwardChunk16 = 16 * 1024;
 constexpr int kClusterDefaultHints = 0;
 constexpr int kClusterReserveBytes = 2048;  // stats barriers, cluster partials, scratch
 // Backward: chunks in flight of y, which only the writers read (32 KB of fp32 per CTA).
