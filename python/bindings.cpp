@@ -116,13 +116,14 @@ py::dict plan_dict(const softlight::Plan& r) {
 
 py::dict plan(int64_t rows, int64_t cols, int elem_bytes, bool aligned16, int cc_major,
               int cc_minor, int sm_count, int64_t smem_optin, int max_cluster, int cluster,
-              int chunk_bytes, int threads, int hints, bool peelable) {
+              int chunk_bytes, int threads, int hints, bool peelable, bool aligned8) {
   softlight::Problem p;
   p.rows = rows;
   p.cols = cols;
   p.elem_bytes = elem_bytes;
   p.aligned16 = aligned16;
   p.peelable = peelable;
+  p.aligned8 = aligned8 || aligned16;
   const auto d = device(cc_major, cc_minor, sm_count, smem_optin, max_cluster);
   return plan_dict(softlight::plan_rows(p, d, softlight::Overrides{cluster, chunk_bytes, threads, hints}));
 }
@@ -260,5 +261,5 @@ PYBIND11_MODULE(_C, m) {
   m.def("plan", &plan, py::arg("rows"), py::arg("cols"), py::arg("elem_bytes"), py::arg("aligned16"),
         py::arg("cc_major"), py::arg("cc_minor"), py::arg("sm_count"), py::arg("smem_optin"),
         py::arg("max_cluster"), py::arg("cluster") = 0, py::arg("chunk_bytes") = 0,
-        py::arg("threads") = 0, py::arg("hints") = -1, py::arg("peelable") = false);
+        py::arg("threads") = 0, py::arg("hints") = -1, py::arg("peelable") = false, py::arg("aligned8") = false);
 }

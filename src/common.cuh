@@ -87,7 +87,7 @@ __device__ __forceinline__ double log_softmax_grad(double dy, double y, double s
   return dy - exp(y) * sum_dy;
 }
 
-// --- 16-byte packs -----------------------------------------------------------------------------
+// --- 16-byte packs (and 8-byte half packs, for short rows aligned to 8 bytes only) --------------
 // 16-byte packs move as one 16-byte access. Stores are written out as st.v4 because, left to
 // itself, the compiler splits a vector whose lanes are computed one by one into scalar stores.
 __device__ __forceinline__ void store_v4(void* p, uint4 v) {
@@ -145,6 +145,12 @@ template <class T, int V>
 __device__ __forceinline__ void load_pack(const T* p, acc_t<T> (&out)[V]) {
   if constexpr (sizeof(T) * V == 16) {
     unpack<T, V>(*reinterpret_cast<const uint4*>(p), out);
+  } else if constexpr (sizeof(T) * V == 8 && sizeof(T) < 8) {
+    const uint2 u = *reinterpret_cast<const uint2*>(p);
+    acc_t<T> wide[2 * V];
+    unpack<T, 2 * V>(make_uint4(u.x, u.y, 0, 0), wide);
+#pragma unroll
+    for (int i = 0; i < V; ++i) out[i] = wide[i];
   } else {
 #pragma unroll
     for (int i = 0; i < V; ++i) out[i] = to_acc(p[i]);
@@ -197,6 +203,16 @@ __device__ __forceinline__ void store_pack(T* p, const acc_t<T> (&in)[V], bool e
     } else {
       store_global_v4(p, u);
     }
+  } else if constexpr (sizeof(T) * V == 8 && sizeof(T) < 8) {
+    uint32_t w[2];
+    if constexpr (sizeof(T) == 2) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) w[i] = pair_bits(T{}, in[2 * i], in[2 * i + 1]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) w[i] = __float_as_uint(in[i]);
+    }
+    asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(p), "r"(w[0]), "r"(w[1]) : "memory");
   } else {
 #pragma unroll
     for (int i = 0; i < V; ++i) p[i] = from_acc<T>(in[i]);
@@ -259,10 +275,13 @@ template <class F> cudaError_t with_element_type(softlight_dtype dtype, F&& f) {
 }
 
 // Calls f(T{}, std::integral_constant<int, V>{}) with the element type and the access width the
-// plan chose: one element, or a 16-byte pack.
-template <class F> cudaError_t with_element_type_and_vec(softlight_dtype dtype, int vec, F&& f) {
+// plan chose: one element, or a 16-byte pack, or (kHalfPacks: warp_rows only) an 8-byte one.
+template <bool kHalfPacks = false, class F>
+cudaError_t with_element_type_and_vec(softlight_dtype dtype, int vec, F&& f) {
   return with_element_type(dtype, [&](auto tag) {
     constexpr int kPack = 16 / sizeof(tag);
+    if constexpr (kHalfPacks && kPack >= 4)
+      if (vec == kPack / 2) return f(tag, std::integral_constant<int, kPack / 2>{});
     return vec == 1 ? f(tag, std::integral_constant<int, 1>{})
                     : f(tag, std::integral_constant<int, kPack>{});
   });

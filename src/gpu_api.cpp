@@ -76,10 +76,11 @@ softlight_status cuda_status(cudaError_t e) {
 // 16-byte vector access is valid for rows of `cols` elements of `elem` bytes at each (pointer, row
 // stride in elements) pair: pointers, row strides and the row length are multiples of 16 bytes.
 // Pass a stride of 0 where there is one row.
-bool vectorizable(std::initializer_list<std::pair<const void*, int64_t>> arrays, int64_t cols, int elem) {
-  if ((cols * elem) % 16 != 0) return false;
+bool vectorizable(std::initializer_list<std::pair<const void*, int64_t>> arrays, int64_t cols, int elem,
+                  int bytes = 16) {
+  if ((cols * elem) % bytes != 0) return false;
   for (const auto& [p, stride] : arrays)
-    if (reinterpret_cast<uintptr_t>(p) % 16 != 0 || (stride * elem) % 16 != 0) return false;
+    if (reinterpret_cast<uintptr_t>(p) % bytes != 0 || (stride * elem) % bytes != 0) return false;
   return true;
 }
 
@@ -164,8 +165,10 @@ softlight_status run_rows(const RowsArgs& args, const DeviceInfo& dev, cudaStrea
   prob.cols = args.cols;
   prob.elem_bytes = softlight_dtype_size(args.dtype);
   const bool one = args.rows == 1;
-  prob.aligned16 = vectorizable({{args.x, one ? 0 : args.x_stride}, {args.y, one ? 0 : args.y_stride}}, args.cols,
-                                prob.elem_bytes);
+  const std::initializer_list<std::pair<const void*, int64_t>> arrays = {{args.x, one ? 0 : args.x_stride},
+                                                                         {args.y, one ? 0 : args.y_stride}};
+  prob.aligned16 = vectorizable(arrays, args.cols, prob.elem_bytes);
+  prob.aligned8 = vectorizable(arrays, args.cols, prob.elem_bytes, 8);
   // Peeling needs element-aligned pointers (as any access does) that agree modulo 16 bytes.
   prob.peelable = reinterpret_cast<uintptr_t>(args.x) % prob.elem_bytes == 0 &&
                   (reinterpret_cast<uintptr_t>(args.x) - reinterpret_cast<uintptr_t>(args.y)) % 16 == 0 &&

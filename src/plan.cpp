@@ -214,6 +214,9 @@ const char* family_name(Family f) {
 Plan plan_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
   if (p.rows <= 0 || p.cols <= 0) return Plan{};
   const int vec = p.aligned16 ? 16 / p.elem_bytes : 1;
+  // Short rows aligned to 8 bytes only (rows of 100 bf16, say) are read in 8-byte packs.
+  const int short_vec = !p.aligned16 && p.aligned8 && p.elem_bytes <= 4 ? 8 / p.elem_bytes : vec;
+  if (ceil_div(p.cols, short_vec) <= int64_t{32} * kWarpRowsMaxIters) return plan_warp_rows(p, short_vec);
   if (ceil_div(p.cols, vec) <= int64_t{32} * kWarpRowsMaxIters) return plan_warp_rows(p, vec);
   const int64_t row_bytes = p.cols * p.elem_bytes;
   const bool hopper = d.cc_major >= 9 && d.max_cluster >= 1;

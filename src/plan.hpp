@@ -36,6 +36,8 @@ struct Problem {
   // 16-byte vector access is valid for x and y: both base pointers and both row strides (in
   // bytes) are multiples of 16, and so is cols * elem_bytes.
   bool aligned16 = false;
+  // The same with 8 bytes (warp_rows reads such rows in 8-byte packs).
+  bool aligned8 = false;
   // x and y rows are misaligned alike (bases and row strides agree modulo 16 bytes), so a row
   // can be peeled to 16-byte vectors (block_rows).
   bool peelable = false;

@@ -1,4 +1,4 @@
-// warp_rows: short rows (up to 256 vectors). A group of `group` lanes (a power of two, at most a
+// warp_rows: short rows (up to 256 vectors of 16 bytes, or of 8 where rows are aligned to 8 bytes only). A group of `group` lanes (a power of two, at most a
 // warp) holds one row in registers, ITERS packs of V elements per lane; the group reduces with
 // shuffles. One DRAM read, one write. Rows are walked warp by warp so that every lane of a warp
 // stays in the shuffles even where the last rows run out.
@@ -173,7 +173,7 @@ cudaError_t launch_iters(const Plan& p, const RowsArgs& a, cudaStream_t stream) 
 }  // namespace
 
 cudaError_t launch_warp_rows(const Plan& p, const RowsArgs& a, cudaStream_t stream) {
-  return with_element_type_and_vec(a.dtype, p.vec, [&](auto tag, auto vec) {
+  return with_element_type_and_vec<true>(a.dtype, p.vec, [&](auto tag, auto vec) {
     return launch_iters<decltype(tag), decltype(vec)::value>(p, a, stream);
   });
 }

@@ -32,7 +32,9 @@ def planned(rows, cols, dtype, aligned=True):
     knobs = {k: int(os.environ.get(f"SOFTLIGHT_{k.upper()}", "0"))
              for k in ("cluster", "chunk_bytes", "threads")}
     knobs["hints"] = int(os.environ.get("SOFTLIGHT_HINTS", "-1"))
-    return _C.plan(rows, cols, ELEM[dtype], aligned and cols * ELEM[dtype] % 16 == 0, **device_plan_args(), **knobs)
+    e = ELEM[dtype]
+    return _C.plan(rows, cols, e, aligned and cols * e % 16 == 0, **device_plan_args(), **knobs,
+                   aligned8=aligned and cols * e % 8 == 0)
 
 
 def run_and_check(x, dtype, what, out=None):

@@ -42,6 +42,16 @@ def test_equally_misaligned_rows_are_peeled_to_vectors(cols, dtype, vec):
     assert _C.plan(100, cols, 8, False, **H200, peelable=True)["vec"] == 2  # float64 as well
 
 
+@pytest.mark.parametrize("cols,dtype,vec,group", [(100, "bfloat16", 4, 8), (100, "float16", 4, 8), (2, "float32", 2, 1),
+                                                 (1000, "bfloat16", 4, 32), (50, "float32", 2, 8)])
+def test_short_rows_aligned_to_8_bytes_read_in_half_packs(cols, dtype, vec, group):
+    p = _C.plan(1000, cols, ELEM[dtype], False, **H200, aligned8=True)
+    assert (p["family"], p["vec"], p["group"]) == ("warp_rows", vec, group)
+    assert _C.plan(1000, cols, ELEM[dtype], False, **H200)["vec"] == 1  # not aligned: elements
+    assert _C.plan(1000, 1028, 2, False, **H200, aligned8=True)["family"] == "block_rows"  # over 256 packs
+    assert _C.plan(1000, 101, 8, False, **H200, aligned8=True)["vec"] == 1  # float64: a pack of one
+
+
 def test_warp_rows_limits_by_dtype():
     assert plan(10, 2048, "bfloat16")["family"] == "warp_rows"    # 256 vectors of 8
     assert plan(10, 2056, "bfloat16")["family"] == "block_rows"
