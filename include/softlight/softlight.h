@@ -132,10 +132,13 @@ SOFTLIGHT_API softlight_status softlight_log_softmax_forward_cpu_ex(
  * of an axis of extent 1 is never used. Strides must not be negative. x may repeat elements (a
  * stride 0); y may not: its axes, ordered by stride, must each step past all that the smaller ones
  * reach (as every view of an array does), else INVALID_STRIDE. x and y may be the same array with
- * the same strides (in place); any other overlap of their spans is refused. With options->lse, it receives outer * inner values, the one of
- * position (o, i) at o * inner + i. Rows (inner = 1, dim stride 1) take the same kernels as
- * softlight_log_softmax_forward; other layouts take a two-pass kernel whose second pass re-reads x
- * from the L2 cache (docs/design.md).
+ * the same strides (in place); any other overlap of their spans is refused. With options->lse, it
+ * receives outer * inner values, the one of position (o, i) at o * inner + i. Rows (inner = 1, dim
+ * stride 1) take the same kernels as softlight_log_softmax_forward. On Hopper, a contiguous inner
+ * axis of at least 128 bytes whose base, outer and dim strides and extent are multiples of 16 bytes
+ * reads x once through clusters of CTAs (when a tile of 256 bytes of it along the whole axis fits
+ * their shared memory); other layouts take a two-pass kernel whose second pass re-reads x from the
+ * L2 cache (docs/design.md).
  */
 SOFTLIGHT_API softlight_status softlight_log_softmax_forward_3d(
     const void* x, const int64_t x_strides[3],
