@@ -374,25 +374,9 @@ cudaError_t launch(const Plan& p, const Operands& a, cudaStream_t stream) {
   auto kernel = cluster_rows_kernel<T, 2, Backward>;
   if constexpr (!Backward)
     if (p.chunk_bytes / 16 >= 4 * group) kernel = cluster_rows_kernel<T, 4, false>;
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(p.smem_bytes));
-  if (e == cudaSuccess && p.cluster > 8)
-    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  ClusterLaunch l;
+  cudaError_t e = prepare_cluster_launch(kernel, p, stream, &l);
   if (e != cudaSuccess) return e;
-
-  cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attr[1];
-  set_cluster_dim(&cfg, attr, p.cluster);
-  cfg.blockDim = dim3(p.threads);
-  cfg.gridDim = dim3(static_cast<unsigned>(p.cluster));
-  cfg.dynamicSmemBytes = static_cast<size_t>(p.smem_bytes);
-  cfg.stream = stream;
-  int active = 0;
-  e = cudaOccupancyMaxActiveClusters(&active, kernel, &cfg);
-  if (e != cudaSuccess) return e;
-  if (active < 1) return cudaErrorInvalidClusterSize;
-  const int64_t clusters = std::min<int64_t>(p.grid, active);
-  cfg.gridDim = dim3(static_cast<unsigned>(clusters * p.cluster));
 
   const ClusterShape sh{p.chunk_bytes, p.ring_slots, p.chunks_per_row, p.chunks_per_cta,
                         p.resident ? 1 : 0, a.scale, a.lse, p.hints, Backward ? p.aux_slots : 0};
@@ -400,10 +384,10 @@ cudaError_t launch(const Plan& p, const Operands& a, cudaStream_t stream) {
     std::fprintf(stderr,
                  "softlight: cluster_rows%s cluster=%d clusters=%lld (active max %d) threads=%d chunk=%d "
                  "slots=%d aux=%d chunks/cta=%lld resident=%d hints=%d\n",
-                 Backward ? " backward" : "", p.cluster, static_cast<long long>(clusters), active, p.threads,
+                 Backward ? " backward" : "", p.cluster, static_cast<long long>(l.clusters), l.active, p.threads,
                  p.chunk_bytes, p.ring_slots, sh.aux_slots, static_cast<long long>(p.chunks_per_cta),
                  p.resident ? 1 : 0, p.hints);
-  e = cudaLaunchKernelEx(&cfg, kernel, static_cast<const T*>(a.x), a.xs, static_cast<const T*>(a.aux), a.as,
+  e = cudaLaunchKernelEx(&l.cfg, kernel, static_cast<const T*>(a.x), a.xs, static_cast<const T*>(a.aux), a.as,
                          static_cast<T*>(a.y), a.ys, a.rows, a.cols, sh);
   if (e != cudaSuccess) return e;
   return cudaGetLastError();

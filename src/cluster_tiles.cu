@@ -326,24 +326,9 @@ cudaError_t encode_x(CUtensorMap* map, const AxisCall& a, int elem, int w, int r
 template <class T>
 cudaError_t launch(const Plan& p, const AxisCall& a, cudaStream_t stream) {
   auto kernel = cluster_tiles_kernel<T>;
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(p.smem_bytes));
-  if (e == cudaSuccess && p.cluster > 8)
-    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  ClusterLaunch l;
+  cudaError_t e = prepare_cluster_launch(kernel, p, stream, &l);
   if (e != cudaSuccess) return e;
-  cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attr[1];
-  set_cluster_dim(&cfg, attr, p.cluster);
-  cfg.blockDim = dim3(p.threads);
-  cfg.gridDim = dim3(static_cast<unsigned>(p.cluster));
-  cfg.dynamicSmemBytes = static_cast<size_t>(p.smem_bytes);
-  cfg.stream = stream;
-  int active = 0;
-  e = cudaOccupancyMaxActiveClusters(&active, kernel, &cfg);
-  if (e != cudaSuccess) return e;
-  if (active < 1) return cudaErrorInvalidClusterSize;
-  const int64_t clusters = std::min<int64_t>(p.grid, active);
-  cfg.gridDim = dim3(static_cast<unsigned>(clusters * p.cluster));
   TileShape sh;
   sh.outer = a.n[0];
   sh.dim = a.n[1];
@@ -361,12 +346,12 @@ cudaError_t launch(const Plan& p, const AxisCall& a, cudaStream_t stream) {
   sh.lse = a.lse;
   if (std::getenv("SOFTLIGHT_VERBOSE"))
     std::fprintf(stderr, "softlight: cluster_tiles cluster=%d clusters=%lld (active max %d) w=%d chunk=%d slots=%d chunks/cta=%lld\n",
-                 p.cluster, static_cast<long long>(clusters), active, p.lanes, p.chunk_bytes, p.ring_slots,
+                 p.cluster, static_cast<long long>(l.clusters), l.active, p.lanes, p.chunk_bytes, p.ring_slots,
                  static_cast<long long>(p.chunks_per_cta));
   alignas(64) CUtensorMap xmap;
   e = encode_x(&xmap, a, static_cast<int>(sizeof(T)), sh.w, sh.rows_per_chunk);
   if (e != cudaSuccess) return e;
-  e = cudaLaunchKernelEx(&cfg, kernel, xmap, static_cast<T*>(a.out), sh);
+  e = cudaLaunchKernelEx(&l.cfg, kernel, xmap, static_cast<T*>(a.out), sh);
   if (e != cudaSuccess) return e;
   return cudaGetLastError();
 }

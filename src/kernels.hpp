@@ -3,6 +3,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "plan.hpp"
@@ -31,6 +32,39 @@ inline void set_cluster_dim(cudaLaunchConfig_t* cfg, cudaLaunchAttribute* attr, 
   attr->val.clusterDim.z = 1;
   cfg->attrs = attr;
   cfg->numAttrs = 1;
+}
+
+// A persistent launch of clusters of plan.cluster CTAs (plan.threads threads, plan.smem_bytes of
+// dynamic shared memory each): as many clusters as fit at once, at most plan.grid. Not copyable:
+// cfg points at attr.
+struct ClusterLaunch {
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1] = {};
+  int active = 0;        // clusters that fit at once
+  int64_t clusters = 0;  // clusters launched
+  ClusterLaunch() = default;
+  ClusterLaunch(const ClusterLaunch&) = delete;
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
+
+// Fills `l` for `kernel` (a cluster kernel of the cluster_rows / cluster_tiles families);
+// cudaErrorInvalidClusterSize when no cluster of plan.cluster CTAs fits.
+template <class Kernel>
+cudaError_t prepare_cluster_launch(Kernel kernel, const Plan& p, cudaStream_t stream, ClusterLaunch* l) {
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(p.smem_bytes));
+  if (e == cudaSuccess && p.cluster > 8) e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  if (e != cudaSuccess) return e;
+  set_cluster_dim(&l->cfg, l->attr, p.cluster);
+  l->cfg.blockDim = dim3(p.threads);
+  l->cfg.gridDim = dim3(static_cast<unsigned>(p.cluster));
+  l->cfg.dynamicSmemBytes = static_cast<size_t>(p.smem_bytes);
+  l->cfg.stream = stream;
+  e = cudaOccupancyMaxActiveClusters(&l->active, kernel, &l->cfg);
+  if (e != cudaSuccess) return e;
+  if (l->active < 1) return cudaErrorInvalidClusterSize;
+  l->clusters = std::min<int64_t>(p.grid, l->active);
+  l->cfg.gridDim = dim3(static_cast<unsigned>(l->clusters * p.cluster));
+  return cudaSuccess;
 }
 
 cudaError_t launch_warp_rows(const Plan& plan, const RowsArgs& a, cudaStream_t stream);
