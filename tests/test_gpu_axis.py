@@ -294,7 +294,8 @@ def test_backward_cluster_shapes_forced(monkeypatch, cluster, chunk, threads, hi
 
 @pytest.mark.parametrize("cols", [393216, 1048576])
 def test_backward_cluster_rows_in_place_and_special_values(cols):
-    assert backward_plan(8, cols, "float32")["family"] == "cluster_rows"
+    hopper = torch.cuda.get_device_capability()[0] >= 9
+    assert backward_plan(8, cols, "float32")["family"] == ("cluster_rows" if hopper else "split_rows")
     y = torch.log_softmax(rand((8, cols), "float32"), -1)
     y[0, 7] = float("-inf")
     y[1, cols - 3] = float("nan")
