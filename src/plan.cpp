@@ -18,6 +18,16 @@ int64_t pow2_ceil(int64_t v) {
 // small for a ring of bulk copies to pay for its barriers.
 constexpr int64_t kClusterMinRowBytes = 32 * 1024;
 
+// Thread-block clusters can be launched (Hopper and later).
+bool has_clusters(const DeviceInfo& d) { return d.cc_major >= 9 && d.max_cluster >= 1; }
+
+// Threads per CTA of the cluster families: the override where it is a valid shape (two consumer
+// groups of whole warp pairs and the producer warp, within the register budget), else the default.
+int cluster_threads(const Overrides& o) {
+  return o.threads >= 96 && o.threads <= kClusterMaxThreads && (o.threads - 32) % 64 == 0 ? o.threads
+                                                                                          : kClusterDefaultThreads;
+}
+
 Plan plan_warp_rows(const Problem& p, int vec) {
   Plan plan;
   plan.family = Family::warp_rows;
@@ -54,8 +64,7 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
   Plan plan;
   plan.family = Family::cluster_rows;
   plan.vec = 16 / p.elem_bytes;
-  plan.threads = o.threads >= 96 && o.threads <= kClusterMaxThreads && (o.threads - 32) % 64 == 0 ? o.threads
-                                                                            : kClusterDefaultThreads;
+  plan.threads = cluster_threads(o);
   const int chunk16 = backward ? kClusterBackwardChunk16 : kClusterChunk16;
   plan.chunk_bytes = o.chunk_bytes > 0 ? o.chunk_bytes : p.elem_bytes == 2 ? chunk16 : kClusterChunk32;
   // Each slot costs its chunk and two mbarriers; a fixed area holds the rest.
@@ -107,8 +116,7 @@ Plan plan_cluster_tiles(const AxisProblem& p, const DeviceInfo& d, const Overrid
   const int tile_bytes = tile_ok ? o.tile_bytes : kTileBytes;
   const int w = static_cast<int>(std::min<int64_t>(std::max(1, tile_bytes / p.elem_bytes), pow2_ceil(p.inner)));
   const int row_bytes = w * p.elem_bytes;
-  plan.threads = o.threads >= 96 && o.threads <= kClusterMaxThreads && (o.threads - 32) % 64 == 0 ? o.threads
-                                                                                                   : kClusterDefaultThreads;
+  plan.threads = cluster_threads(o);
   const int chunk = p.elem_bytes == 2 ? kTileChunk16 : kTileChunk32;
   plan.chunk_bytes = o.chunk_bytes > 0 && o.chunk_bytes % row_bytes == 0 ? o.chunk_bytes : chunk;
   plan.chunk_bytes = std::min(plan.chunk_bytes, kTileMaxBoxRows * row_bytes);  // a tensor-map box
@@ -187,12 +195,10 @@ Plan plan_axis(const AxisProblem& p, const DeviceInfo& d, const SplitOverrides& 
     rows.elem_bytes = p.elem_bytes;
     rows.aligned16 = p.aligned16;
     if (ceil_div(p.dim, vec) <= int64_t{32} * kWarpRowsMaxIters) return plan_warp_rows(rows, vec);
-    const bool hopper = d.cc_major >= 9 && d.max_cluster >= 1;
-    if (hopper && p.aligned16 && (p.dim * p.elem_bytes >= kClusterMinRowBytes || co.cluster > 0))
+    if (has_clusters(d) && p.aligned16 && (p.dim * p.elem_bytes >= kClusterMinRowBytes || co.cluster > 0))
       return plan_cluster_rows(rows, d, co, true);
   }
-  const bool hopper = d.cc_major >= 9 && d.max_cluster >= 1;
-  if (!p.backward && !p.rows && p.tiles_aligned && hopper && p.inner * p.elem_bytes >= kTileMinInnerBytes) {
+  if (!p.backward && !p.rows && p.tiles_aligned && has_clusters(d) && p.inner * p.elem_bytes >= kTileMinInnerBytes) {
     const Plan tiles = plan_cluster_tiles(p, d, co);
     if (tiles.family != Family::none) return tiles;
   }
@@ -217,10 +223,8 @@ Plan plan_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
   // Short rows aligned to 8 bytes only (rows of 100 bf16, say) are read in 8-byte packs.
   const int short_vec = !p.aligned16 && p.aligned8 && p.elem_bytes <= 4 ? 8 / p.elem_bytes : vec;
   if (ceil_div(p.cols, short_vec) <= int64_t{32} * kWarpRowsMaxIters) return plan_warp_rows(p, short_vec);
-  if (ceil_div(p.cols, vec) <= int64_t{32} * kWarpRowsMaxIters) return plan_warp_rows(p, vec);
   const int64_t row_bytes = p.cols * p.elem_bytes;
-  const bool hopper = d.cc_major >= 9 && d.max_cluster >= 1;
-  if (hopper && p.aligned16 && (row_bytes >= kClusterMinRowBytes || o.cluster > 0))
+  if (has_clusters(d) && p.aligned16 && (row_bytes >= kClusterMinRowBytes || o.cluster > 0))
     return plan_cluster_rows(p, d, o);
   return plan_block_rows(p, d, vec);
 }
