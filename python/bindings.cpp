@@ -102,6 +102,7 @@ py::dict plan_dict(const softlight::Plan& r) {
   out["double_buffered"] = r.double_buffered;
   out["smem_bytes"] = r.smem_bytes;
   out["cluster"] = r.cluster;
+  out["grid_exchange"] = r.grid_exchange;
   out["chunk_bytes"] = r.chunk_bytes;
   out["aux_slots"] = r.aux_slots;
   out["ring_slots"] = r.ring_slots;
@@ -116,7 +117,7 @@ py::dict plan_dict(const softlight::Plan& r) {
 
 py::dict plan(int64_t rows, int64_t cols, int elem_bytes, bool aligned16, int cc_major,
               int cc_minor, int sm_count, int64_t smem_optin, int max_cluster, int cluster,
-              int chunk_bytes, int threads, int hints, bool peelable, bool aligned8) {
+              int chunk_bytes, int threads, int hints, bool peelable, bool aligned8, int exchange) {
   softlight::Problem p;
   p.rows = rows;
   p.cols = cols;
@@ -125,12 +126,14 @@ py::dict plan(int64_t rows, int64_t cols, int elem_bytes, bool aligned16, int cc
   p.peelable = peelable;
   p.aligned8 = aligned8 || aligned16;
   const auto d = device(cc_major, cc_minor, sm_count, smem_optin, max_cluster);
-  return plan_dict(softlight::plan_rows(p, d, softlight::Overrides{cluster, chunk_bytes, threads, hints}));
+  softlight::Overrides over{cluster, chunk_bytes, threads, hints};
+  over.exchange = exchange;
+  return plan_dict(softlight::plan_rows(p, d, over));
 }
 
 py::dict plan_axis(int64_t outer, int64_t dim, int64_t inner, int elem_bytes, bool rows, bool aligned16,
                    bool backward, int cc_major, int sm_count, int64_t smem_optin, int max_cluster,
-                   bool tiles_aligned, int cluster) {
+                   bool tiles_aligned, int cluster, int exchange) {
   softlight::AxisProblem p;
   p.outer = outer;
   p.dim = dim;
@@ -142,6 +145,7 @@ py::dict plan_axis(int64_t outer, int64_t dim, int64_t inner, int elem_bytes, bo
   p.tiles_aligned = tiles_aligned;
   softlight::Overrides over;
   over.cluster = cluster;
+  over.exchange = exchange;
   return plan_dict(softlight::plan_axis(p, device(cc_major, 0, sm_count, smem_optin, max_cluster),
                                         softlight::SplitOverrides{}, over));
 }
@@ -257,9 +261,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("dlpack_view", &dlpack_view, py::arg("capsule"));
   m.def("plan_axis", &plan_axis, py::arg("outer"), py::arg("dim"), py::arg("inner"), py::arg("elem_bytes"),
         py::arg("rows"), py::arg("aligned16"), py::arg("backward"), py::arg("cc_major"), py::arg("sm_count"),
-        py::arg("smem_optin"), py::arg("max_cluster"), py::arg("tiles_aligned") = false, py::arg("cluster") = 0);
+        py::arg("smem_optin"), py::arg("max_cluster"), py::arg("tiles_aligned") = false, py::arg("cluster") = 0,
+        py::arg("exchange") = -1);
   m.def("plan", &plan, py::arg("rows"), py::arg("cols"), py::arg("elem_bytes"), py::arg("aligned16"),
         py::arg("cc_major"), py::arg("cc_minor"), py::arg("sm_count"), py::arg("smem_optin"),
         py::arg("max_cluster"), py::arg("cluster") = 0, py::arg("chunk_bytes") = 0,
-        py::arg("threads") = 0, py::arg("hints") = -1, py::arg("peelable") = false, py::arg("aligned8") = false);
+        py::arg("threads") = 0, py::arg("hints") = -1, py::arg("peelable") = false, py::arg("aligned8") = false,
+        py::arg("exchange") = -1);
 }

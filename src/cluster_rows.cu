@@ -14,11 +14,20 @@
 // (the planner prefers clusters wide enough for two slices). Streamed: the slice outgrows the
 // ring and the producer sends each chunk twice, once to each group.
 //
+// Grid groups: where `exchange` is set, the C CTAs of a row are consecutive CTAs of a cooperative
+// grid (every CTA resident at once), not a cluster: any group size, so every SM can take part (7
+// clusters of 16 CTAs leave 20 of the H200's 132 idle). Each CTA's (max, sum) of a row, two fp32
+// values, is one 64-bit store into its own slot of a per-row table in global memory, which starts
+// all ones: a sum is 0 or the result of arithmetic, never that NaN pattern, so the writers poll
+// the slot itself and no flag or fence is needed (single-copy atomic 64-bit accesses).
+//
 // Backward (dx = dy - exp(y) * sum(dy)): the ring holds dy, whose sum the statistics warps take;
 // y, needed by the writers only, arrives through a second, short ring (`aux`) that a second
 // producer thread keeps full. So dy and y are each read from DRAM once and dx written once.
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
+#include <unordered_map>
 
 #include "common.cuh"
 #include "hopper.cuh"
@@ -37,6 +46,8 @@ struct ClusterShape {
   void* lse;     // optional per-row log-sum-exp (accumulation type)
   int hints;     // bit 0: loads evict-first in L2; bit 1: stores streaming (tuning, see plan.hpp)
   int aux_slots; // backward: chunks of the y ring
+  int grid_group; // grid groups: CTAs per row
+  void* exchange; // grid groups: the partials table (rows x C packed pairs, see above)
 };
 
 // The kernel body exists in the sm_90 device pass only (SOFTLIGHT_HOPPER, hopper.cuh); other
@@ -48,6 +59,10 @@ struct ClusterShape {
 // have started row j - 4: rows j - 3 .. j may be unread here, and four buffers keep them apart.
 constexpr int kStatsBuffers = 4;
 constexpr int kBar = 1;  // named barrier over the consumer warps
+constexpr uint32_t kUnsent = 0xffffffffu;  // the sum's bits in a grid group's slot not yet written
+__device__ __forceinline__ uint64_t pack_pair(float m, float s) {
+  return (uint64_t{__float_as_uint(s)} << 32) | __float_as_uint(m);
+}
 
 // One CTA's share of the work. Warps [0, G) fold statistics, warps [G, 2G) write, warp 2G
 // produces. Both consumer groups walk the ring's sequence of chunks; in streaming mode each row
@@ -69,6 +84,7 @@ template <class T, int U, bool Backward> struct ClusterCta {  // U: 16-byte vect
   volatile int* rows_started;   // rows the writers have begun (gates the statistics warps)
   volatile int* rows_done;      // rows the writers have finished (gates them when streaming)
   uint32_t rank, csize;
+  uint64_t* table;              // grid groups: packed partials by (row, rank), or null (clusters)
   int group;                    // threads per consumer group
   int gtid, lane;               // thread index within its group, lane
   int64_t first_chunk, my_chunks, row_bytes;
@@ -91,14 +107,16 @@ template <class T, int U, bool Backward> struct ClusterCta {  // U: 16-byte vect
   }
 
   // Statistics warps: fold the slice of row `iter` into a running (max, sum) as its chunks land,
-  // reduce over the group, send the result to every CTA of the cluster.
-  __device__ __forceinline__ void stats(RingPos& pos, int64_t iter) const {
+  // reduce over the group, send the result to every CTA of the cluster (grid groups: post it in
+  // the row's table).
+  __device__ __forceinline__ void stats(RingPos& pos, int64_t iter, int64_t row_index) const {
     // Stay at most two rows ahead of the writers: the partial buffers of peers are reused on
     // that distance (see kStatsBuffers). Streaming, wait for the writers to finish the row
     // before: the chunks between (the writers' pass) may span more than one lap of the ring,
     // and a slot's parity can only tell apart uses one lap apart.
     if (sh.resident) {
-      while (iter >= 2 && *rows_started < iter - 1) __nanosleep(64);
+      // (Grid groups have a slot per row: no buffer to guard, and the ring keeps them in step.)
+      while (table == nullptr && iter >= 2 && *rows_started < iter - 1) __nanosleep(64);
     } else {
       while (*rows_done < iter) __nanosleep(64);
     }
@@ -159,6 +177,11 @@ template <class T, int U, bool Backward> struct ClusterCta {  // U: 16-byte vect
     }
     if (!sh.resident) pos.advance(sh.ring_slots, my_chunks);  // the writers' pass of this row
     part = block_max_sum(part, scratch, group, kBar);
+    if (table != nullptr) {
+      if constexpr (sizeof(A) == 4)
+        if (gtid == 0) store_relaxed_gpu(table + row_index * csize + rank, pack_pair(part.m, part.s));
+      return;
+    }
     if (gtid == 0) {
       const int buf = static_cast<int>(iter % kStatsBuffers);
       const uint32_t slot_addr = smem_addr(partials + buf * kMaxCluster + rank);
@@ -173,20 +196,33 @@ template <class T, int U, bool Backward> struct ClusterCta {  // U: 16-byte vect
   __device__ __forceinline__ void write(RingPos& pos, RingPos& apos, int64_t iter, int64_t row_index,
                                         T* dst) const {
     if (!sh.resident) pos.advance(sh.ring_slots, my_chunks);  // the statistics pass of this row
+    // Lane r takes the partials of CTAs r, r + 32, ...; five shuffle steps merge the lanes' (a
+    // serial merge of 16 is long enough to show at the founding shape, and the writers wait on it
+    // once per row).
+    MaxSum<A> row{neg_inf<A>(), A(0)};
     const int buf = static_cast<int>(iter % kStatsBuffers);
     const uint32_t bar = smem_addr(stats_bar + buf);
-    mbar_wait(bar, static_cast<uint32_t>((iter / kStatsBuffers) & 1));
-    // Lane r takes CTA r's partial; five shuffle steps merge them (a serial merge of 16 is long
-    // enough to show at the founding shape, and the writers wait on it once per row).
-    MaxSum<A> row = lane < static_cast<int>(csize) ? partials[buf * kMaxCluster + lane]
-                                                  : MaxSum<A>{neg_inf<A>(), A(0)};
+    if constexpr (sizeof(A) == 4) {
+      if (table != nullptr) {
+        for (int64_t i = row_index * csize + lane; i < (row_index + 1) * csize; i += 32) {
+          uint64_t v;
+          while (((v = load_relaxed_gpu(table + i)) >> 32) == kUnsent) __nanosleep(32);
+          row = merge_max_sum(row, MaxSum<A>{__uint_as_float(static_cast<uint32_t>(v)),
+                                             __uint_as_float(static_cast<uint32_t>(v >> 32))});
+        }
+      }
+    }
+    if (table == nullptr) {
+      mbar_wait(bar, static_cast<uint32_t>((iter / kStatsBuffers) & 1));
+      if (lane < static_cast<int>(csize)) row = partials[buf * kMaxCluster + lane];
+    }
     for (int o = 16; o > 0; o /= 2)
       row = merge_max_sum(row, MaxSum<A>{__shfl_xor_sync(0xffffffffu, row.m, o),
                                          __shfl_xor_sync(0xffffffffu, row.s, o)});
     // Re-arm this buffer for row iter + kStatsBuffers (see kStatsBuffers), then let the
     // statistics warps move on.
     if (gtid == 0) {
-      mbar_arrive_expect_tx(bar, 2 * sizeof(A) * csize);
+      if (table == nullptr) mbar_arrive_expect_tx(bar, 2 * sizeof(A) * csize);
       *rows_started = static_cast<int>(iter + 1);
     }
     const A log_sum = log_acc(row.s);
@@ -266,8 +302,15 @@ cluster_rows_kernel(const T* __restrict__ x, int64_t xs, const T* __restrict__ a
   cta.scratch = reinterpret_cast<acc_t<T>*>(cta.partials + kStatsBuffers * kMaxCluster);
   cta.rows_started = reinterpret_cast<volatile int*>(cta.scratch + 32);
   cta.rows_done = cta.rows_started + 1;
-  cta.rank = cluster_rank();
-  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(cta.csize));
+  if (sh.exchange != nullptr) {
+    cta.csize = static_cast<uint32_t>(sh.grid_group);
+    cta.rank = blockIdx.x % cta.csize;
+    cta.table = static_cast<uint64_t*>(sh.exchange);
+  } else {
+    cta.rank = cluster_rank();
+    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(cta.csize));
+    cta.table = nullptr;
+  }
   cta.group = (static_cast<int>(blockDim.x) - 32) / 2;
   const int warp = threadIdx.x >> 5, group_warps = cta.group >> 5;
   cta.gtid = static_cast<int>(threadIdx.x) % cta.group;
@@ -300,7 +343,7 @@ cluster_rows_kernel(const T* __restrict__ x, int64_t xs, const T* __restrict__ a
   if (warp < group_warps) {
     RingPos pos;
     int64_t iter = 0;
-    for (int64_t row = cluster_id; row < rows; row += clusters, ++iter) cta.stats(pos, iter);
+    for (int64_t row = cluster_id; row < rows; row += clusters, ++iter) cta.stats(pos, iter, row);
   } else if (warp < 2 * group_warps) {
     RingPos pos, apos;
     int64_t iter = 0;
@@ -365,6 +408,32 @@ struct Operands {
   void* lse;
 };
 
+// Grid groups' tables come from a memory pool of softlight's own on each device, which keeps what
+// it has allocated (a few KB to a few MB) instead of handing it back at every synchronization as
+// the default pool does (mapping it again would cost more than the table is worth).
+cudaError_t workspace_pool(cudaMemPool_t* pool) {
+  int device = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e != cudaSuccess) return e;
+  static std::mutex mu;
+  static std::unordered_map<int, cudaMemPool_t> pools;
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = pools.find(device); it != pools.end()) {
+    *pool = it->second;
+    return cudaSuccess;
+  }
+  cudaMemPoolProps props = {};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.handleTypes = cudaMemHandleTypeNone;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = device;
+  if ((e = cudaMemPoolCreate(pool, &props))) return e;
+  uint64_t keep = UINT64_MAX;
+  if ((e = cudaMemPoolSetAttribute(*pool, cudaMemPoolAttrReleaseThreshold, &keep))) return e;
+  pools.emplace(device, *pool);
+  return cudaSuccess;
+}
+
 template <class T, bool Backward>
 cudaError_t launch(const Plan& p, const Operands& a, cudaStream_t stream) {
   // A step of a consumer group covers group * U vectors: U = 4 when a chunk holds that many,
@@ -378,19 +447,36 @@ cudaError_t launch(const Plan& p, const Operands& a, cudaStream_t stream) {
   cudaError_t e = prepare_cluster_launch(kernel, p, stream, &l);
   if (e != cudaSuccess) return e;
 
-  const ClusterShape sh{p.chunk_bytes, p.ring_slots, p.chunks_per_row, p.chunks_per_cta,
-                        p.resident ? 1 : 0, a.scale, a.lse, p.hints, Backward ? p.aux_slots : 0};
+  ClusterShape sh{p.chunk_bytes, p.ring_slots, p.chunks_per_row, p.chunks_per_cta, p.resident ? 1 : 0, a.scale,
+                  a.lse, p.hints, Backward ? p.aux_slots : 0, p.grid_exchange ? p.cluster : 0, nullptr};
   if (std::getenv("SOFTLIGHT_VERBOSE"))
     std::fprintf(stderr,
-                 "softlight: cluster_rows%s cluster=%d clusters=%lld (active max %d) threads=%d chunk=%d "
+                 "softlight: cluster_rows%s %s=%d %s=%lld (active max %d) threads=%d chunk=%d "
                  "slots=%d aux=%d chunks/cta=%lld resident=%d hints=%d\n",
-                 Backward ? " backward" : "", p.cluster, static_cast<long long>(l.clusters), l.active, p.threads,
+                 Backward ? " backward" : "", p.grid_exchange ? "group" : "cluster", p.cluster,
+                 p.grid_exchange ? "groups" : "clusters", static_cast<long long>(l.clusters), l.active, p.threads,
                  p.chunk_bytes, p.ring_slots, sh.aux_slots, static_cast<long long>(p.chunks_per_cta),
                  p.resident ? 1 : 0, p.hints);
-  e = cudaLaunchKernelEx(&l.cfg, kernel, static_cast<const T*>(a.x), a.xs, static_cast<const T*>(a.aux), a.as,
-                         static_cast<T*>(a.y), a.ys, a.rows, a.cols, sh);
-  if (e != cudaSuccess) return e;
-  return cudaGetLastError();
+  // Grid groups (fp32 partials only): a table of packed (max, sum) pairs by row and rank, all ones
+  // on the stream before the kernel (kUnsent), freed on the stream after it.
+  if (p.grid_exchange) {
+    if (sizeof(acc_t<T>) != 4) return cudaErrorInvalidValue;
+    const size_t bytes = static_cast<size_t>(a.rows) * static_cast<size_t>(p.cluster) * sizeof(uint64_t);
+    cudaMemPool_t pool;
+    if ((e = workspace_pool(&pool)) || (e = cudaMallocFromPoolAsync(&sh.exchange, bytes, pool, stream))) return e;
+    e = cudaMemsetAsync(sh.exchange, 0xff, bytes, stream);
+  }
+  if (e == cudaSuccess)
+    e = cudaLaunchKernelEx(&l.cfg, kernel, static_cast<const T*>(a.x), a.xs, static_cast<const T*>(a.aux), a.as,
+                           static_cast<T*>(a.y), a.ys, a.rows, a.cols, sh);
+  if (e == cudaSuccess) e = cudaGetLastError();
+  // A grid that cannot be resident at once (a partitioned GPU): the caller falls back to clusters.
+  if (e == cudaErrorCooperativeLaunchTooLarge) e = cudaErrorInvalidClusterSize;
+  if (sh.exchange != nullptr) {
+    const cudaError_t f = cudaFreeAsync(sh.exchange, stream);
+    if (e == cudaSuccess) e = f;
+  }
+  return e;
 }
 
 }  // namespace

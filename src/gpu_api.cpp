@@ -95,6 +95,7 @@ softlight_status launch_with_cluster_fallback(DeviceInfo dev, const Overrides& o
   cudaError_t e = launch(plan);
   Overrides again = over;
   again.cluster = 0;
+  again.exchange = 0;
   while (e == cudaErrorInvalidClusterSize && dev.max_cluster > 0) {
     dev.max_cluster = plan.cluster > 1 ? plan.cluster / 2 : 0;
     plan = plan_for(dev, again);
@@ -104,7 +105,7 @@ softlight_status launch_with_cluster_fallback(DeviceInfo dev, const Overrides& o
 }
 
 // Tuning knobs for experiments: SOFTLIGHT_CLUSTER, SOFTLIGHT_CHUNK_BYTES, SOFTLIGHT_THREADS,
-// SOFTLIGHT_HINTS, SOFTLIGHT_TILE_BYTES, SOFTLIGHT_SPLIT_LANES, SOFTLIGHT_SPLIT_SEGMENT_BYTES (unset: the planner's
+// SOFTLIGHT_HINTS, SOFTLIGHT_TILE_BYTES, SOFTLIGHT_EXCHANGE, SOFTLIGHT_GROUPS, SOFTLIGHT_SPLIT_LANES, SOFTLIGHT_SPLIT_SEGMENT_BYTES (unset: the planner's
 // choice); SOFTLIGHT_VERBOSE prints cluster launches.
 Overrides overrides_from_env() {
   Overrides o;
@@ -113,6 +114,8 @@ Overrides overrides_from_env() {
   if (const char* s = std::getenv("SOFTLIGHT_THREADS")) o.threads = std::atoi(s);
   if (const char* s = std::getenv("SOFTLIGHT_HINTS")) o.hints = std::atoi(s);
   if (const char* s = std::getenv("SOFTLIGHT_TILE_BYTES")) o.tile_bytes = std::atoi(s);
+  if (const char* s = std::getenv("SOFTLIGHT_EXCHANGE")) o.exchange = std::atoi(s);
+  if (const char* s = std::getenv("SOFTLIGHT_GROUPS")) o.groups = std::atoi(s);
   if (o.chunk_bytes % 16 != 0 || o.chunk_bytes < 0) o.chunk_bytes = 0;
   return o;
 }

@@ -107,6 +107,16 @@ __device__ __forceinline__ void send_pair(uint32_t raddr, double m, double s, ui
       : "memory");
 }
 
+// Single-copy atomic 64-bit messages between CTAs of a cooperative grid, through L2 (past L1).
+__device__ __forceinline__ void store_relaxed_gpu(uint64_t* p, uint64_t v) {
+  asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ uint64_t load_relaxed_gpu(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
 // A position in the ring: slot index and the parity of the slot's current use.
 struct RingPos {
   uint32_t slot = 0;

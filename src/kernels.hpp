@@ -48,19 +48,34 @@ struct ClusterLaunch {
 };
 
 // Fills `l` for `kernel` (a cluster kernel of the cluster_rows / cluster_tiles families);
-// cudaErrorInvalidClusterSize when no cluster of plan.cluster CTAs fits.
+// cudaErrorInvalidClusterSize when no cluster of plan.cluster CTAs fits. Where the plan's groups
+// trade through global memory (plan.grid_exchange), a cooperative launch of groups of plan.cluster
+// consecutive CTAs instead, as many as are resident at once.
 template <class Kernel>
 cudaError_t prepare_cluster_launch(Kernel kernel, const Plan& p, cudaStream_t stream, ClusterLaunch* l) {
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(p.smem_bytes));
-  if (e == cudaSuccess && p.cluster > 8) e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  if (e == cudaSuccess && p.cluster > 8 && !p.grid_exchange)
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   if (e != cudaSuccess) return e;
-  set_cluster_dim(&l->cfg, l->attr, p.cluster);
   l->cfg.blockDim = dim3(p.threads);
-  l->cfg.gridDim = dim3(static_cast<unsigned>(p.cluster));
   l->cfg.dynamicSmemBytes = static_cast<size_t>(p.smem_bytes);
   l->cfg.stream = stream;
-  e = cudaOccupancyMaxActiveClusters(&l->active, kernel, &l->cfg);
-  if (e != cudaSuccess) return e;
+  if (p.grid_exchange) {
+    int device = 0, sms = 0, per_sm = 0;
+    if ((e = cudaGetDevice(&device)) || (e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) ||
+        (e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, p.threads, l->cfg.dynamicSmemBytes)))
+      return e;
+    l->attr[0].id = cudaLaunchAttributeCooperative;
+    l->attr[0].val.cooperative = 1;
+    l->cfg.attrs = l->attr;
+    l->cfg.numAttrs = 1;
+    l->active = per_sm * sms / p.cluster;
+  } else {
+    set_cluster_dim(&l->cfg, l->attr, p.cluster);
+    l->cfg.gridDim = dim3(static_cast<unsigned>(p.cluster));
+    e = cudaOccupancyMaxActiveClusters(&l->active, kernel, &l->cfg);
+    if (e != cudaSuccess) return e;
+  }
   if (l->active < 1) return cudaErrorInvalidClusterSize;
   l->clusters = std::min<int64_t>(p.grid, l->active);
   l->cfg.gridDim = dim3(static_cast<unsigned>(l->clusters * p.cluster));

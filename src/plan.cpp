@@ -78,9 +78,33 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
 
   auto slice = [&](int c) { return ceil_div(plan.chunks_per_row, c); };
   int chosen = 0;
-  if (o.cluster > 0) {
+  // Grid groups for the forward of fp32 rows that no portable cluster (8 CTAs) holds twice: 16-CTA
+  // clusters leave 20 of an H200's SMs idle, and longer rows would stream through clusters. Measured
+  // (docs/design.md): equal or faster there, up to 1.4 x at rows of 1 M; slower for 16-bit rows,
+  // whose shorter rows expose the exchange through L2, and equal for the backward. Partials are
+  // traded as fp32 pairs: never for float64.
+  bool portable_twice = false;
+  for (int c = 1; c <= std::min(8, max_cluster); c *= 2) portable_twice |= 2 * slice(c) <= plan.ring_slots;
+  const bool grid_default = p.elem_bytes == 4 && !backward && !portable_twice;
+  plan.grid_exchange = (o.exchange >= 0 ? o.exchange == 1 : grid_default) && d.sm_count > 0 && p.elem_bytes <= 4;
+  if (plan.grid_exchange) {
+    // Groups of a cooperative grid, one CTA per SM: a slice that fits twice, else once; of those,
+    // the group size that keeps the most SMs busy (the least CTAs per row where it ties). A row
+    // too long to stay in the ring of every SM's CTA goes to the clusters, streamed.
+    const int limit = o.cluster > 0 ? std::min(o.cluster, d.sm_count) : d.sm_count;
+    for (int times = 2; times >= 1 && !chosen; --times) {
+      int64_t best = 0;
+      for (int c = o.cluster > 0 ? limit : 1; c <= limit; ++c) {
+        if (times * slice(c) > plan.ring_slots) continue;
+        const int64_t busy = std::min<int64_t>(p.rows, d.sm_count / c) * c;
+        if (busy > best) best = busy, chosen = c;
+      }
+    }
+    plan.grid_exchange = chosen > 0;
+  }
+  if (!chosen && o.cluster > 0) {
     chosen = std::min(o.cluster, max_cluster);
-  } else {
+  } else if (!chosen) {
     // Prefer a slice that fits twice, so the next row streams in while this one is written out;
     // else one that fits once; else stream the row through the ring twice with the widest cluster.
     for (int c = 1; c <= max_cluster && !chosen; c *= 2)
@@ -97,6 +121,7 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
   plan.resident = plan.chunks_per_cta <= plan.ring_slots;
   plan.double_buffered = 2 * plan.chunks_per_cta <= plan.ring_slots;
   plan.grid = std::min<int64_t>(p.rows, int64_t{1} << 24);  // clusters wanted; occupancy caps it
+  if (o.groups > 0) plan.grid = std::min<int64_t>(plan.grid, o.groups);
   return plan;
 }
 

@@ -63,6 +63,8 @@ struct Overrides {
   int threads = 0;  // cluster_rows: threads per CTA (consumer warps plus the producer warp)
   int hints = -1;   // cluster_rows: cache hints, bit 0 loads evict-first, bit 1 streaming stores
   int tile_bytes = 0;  // cluster_tiles: tile width in bytes (a power of two, 64 to 512)
+  int exchange = -1;   // cluster_rows: 0 partials over DSMEM in clusters, 1 through global memory
+  int groups = 0;      // cluster_rows: at most this many clusters (or grid groups) at once
 };
 
 struct Plan {
@@ -80,6 +82,9 @@ struct Plan {
   int64_t smem_bytes = 0;  // dynamic shared memory per CTA
   // cluster_rows
   int cluster = 0;         // CTAs per row
+  // cluster_rows: the CTAs of a row are a group of a cooperative grid, not a cluster, and trade
+  // their partials through global memory (any group size, every SM in use).
+  bool grid_exchange = false;
   int chunk_bytes = 0;     // bytes per bulk copy / ring slot
   int ring_slots = 0;      // chunks the ring holds
   int aux_slots = 0;       // backward: chunks of the second ring, which streams y to the writers

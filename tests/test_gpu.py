@@ -32,6 +32,7 @@ def planned(rows, cols, dtype, aligned=True):
     knobs = {k: int(os.environ.get(f"SOFTLIGHT_{k.upper()}", "0"))
              for k in ("cluster", "chunk_bytes", "threads")}
     knobs["hints"] = int(os.environ.get("SOFTLIGHT_HINTS", "-1"))
+    knobs["exchange"] = int(os.environ.get("SOFTLIGHT_EXCHANGE", "-1"))
     e = ELEM[dtype]
     return _C.plan(rows, cols, e, aligned and cols * e % 16 == 0, **device_plan_args(), **knobs,
                    aligned8=aligned and cols * e % 8 == 0)
@@ -308,6 +309,7 @@ def test_cluster_shapes_forced(monkeypatch, cluster, chunk, threads, hints, dtyp
     the ring; always more rows than clusters, so that every cluster goes round several times."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("clusters need sm_90")
+    monkeypatch.setenv("SOFTLIGHT_EXCHANGE", "0")  # clusters (grid groups: test_grid_groups_forced)
     monkeypatch.setenv("SOFTLIGHT_CLUSTER", str(cluster))
     monkeypatch.setenv("SOFTLIGHT_CHUNK_BYTES", str(chunk))
     monkeypatch.setenv("SOFTLIGHT_THREADS", str(threads))
@@ -326,7 +328,45 @@ def test_cluster_shapes_forced(monkeypatch, cluster, chunk, threads, hints, dtyp
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_many_streamed_rows_per_cluster(dtype):
+@pytest.mark.parametrize("group", [1, 3, 22, 40, 132])
+def test_grid_groups_forced(monkeypatch, group, dtype):
+    """cluster_rows with each row's CTAs a group of a cooperative grid, trading partials through
+    global memory: group sizes off the powers of two, wider than a cluster and than a warp (each
+    writer lane merges several partials); rows that leave CTAs without a chunk, rows held once and
+    twice, more rows than groups; special values, temperature and LSE."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("grid groups use cluster_rows' bulk copies (sm_90)")
+    monkeypatch.setenv("SOFTLIGHT_EXCHANGE", "1")
+    monkeypatch.setenv("SOFTLIGHT_CLUSTER", str(group))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for cols in (8192, 69632, 393216, 2_000_000):
+        rows = min(3 * max(1, sms // group) + 5, max(1, (1 << 26) // (cols * ELEM[dtype])))
+        x = random_rows(rows, cols, dtype)
+        p = planned(*x.shape, dtype)
+        assert p["family"] == "cluster_rows", p
+        if p["grid_exchange"]:
+            assert p["cluster"] == min(group, sms), p
+        else:  # a slice too long for a CTA's ring goes to the clusters, streamed
+            assert -(-p["chunks_per_row"] // min(group, sms)) > p["ring_slots"], p
+        run_and_check(x, dtype, f"group={group} {rows}x{cols} {p}")
+    x = torch.from_numpy(special_matrix(np.random.default_rng(), 393216, np.float64)).to(device="cuda",
+                                                                                       dtype=tdtype(dtype))
+    y, lse = softlight.log_softmax(x, temperature=1.5, return_lse=True)
+    torch.cuda.synchronize()
+    t = torch.log_softmax(x / 1.5, -1)
+    assert torch.equal(torch.isnan(y), torch.isnan(t)), "NaN where torch has NaN, nowhere else"
+    assert torch.equal(y[torch.isinf(t)], t[torch.isinf(t)]), "the same infinities as torch"
+    assert_close_to_float64(y, x, dtype, f"group={group} specials", transform=lambda v: v / 1.5)
+    ref = torch.logsumexp(x.double() / 1.5, -1)
+    ref[torch.isnan(x).any(-1) | torch.isposinf(x).any(-1)] = float("nan")
+    finite = torch.isfinite(ref)
+    assert torch.equal(torch.isnan(lse), torch.isnan(ref)) and bool(
+        ((lse.double() - ref).abs()[finite] <= 1e-5 + 1e-5 * ref.abs()[finite]).all())
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_many_streamed_rows_per_cluster(monkeypatch, dtype):
+    monkeypatch.setenv("SOFTLIGHT_EXCHANGE", "0")  # grid groups would hold these rows
     x = random_rows(64, 4_194_304, dtype)  # 16 MB rows: each cluster streams several of them
     p = planned(*x.shape, dtype)
     assert p["family"] != "cluster_rows" or not p["resident"]

@@ -292,6 +292,28 @@ def test_backward_cluster_shapes_forced(monkeypatch, cluster, chunk, threads, hi
         assert_grad_close(dx, dy, y, -1, dtype, f"cluster={cluster} chunk={chunk} threads={threads} {rows}x{cols}")
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("group", [3, 22, 40])
+def test_backward_grid_groups_forced(monkeypatch, group, dtype):
+    """The backward through cluster_rows with each row's CTAs a group of a cooperative grid that
+    trades partials through global memory (group sizes off the powers of two and wider than a warp)."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("grid groups use cluster_rows' bulk copies (sm_90)")
+    monkeypatch.setenv("SOFTLIGHT_EXCHANGE", "1")
+    monkeypatch.setenv("SOFTLIGHT_CLUSTER", str(group))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    e = torch.tensor([], dtype=tdtype(dtype)).element_size()
+    for cols in (8192, 69632, 393216):
+        rows = min(3 * (sms // group) + 5, max(1, (1 << 25) // (cols * e)))
+        y = torch.log_softmax(rand((rows, cols), "float32"), -1).to(tdtype(dtype))
+        y[0, 5] = float("-inf")
+        dy = rand((rows, cols), dtype, 1.0)
+        dx = torch.full_like(dy, POISON)
+        softlight.log_softmax_backward(dy, y, grad_in=dx)
+        torch.cuda.synchronize()
+        assert_grad_close(dx, dy, y, -1, dtype, f"group={group} {rows}x{cols}")
+
+
 @pytest.mark.parametrize("cols", [393216, 1048576])
 def test_backward_cluster_rows_in_place_and_special_values(cols):
     hopper = torch.cuda.get_device_capability()[0] >= 9

@@ -72,12 +72,43 @@ def test_block_rows_resident_and_streamed():
 
 
 def test_founding_shape_on_h200():
+    # Groups of 22 CTAs of a cooperative grid: 6 rows at once on all 132 SMs, each slice held twice.
     p = plan(4096, 393216)
-    assert p["family"] == "cluster_rows" and p["resident"]
-    assert p["cluster"] == 16 and p["chunk_bytes"] == 8192
-    assert p["chunks_per_row"] == 192 and p["chunks_per_cta"] == 12
+    assert p["family"] == "cluster_rows" and p["resident"] and p["grid_exchange"]
+    assert p["cluster"] == 22 and p["chunk_bytes"] == 8192
+    assert p["chunks_per_row"] == 192 and p["chunks_per_cta"] == 9
     assert 2 * p["chunks_per_cta"] <= p["ring_slots"]  # the next row streams in behind this one
     assert p["smem_bytes"] <= H200["smem_optin"] and p["threads"] == 544 and p["double_buffered"]
+    # In clusters: 16 CTAs (7 fit on an H200).
+    q = plan(4096, 393216, exchange=0)
+    assert not q["grid_exchange"] and q["cluster"] == 16 and q["chunks_per_cta"] == 12 and q["double_buffered"]
+
+
+@pytest.mark.parametrize("cols,group,per_cta,twice", [
+    (262144, 11, 12, True), (393216, 22, 9, True), (1048576, 44, 12, True), (4194304, 132, 16, False),
+])
+def test_grid_groups_for_fp32_rows_no_portable_cluster_holds_twice(cols, group, per_cta, twice):
+    p = plan(4096, cols)
+    assert (p["grid_exchange"], p["cluster"], p["chunks_per_cta"], p["double_buffered"]) == (True, group, per_cta, twice)
+    assert p["resident"] and group * per_cta >= p["chunks_per_row"]
+    assert (132 // group) * group == 132  # every SM busy
+    # Fewer rows than groups: the group widens so that the rows still cover the SMs.
+    assert plan(2, 393216)["cluster"] == 66
+
+
+def test_grid_groups_elsewhere():
+    assert not plan(4096, 131072)["grid_exchange"]  # 8-CTA clusters hold it twice
+    assert not plan(4096, 393216, "bfloat16")["grid_exchange"]  # measured slower in 16 bits
+    assert not plan(4096, 393216, "float64")["grid_exchange"]  # partials are traded as fp32
+    assert not plan(4096, 393216, "float64", exchange=1)["grid_exchange"]
+    p = plan(4096, 393216, "bfloat16", exchange=1)  # the knob forces them
+    assert p["grid_exchange"] and p["cluster"] == 11 and p["double_buffered"]
+    p = plan(4096, 393216, exchange=1, cluster=40)  # any size the ring holds, past a warp
+    assert p["grid_exchange"] and p["cluster"] == 40 and p["chunks_per_cta"] == 5
+    p = plan(64, 16 * 4194304)  # 64 MB rows: no grid holds them; clusters stream them
+    assert not p["grid_exchange"] and not p["resident"] and p["cluster"] == 16
+    assert plan(4096, 393216, dev=A100)["family"] == "block_rows"
+    assert not plan_axis(4096, 393216, backward=True)["grid_exchange"]  # measured equal: clusters
 
 
 def test_founding_shape_bfloat16_on_h200():
@@ -87,7 +118,7 @@ def test_founding_shape_bfloat16_on_h200():
 
 
 def test_very_long_rows_stream_through_the_cluster():
-    p = plan(64, 4_194_304)
+    p = plan(64, 4_194_304, exchange=0)
     assert p["family"] == "cluster_rows" and not p["resident"] and p["cluster"] == 16
     assert p["chunks_per_cta"] * p["cluster"] >= p["chunks_per_row"]
 
@@ -133,7 +164,8 @@ def test_every_plan_covers_its_row(dtype):
                     assert p["resident"] == (p["chunks_per_cta"] <= p["ring_slots"])
                     assert p["double_buffered"] == (2 * p["chunks_per_cta"] <= p["ring_slots"])
                     assert p["smem_bytes"] <= dev["smem_optin"]
-                    assert p["cluster"] in (1, 2, 4, 8, 16)
+                    assert p["cluster"] in (1, 2, 4, 8, 16) or p["grid_exchange"]
+                    assert p["cluster"] <= dev["sm_count"]
                 if not aligned:
                     assert p["vec"] == 1
 

@@ -3,7 +3,9 @@
     python tools/tune.py --shapes 4096x393216 --dtypes float32,bfloat16 --clusters 8,16 --chunks 8192,16384
     python tools/tune.py --shapes 64x4096x4096 --dim 1 --clusters 8,16 --tiles 128,256,512
 
-Each variant (set through SOFTLIGHT_CLUSTER / _CHUNK_BYTES / _THREADS / _HINTS / _TILE_BYTES) is
+    python tools/tune.py --shapes 4096x393216 --exchange 0,1 --clusters 0,16,22
+
+Each variant (set through SOFTLIGHT_CLUSTER / _CHUNK_BYTES / _THREADS / _HINTS / _TILE_BYTES / _EXCHANGE) is
 checked against float64 on a few rows (or, along a non-last axis, the first two outer slices)
 before it is timed. Needs torch for the inputs; times with cuda.core events.
 """
@@ -38,12 +40,13 @@ def main():
     ap.add_argument("--threads", default="0")
     ap.add_argument("--hints", default="-1")
     ap.add_argument("--tiles", default="0", help="cluster_tiles: tile widths in bytes")
+    ap.add_argument("--exchange", default="-1", help="cluster_rows: 0 clusters, 1 grid groups")
     ap.add_argument("--dim", type=int, default=-1)
     ap.add_argument("--reps", type=int, default=20)
     a = ap.parse_args()
     gpu = Gpu(0)
     ext = torch.cuda.ExternalStream(gpu.handle)
-    print(f"{'shape':>14s} {'dtype':9s} {'cluster':>7s} {'chunk':>6s} {'thr':>4s} {'h':>2s} {'tile':>4s} "
+    print(f"{'shape':>14s} {'dtype':9s} {'x':>2s} {'cluster':>7s} {'chunk':>6s} {'thr':>4s} {'h':>2s} {'tile':>4s} "
           f"{'ms':>8s} {'x copy':>7s}")
     for shape in parse_shapes(a.shapes):
         rows, cols = shape[0], shape[-1]
@@ -56,9 +59,11 @@ def main():
             ext.synchronize()
             nbytes = x.numel() * x.element_size()
             copy_ms = gpu.time_ms(lambda: gpu.copy(y.data_ptr(), x.data_ptr(), nbytes), 3, a.reps)
-            variants = [(c, ch, th, h, t) for c in a.clusters.split(",") for ch in a.chunks.split(",")
-                        for th in a.threads.split(",") for h in a.hints.split(",") for t in a.tiles.split(",")]
-            for c, ch, th, h, t in variants:
+            variants = [(xc, c, ch, th, h, t) for xc in a.exchange.split(",") for c in a.clusters.split(",")
+                        for ch in a.chunks.split(",") for th in a.threads.split(",") for h in a.hints.split(",")
+                        for t in a.tiles.split(",")]
+            for xc, c, ch, th, h, t in variants:
+                os.environ["SOFTLIGHT_EXCHANGE"] = xc
                 os.environ["SOFTLIGHT_CLUSTER"], os.environ["SOFTLIGHT_CHUNK_BYTES"] = c, ch
                 os.environ["SOFTLIGHT_THREADS"], os.environ["SOFTLIGHT_HINTS"] = th, h
                 os.environ["SOFTLIGHT_TILE_BYTES"] = t
@@ -76,13 +81,14 @@ def main():
                 else:
                     bad = check_rows(y[:2], x[:2], [0, 1], dt, a.dim - 1)
                 ms = gpu.time_ms(run, 3, a.reps) if bad is None else float("nan")
-                print(f"{name:>14s} {dt:9s} {c:>7s} {ch:>6s} {th:>4s} {h:>2s} {t:>4s} {ms:8.3f} {ms / copy_ms:7.3f}"
+                print(f"{name:>14s} {dt:9s} {xc:>2s} {c:>7s} {ch:>6s} {th:>4s} {h:>2s} {t:>4s} {ms:8.3f} {ms / copy_ms:7.3f}"
                       + (f"  WRONG (err {bad})" if bad is not None else ""), flush=True)
-            print(f"{name:>14s} {dt:9s} {'copy':>7s} {'':>6s} {'':>4s} {'':>2s} {'':>4s} {copy_ms:8.3f} {1:7.3f}",
+            print(f"{name:>14s} {dt:9s} {'':>2s} {'copy':>7s} {'':>6s} {'':>4s} {'':>2s} {'':>4s} {copy_ms:8.3f} {1:7.3f}",
                   flush=True)
             del x, y
             torch.cuda.empty_cache()
-    for k in ("SOFTLIGHT_CLUSTER", "SOFTLIGHT_CHUNK_BYTES", "SOFTLIGHT_THREADS", "SOFTLIGHT_HINTS", "SOFTLIGHT_TILE_BYTES"):
+    for k in ("SOFTLIGHT_CLUSTER", "SOFTLIGHT_CHUNK_BYTES", "SOFTLIGHT_THREADS", "SOFTLIGHT_HINTS", "SOFTLIGHT_TILE_BYTES",
+              "SOFTLIGHT_EXCHANGE"):
         os.environ.pop(k, None)
 
 
