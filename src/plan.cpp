@@ -78,14 +78,14 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
 
   auto slice = [&](int c) { return ceil_div(plan.chunks_per_row, c); };
   int chosen = 0;
-  // Grid groups for the forward of fp32 rows that no portable cluster (8 CTAs) holds twice: 16-CTA
-  // clusters leave 20 of an H200's SMs idle, and longer rows would stream through clusters. Measured
-  // (docs/design.md): equal or faster there, up to 1.4 x at rows of 1 M; slower for 16-bit rows,
-  // whose shorter rows expose the exchange through L2, and equal for the backward. Partials are
-  // traded as fp32 pairs: never for float64.
-  bool portable_twice = false;
-  for (int c = 1; c <= std::min(8, max_cluster); c *= 2) portable_twice |= 2 * slice(c) <= plan.ring_slots;
-  const bool grid_default = p.elem_bytes == 4 && !backward && !portable_twice;
+  // Grid groups for the forward of fp32 rows that no cluster holds twice (which clusters would
+  // stream, or hold once without overlapping rows). Measured on an H200 (docs/design.md): rows of
+  // 1 M fp32 1.68 x -> 1.17 x copy; but 2-3 % slower than 16-CTA clusters where those hold the row
+  // twice (the founding shape), slower for 16-bit rows, whose shorter rows expose the exchange
+  // through L2, and equal for the backward. Partials are traded as fp32 pairs: never for float64.
+  bool cluster_twice = false;
+  for (int c = 1; c <= max_cluster; c *= 2) cluster_twice |= 2 * slice(c) <= plan.ring_slots;
+  const bool grid_default = p.elem_bytes == 4 && !backward && !cluster_twice;
   plan.grid_exchange = (o.exchange >= 0 ? o.exchange == 1 : grid_default) && d.sm_count > 0 && p.elem_bytes <= 4;
   if (plan.grid_exchange) {
     // Groups of a cooperative grid, one CTA per SM: a slice that fits twice, else once; of those,

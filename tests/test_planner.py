@@ -72,32 +72,29 @@ def test_block_rows_resident_and_streamed():
 
 
 def test_founding_shape_on_h200():
-    # Groups of 22 CTAs of a cooperative grid: 6 rows at once on all 132 SMs, each slice held twice.
     p = plan(4096, 393216)
-    assert p["family"] == "cluster_rows" and p["resident"] and p["grid_exchange"]
-    assert p["cluster"] == 22 and p["chunk_bytes"] == 8192
-    assert p["chunks_per_row"] == 192 and p["chunks_per_cta"] == 9
+    assert p["family"] == "cluster_rows" and p["resident"] and not p["grid_exchange"]
+    assert p["cluster"] == 16 and p["chunk_bytes"] == 8192
+    assert p["chunks_per_row"] == 192 and p["chunks_per_cta"] == 12
     assert 2 * p["chunks_per_cta"] <= p["ring_slots"]  # the next row streams in behind this one
     assert p["smem_bytes"] <= H200["smem_optin"] and p["threads"] == 544 and p["double_buffered"]
-    # In clusters: 16 CTAs (7 fit on an H200).
-    q = plan(4096, 393216, exchange=0)
-    assert not q["grid_exchange"] and q["cluster"] == 16 and q["chunks_per_cta"] == 12 and q["double_buffered"]
+    # As grid groups (a knob): 22 CTAs, 6 rows at once on all 132 SMs, each slice held twice.
+    q = plan(4096, 393216, exchange=1)
+    assert q["grid_exchange"] and q["cluster"] == 22 and q["chunks_per_cta"] == 9 and q["double_buffered"]
 
 
-@pytest.mark.parametrize("cols,group,per_cta,twice", [
-    (262144, 11, 12, True), (393216, 22, 9, True), (1048576, 44, 12, True), (4194304, 132, 16, False),
-])
-def test_grid_groups_for_fp32_rows_no_portable_cluster_holds_twice(cols, group, per_cta, twice):
+@pytest.mark.parametrize("cols,group,per_cta,twice", [(1048576, 44, 12, True), (4194304, 132, 16, False)])
+def test_grid_groups_for_fp32_rows_no_cluster_holds_twice(cols, group, per_cta, twice):
     p = plan(4096, cols)
     assert (p["grid_exchange"], p["cluster"], p["chunks_per_cta"], p["double_buffered"]) == (True, group, per_cta, twice)
     assert p["resident"] and group * per_cta >= p["chunks_per_row"]
     assert (132 // group) * group == 132  # every SM busy
     # Fewer rows than groups: the group widens so that the rows still cover the SMs.
-    assert plan(2, 393216)["cluster"] == 66
+    assert plan(2, 1048576)["cluster"] == 66
 
 
 def test_grid_groups_elsewhere():
-    assert not plan(4096, 131072)["grid_exchange"]  # 8-CTA clusters hold it twice
+    assert not plan(4096, 262144)["grid_exchange"]  # 16-CTA clusters hold it twice
     assert not plan(4096, 393216, "bfloat16")["grid_exchange"]  # measured slower in 16 bits
     assert not plan(4096, 393216, "float64")["grid_exchange"]  # partials are traded as fp32
     assert not plan(4096, 393216, "float64", exchange=1)["grid_exchange"]
