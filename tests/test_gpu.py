@@ -390,6 +390,29 @@ def test_temperature_and_lse(cols, dtype):
     assert bool(((lse.double() - ref).abs() <= atol + rtol * ref.abs()).all()), float((lse.double() - ref).abs().max())
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_one_element_rows_flat_and_strided(dtype):
+    """Rows of one element: contiguous and aligned (16-byte packs, with a tail of rows that is not
+    a whole pack), shifted by one element (element by element) and strided; special values
+    everywhere (log_softmax of a lone x is 0, NaN for NaN and +-inf), temperature and LSE."""
+    base = random_rows(100_003 * 3 + 1, 1, dtype)
+    base[::97] = float("nan")
+    base[1::89] = float("inf")
+    base[2::83] = float("-inf")
+    for x in (base[: 100_003 * 3], base[1:], base[::3]):
+        y = poisoned_like(x)
+        _, lse = softlight.log_softmax(x, out=y, temperature=0.5, return_lse=True)
+        torch.cuda.synchronize()
+        t = torch.log_softmax(x.double() / 0.5, -1)
+        assert torch.equal(torch.isnan(y), torch.isnan(t)) and bool((y[~torch.isnan(t)] == 0).all())
+        ref = x.double()[:, 0] / 0.5
+        ref[torch.isposinf(ref)] = float("nan")  # the LSE of a row holding +inf (docs/semantics.md)
+        assert torch.equal(torch.isnan(lse), torch.isnan(ref))
+        inf, fin = torch.isinf(ref), torch.isfinite(ref)
+        assert torch.equal(lse.double()[inf], ref[inf])
+        assert bool(((lse.double()[fin] - ref[fin]).abs() <= 1e-5 + 1e-5 * ref[fin].abs()).all())
+
+
 def test_lse_special_values_on_gpu():
     rng = np.random.default_rng()
     from reference import logsumexp_ref
