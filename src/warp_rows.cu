@@ -156,10 +156,11 @@ single_column_packed_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t 
   const int64_t threads = int64_t{gridDim.x} * blockDim.x;
   const int64_t tid = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   const int64_t packs = rows / V;
+  // A lone value's sum is exp(0) = 1 where it is finite: y = v - v (0, or NaN for NaN and +-inf)
+  // and the LSE is v (NaN for +inf, as for any row holding +inf), with no exp or log to take.
   auto one = [&](A v, int64_t r) {
-    const A log_sum = log_acc(exp_shifted(v, v));
-    if (lse != nullptr) lse[r] = v + log_sum;
-    return log_softmax_out(v, v, log_sum);
+    if (lse != nullptr) lse[r] = v == -neg_inf<A>() ? v - v : v;
+    return v - v;
   };
   for (int64_t base = tid; base < packs; base += threads * kSinglePacks) {
     A v[kSinglePacks][V];
