@@ -86,7 +86,9 @@ bool vectorizable(std::initializer_list<std::pair<const void*, int64_t>> arrays,
 
 // Plans, launches, and where a cluster cannot be placed (a partitioned or busy GPU) halves the
 // largest cluster allowed and plans again, down to none; the planner then chooses the cluster
-// itself (an override may be what failed). Nothing has been queued when that error comes back.
+// itself (an override may be what failed), in clusters (a cooperative grid too large to be resident
+// comes back as the same error). Nothing that touches the caller's arrays has been queued when that
+// error comes back (grid groups may have queued their table's allocation, fill and release).
 // plan(dev, overrides) -> Plan, launch(plan) -> cudaError_t.
 template <class PlanFn, class LaunchFn>
 softlight_status launch_with_cluster_fallback(DeviceInfo dev, const Overrides& over, PlanFn plan_for,
@@ -105,8 +107,9 @@ softlight_status launch_with_cluster_fallback(DeviceInfo dev, const Overrides& o
 }
 
 // Tuning knobs for experiments: SOFTLIGHT_CLUSTER, SOFTLIGHT_CHUNK_BYTES, SOFTLIGHT_THREADS,
-// SOFTLIGHT_HINTS, SOFTLIGHT_TILE_BYTES, SOFTLIGHT_EXCHANGE, SOFTLIGHT_GROUPS, SOFTLIGHT_SPLIT_LANES, SOFTLIGHT_SPLIT_SEGMENT_BYTES (unset: the planner's
-// choice); SOFTLIGHT_VERBOSE prints cluster launches.
+// SOFTLIGHT_HINTS, SOFTLIGHT_TILE_BYTES, SOFTLIGHT_EXCHANGE, SOFTLIGHT_GROUPS, SOFTLIGHT_SPLIT_LANES,
+// SOFTLIGHT_SPLIT_SEGMENT_BYTES (unset: the planner's choice); SOFTLIGHT_VERBOSE prints cluster
+// launches.
 Overrides overrides_from_env() {
   Overrides o;
   if (const char* s = std::getenv("SOFTLIGHT_CLUSTER")) o.cluster = std::atoi(s);

@@ -77,15 +77,20 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
   const int max_cluster = std::min(d.max_cluster, kMaxCluster);
 
   auto slice = [&](int c) { return ceil_div(plan.chunks_per_row, c); };
+  // The smallest cluster whose slice fits the ring `times` over, or 0.
+  auto smallest_cluster = [&](int times) {
+    for (int c = 1; c <= max_cluster; c *= 2)
+      if (times * slice(c) <= plan.ring_slots) return c;
+    return 0;
+  };
+  const int cluster_twice = smallest_cluster(2);
   int chosen = 0;
   // Grid groups for the forward of fp32 rows that no cluster holds twice (which clusters would
   // stream, or hold once without overlapping rows). Measured on an H200 (docs/design.md): rows of
   // 1 M fp32 1.68 x -> 1.17 x copy; but 2-3 % slower than 16-CTA clusters where those hold the row
   // twice (the founding shape), slower for 16-bit rows, whose shorter rows expose the exchange
   // through L2, and equal for the backward. Partials are traded as fp32 pairs: never for float64.
-  bool cluster_twice = false;
-  for (int c = 1; c <= max_cluster; c *= 2) cluster_twice |= 2 * slice(c) <= plan.ring_slots;
-  const bool grid_default = p.elem_bytes == 4 && !backward && !cluster_twice;
+  const bool grid_default = p.elem_bytes == 4 && !backward && cluster_twice == 0;
   plan.grid_exchange = (o.exchange >= 0 ? o.exchange == 1 : grid_default) && d.sm_count > 0 && p.elem_bytes <= 4;
   if (plan.grid_exchange) {
     // Groups of a cooperative grid, one CTA per SM: a slice that fits twice, else once; of those,
@@ -107,10 +112,7 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
   } else if (!chosen) {
     // Prefer a slice that fits twice, so the next row streams in while this one is written out;
     // else one that fits once; else stream the row through the ring twice with the widest cluster.
-    for (int c = 1; c <= max_cluster && !chosen; c *= 2)
-      if (2 * slice(c) <= plan.ring_slots) chosen = c;
-    for (int c = 1; c <= max_cluster && !chosen; c *= 2)
-      if (slice(c) <= plan.ring_slots) chosen = c;
+    chosen = cluster_twice ? cluster_twice : smallest_cluster(1);
     if (!chosen) {
       chosen = 1;
       while (chosen * 2 <= max_cluster) chosen *= 2;
