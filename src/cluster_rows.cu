@@ -21,6 +21,12 @@
 // all ones: a sum is 0 or the result of arithmetic, never that NaN pattern, so the writers poll
 // the slot itself and no flag or fence is needed (single-copy atomic 64-bit accesses).
 //
+// Claimed rows: where `counter` is set, the cluster does not take every clusters-th row but claims
+// its next row from a counter in global memory, so that clusters on SMs with more bandwidth take
+// more rows (SMs differ: dealt in turn, a copy through this ring left some SMs idle for a third of
+// the run). CTA 0's producer claims the row of iteration j + 1 while the cluster loads row j, and
+// writes it into every CTA's row queue; each role of each CTA reads iteration j's row there.
+//
 // Backward (dx = dy - exp(y) * sum(dy)): the ring holds dy, whose sum the statistics warps take;
 // y, needed by the writers only, arrives through a second, short ring (`aux`) that a second
 // producer thread keeps full. So dy and y are each read from DRAM once and dx written once.
@@ -48,6 +54,7 @@ struct ClusterShape {
   int aux_slots; // backward: chunks of the y ring
   int grid_group; // grid groups: CTAs per row
   void* exchange; // grid groups: the partials table (rows x C packed pairs, see above)
+  unsigned long long* counter; // claimed rows: the next row's ticket, starting all ones; or null
 };
 
 // The kernel body exists in the sm_90 device pass only (SOFTLIGHT_HOPPER, hopper.cuh); other
@@ -60,6 +67,10 @@ struct ClusterShape {
 constexpr int kStatsBuffers = 4;
 constexpr int kBar = 1;  // named barrier over the consumer warps
 constexpr uint32_t kUnsent = 0xffffffffu;  // the sum's bits in a grid group's slot not yet written
+// Claimed rows: entries of the row queue, (iteration + 1) << 32 | row, by iteration. CTA 0 writes
+// the entry of iteration j only once its writers have begun row j - kRowQueue + 4: by then every
+// role of every CTA of the cluster is done with the entry's previous use (see publish).
+constexpr int kRowQueue = 32;
 __device__ __forceinline__ uint64_t pack_pair(float m, float s) {
   return (uint64_t{__float_as_uint(s)} << 32) | __float_as_uint(m);
 }
@@ -83,6 +94,8 @@ template <class T, int U, bool Backward> struct ClusterCta {  // U: 16-byte vect
   A* scratch;                   // [32]
   volatile int* rows_started;   // rows the writers have begun (gates the statistics warps)
   volatile int* rows_done;      // rows the writers have finished (gates them when streaming)
+  uint64_t* queue;              // claimed rows: [kRowQueue] entries (see kRowQueue)
+  int64_t cluster_id, clusters, rows;
   uint32_t rank, csize;
   uint64_t* table;              // grid groups: packed partials by (row, rank), or null (clusters)
   int group;                    // threads per consumer group
@@ -104,6 +117,31 @@ template <class T, int U, bool Backward> struct ClusterCta {  // U: 16-byte vect
   __device__ __forceinline__ void release_aux(uint32_t slot) const {
     __syncwarp();
     if (lane == 0) mbar_arrive(smem_addr(aux_empty + slot));
+  }
+
+  // The row of iteration `iter` (rows when there is none left).
+  __device__ __forceinline__ int64_t row_of(int64_t iter) const {
+    if (sh.counter == nullptr) return min(rows, cluster_id + iter * clusters);
+    const uint32_t addr = smem_addr(queue + iter % kRowQueue);
+    uint64_t e;
+    while (static_cast<uint32_t>((e = load_relaxed_cluster(addr)) >> 32) != static_cast<uint32_t>(iter + 1))
+      __nanosleep(32);
+    return static_cast<uint32_t>(e);
+  }
+  // CTA 0's producer: a ticket (claims a row; the counter starts all ones, so the first is 0).
+  __device__ __forceinline__ unsigned long long claim() const { return atomicAdd(sh.counter, 1ull) + 1ull; }
+  // CTA 0's producer: write the row of `ticket` into every CTA's queue as iteration `iter`'s. The
+  // entry's previous use, iteration iter - kRowQueue, is behind every role of every CTA once our
+  // writers have begun row iter - kRowQueue + 4: they have every CTA's partial of it, so every
+  // CTA's statistics warps are past it, and those run at most two rows ahead of their writers
+  // (producers run ahead of both). Returns false once the rows have run out.
+  __device__ __forceinline__ bool publish(int64_t iter, unsigned long long ticket) const {
+    while (iter >= *rows_started + kRowQueue - 4) __nanosleep(64);
+    const uint64_t row = ticket < static_cast<unsigned long long>(rows) ? ticket : static_cast<uint64_t>(rows);
+    const uint64_t e = (static_cast<uint64_t>(iter + 1) << 32) | row;
+    const uint32_t addr = smem_addr(queue + iter % kRowQueue);
+    for (uint32_t r = 0; r < csize; ++r) store_relaxed_cluster(cluster_map(addr, r), e);
+    return row < static_cast<uint64_t>(rows);
   }
 
   // Statistics warps: fold the slice of row `iter` into a running (max, sum) as its chunks land,
@@ -302,6 +340,8 @@ cluster_rows_kernel(const T* __restrict__ x, int64_t xs, const T* __restrict__ a
   cta.scratch = reinterpret_cast<acc_t<T>*>(cta.partials + kStatsBuffers * kMaxCluster);
   cta.rows_started = reinterpret_cast<volatile int*>(cta.scratch + 32);
   cta.rows_done = cta.rows_started + 1;
+  cta.queue = reinterpret_cast<uint64_t*>(const_cast<int*>(cta.rows_done + 1));  // 8-aligned
+  cta.rows = rows;
   if (sh.exchange != nullptr) {
     cta.csize = static_cast<uint32_t>(sh.grid_group);
     cta.rank = blockIdx.x % cta.csize;
@@ -318,8 +358,8 @@ cluster_rows_kernel(const T* __restrict__ x, int64_t xs, const T* __restrict__ a
   cta.row_bytes = cols * int64_t{sizeof(T)};
   cta.first_chunk = int64_t{cta.rank} * sh.chunks_per_cta;
   cta.my_chunks = max(int64_t{0}, min(sh.chunks_per_cta, sh.chunks_per_row - cta.first_chunk));
-  const int64_t cluster_id = blockIdx.x / cta.csize;
-  const int64_t clusters = gridDim.x / cta.csize;
+  cta.cluster_id = blockIdx.x / cta.csize;
+  cta.clusters = gridDim.x / cta.csize;
 
   if (threadIdx.x == 0) {
     for (int i = 0; i < sh.ring_slots; ++i) {
@@ -336,18 +376,17 @@ cluster_rows_kernel(const T* __restrict__ x, int64_t xs, const T* __restrict__ a
     }
     *cta.rows_started = 0;
     *cta.rows_done = 0;
+    for (int i = 0; i < kRowQueue; ++i) cta.queue[i] = 0;
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   cluster_sync();
 
   if (warp < group_warps) {
     RingPos pos;
-    int64_t iter = 0;
-    for (int64_t row = cluster_id; row < rows; row += clusters, ++iter) cta.stats(pos, iter, row);
+    for (int64_t iter = 0, row; (row = cta.row_of(iter)) < rows; ++iter) cta.stats(pos, iter, row);
   } else if (warp < 2 * group_warps) {
     RingPos pos, apos;
-    int64_t iter = 0;
-    for (int64_t row = cluster_id; row < rows; row += clusters, ++iter) {
+    for (int64_t iter = 0, row; (row = cta.row_of(iter)) < rows; ++iter) {
       T* dst = reinterpret_cast<T*>(reinterpret_cast<unsigned char*>(y + row * ys) +
                                     cta.first_chunk * sh.chunk_bytes);
       cta.write(pos, apos, iter, row, dst);
@@ -355,7 +394,7 @@ cluster_rows_kernel(const T* __restrict__ x, int64_t xs, const T* __restrict__ a
   } else if (Backward && threadIdx.x == 2 * cta.group + 1) {
     // Backward: a second producer thread keeps the y ring full, in the writers' order.
     RingPos pos;
-    for (int64_t row = cluster_id; row < rows; row += clusters) {
+    for (int64_t iter = 0, row; (row = cta.row_of(iter)) < rows; ++iter) {
       const unsigned char* src =
           reinterpret_cast<const unsigned char*>(aux + row * as) + cta.first_chunk * sh.chunk_bytes;
       for (int64_t k = 0; k < cta.my_chunks; ++k) {
@@ -368,9 +407,13 @@ cluster_rows_kernel(const T* __restrict__ x, int64_t xs, const T* __restrict__ a
       }
     }
   } else if (threadIdx.x == 2 * cta.group) {
-    // Producer: one thread walks the same rows and keeps the ring full.
+    // Producer: one thread walks the same rows and keeps the ring full. CTA 0's claims the next
+    // row before it loads this one and publishes it after (the claim's round trip overlaps the
+    // loads).
     RingPos pos;
-    for (int64_t row = cluster_id; row < rows; row += clusters) {
+    bool more = sh.counter != nullptr && cta.rank == 0 && cta.publish(0, cta.claim());
+    for (int64_t iter = 0, row; (row = cta.row_of(iter)) < rows; ++iter) {
+      const unsigned long long ticket = more ? cta.claim() : 0;
       const unsigned char* src =
           reinterpret_cast<const unsigned char*>(x + row * xs) + cta.first_chunk * sh.chunk_bytes;
       for (int pass = 0; pass < (sh.resident ? 1 : 2); ++pass) {
@@ -387,6 +430,7 @@ cluster_rows_kernel(const T* __restrict__ x, int64_t xs, const T* __restrict__ a
           pos.advance(sh.ring_slots);
         }
       }
+      if (more) more = cta.publish(iter + 1, ticket);
     }
   }
   // No CTA may leave while a peer can still write into its shared memory.
@@ -408,9 +452,10 @@ struct Operands {
   void* lse;
 };
 
-// Grid groups' tables come from a memory pool of softlight's own on each device, which keeps what
-// it has allocated (a few KB to a few MB) instead of handing it back at every synchronization as
-// the default pool does (mapping it again would cost more than the table is worth).
+// Workspaces (grid groups' tables, claimed rows' counters) come from a memory pool of softlight's
+// own on each device, which keeps what it has allocated (8 bytes to a few MB) instead of handing
+// it back at every synchronization as the default pool does (mapping it again would cost more than
+// the workspace is worth).
 cudaError_t workspace_pool(cudaMemPool_t* pool) {
   int device = 0;
   cudaError_t e = cudaGetDevice(&device);
@@ -448,23 +493,34 @@ cudaError_t launch(const Plan& p, const Operands& a, cudaStream_t stream) {
   if (e != cudaSuccess) return e;
 
   ClusterShape sh{p.chunk_bytes, p.ring_slots, p.chunks_per_row, p.chunks_per_cta, p.resident ? 1 : 0, a.scale,
-                  a.lse, p.hints, Backward ? p.aux_slots : 0, p.grid_exchange ? p.cluster : 0, nullptr};
+                  a.lse, p.hints, Backward ? p.aux_slots : 0, p.grid_exchange ? p.cluster : 0, nullptr, nullptr};
+  // Rows are claimed only where a cluster has more than one to take (rows fit the queue's 32 bits).
+  const bool claim = p.claim_rows && !p.grid_exchange && a.rows > l.clusters && a.rows < (int64_t{1} << 32) - 1;
   if (std::getenv("SOFTLIGHT_VERBOSE"))
     std::fprintf(stderr,
                  "softlight: cluster_rows%s %s=%d %s=%lld (active max %d) threads=%d chunk=%d "
-                 "slots=%d aux=%d chunks/cta=%lld resident=%d hints=%d\n",
+                 "slots=%d aux=%d chunks/cta=%lld resident=%d hints=%d claim=%d\n",
                  Backward ? " backward" : "", p.grid_exchange ? "group" : "cluster", p.cluster,
                  p.grid_exchange ? "groups" : "clusters", static_cast<long long>(l.clusters), l.active, p.threads,
                  p.chunk_bytes, p.ring_slots, sh.aux_slots, static_cast<long long>(p.chunks_per_cta),
-                 p.resident ? 1 : 0, p.hints);
-  // Grid groups (fp32 partials only): a table of packed (max, sum) pairs by row and rank, all ones
-  // on the stream before the kernel (kUnsent), freed on the stream after it.
-  if (p.grid_exchange) {
-    if (sizeof(acc_t<T>) != 4) return cudaErrorInvalidValue;
-    const size_t bytes = static_cast<size_t>(a.rows) * static_cast<size_t>(p.cluster) * sizeof(uint64_t);
+                 p.resident ? 1 : 0, p.hints, claim ? 1 : 0);
+  // A workspace, all ones on the stream before the kernel and freed on the stream after it: claimed
+  // rows' counter (the first ticket is then 0), or grid groups' table of packed (max, sum) pairs by
+  // row and rank (kUnsent; fp32 partials only).
+  if (p.grid_exchange && sizeof(acc_t<T>) != 4) return cudaErrorInvalidValue;
+  const size_t bytes = p.grid_exchange ? static_cast<size_t>(a.rows) * static_cast<size_t>(p.cluster) * sizeof(uint64_t)
+                       : claim         ? sizeof(unsigned long long)
+                                       : 0;
+  void* workspace = nullptr;
+  if (bytes > 0) {
     cudaMemPool_t pool;
-    if ((e = workspace_pool(&pool)) || (e = cudaMallocFromPoolAsync(&sh.exchange, bytes, pool, stream))) return e;
-    e = cudaMemsetAsync(sh.exchange, 0xff, bytes, stream);
+    if ((e = workspace_pool(&pool)) || (e = cudaMallocFromPoolAsync(&workspace, bytes, pool, stream))) return e;
+    e = cudaMemsetAsync(workspace, 0xff, bytes, stream);
+    if (p.grid_exchange) {
+      sh.exchange = workspace;
+    } else {
+      sh.counter = static_cast<unsigned long long*>(workspace);
+    }
   }
   if (e == cudaSuccess)
     e = cudaLaunchKernelEx(&l.cfg, kernel, static_cast<const T*>(a.x), a.xs, static_cast<const T*>(a.aux), a.as,
@@ -472,8 +528,8 @@ cudaError_t launch(const Plan& p, const Operands& a, cudaStream_t stream) {
   if (e == cudaSuccess) e = cudaGetLastError();
   // A grid that cannot be resident at once (a partitioned GPU): the caller falls back to clusters.
   if (e == cudaErrorCooperativeLaunchTooLarge) e = cudaErrorInvalidClusterSize;
-  if (sh.exchange != nullptr) {
-    const cudaError_t f = cudaFreeAsync(sh.exchange, stream);
+  if (workspace != nullptr) {
+    const cudaError_t f = cudaFreeAsync(workspace, stream);
     if (e == cudaSuccess) e = f;
   }
   return e;

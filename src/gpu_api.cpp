@@ -107,9 +107,9 @@ softlight_status launch_with_cluster_fallback(DeviceInfo dev, const Overrides& o
 }
 
 // Tuning knobs for experiments: SOFTLIGHT_CLUSTER, SOFTLIGHT_CHUNK_BYTES, SOFTLIGHT_THREADS,
-// SOFTLIGHT_HINTS, SOFTLIGHT_TILE_BYTES, SOFTLIGHT_EXCHANGE, SOFTLIGHT_GROUPS, SOFTLIGHT_SPLIT_LANES,
-// SOFTLIGHT_SPLIT_SEGMENT_BYTES (unset: the planner's choice); SOFTLIGHT_VERBOSE prints cluster
-// launches.
+// SOFTLIGHT_HINTS, SOFTLIGHT_TILE_BYTES, SOFTLIGHT_EXCHANGE, SOFTLIGHT_GROUPS, SOFTLIGHT_CLAIM,
+// SOFTLIGHT_SPLIT_LANES, SOFTLIGHT_SPLIT_SEGMENT_BYTES (unset: the planner's choice);
+// SOFTLIGHT_VERBOSE prints cluster launches.
 Overrides overrides_from_env() {
   Overrides o;
   if (const char* s = std::getenv("SOFTLIGHT_CLUSTER")) o.cluster = std::atoi(s);
@@ -119,6 +119,7 @@ Overrides overrides_from_env() {
   if (const char* s = std::getenv("SOFTLIGHT_TILE_BYTES")) o.tile_bytes = std::atoi(s);
   if (const char* s = std::getenv("SOFTLIGHT_EXCHANGE")) o.exchange = std::atoi(s);
   if (const char* s = std::getenv("SOFTLIGHT_GROUPS")) o.groups = std::atoi(s);
+  if (const char* s = std::getenv("SOFTLIGHT_CLAIM")) o.claim = std::atoi(s);
   if (o.chunk_bytes % 16 != 0 || o.chunk_bytes < 0) o.chunk_bytes = 0;
   return o;
 }

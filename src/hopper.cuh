@@ -117,6 +117,17 @@ __device__ __forceinline__ uint64_t load_relaxed_gpu(const uint64_t* p) {
   return v;
 }
 
+// Single-copy atomic 64-bit messages within a cluster: a store into a CTA's shared memory
+// (shared::cluster address, see cluster_map) and a load of this CTA's own.
+__device__ __forceinline__ void store_relaxed_cluster(uint32_t addr, uint64_t v) {
+  asm volatile("st.relaxed.cluster.shared::cluster.b64 [%0], %1;" ::"r"(addr), "l"(v) : "memory");
+}
+__device__ __forceinline__ uint64_t load_relaxed_cluster(uint32_t addr) {
+  uint64_t v;
+  asm volatile("ld.relaxed.cluster.shared::cta.b64 %0, [%1];" : "=l"(v) : "r"(addr) : "memory");
+  return v;
+}
+
 // A position in the ring: slot index and the parity of the slot's current use.
 struct RingPos {
   uint32_t slot = 0;

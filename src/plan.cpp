@@ -65,8 +65,10 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
   plan.family = Family::cluster_rows;
   plan.vec = 16 / p.elem_bytes;
   plan.threads = cluster_threads(o);
-  const int chunk16 = backward ? kClusterBackwardChunk16 : kClusterChunk16;
-  plan.chunk_bytes = o.chunk_bytes > 0 ? o.chunk_bytes : p.elem_bytes == 2 ? chunk16 : kClusterChunk32;
+  const int chunk = p.elem_bytes == 2 ? (backward ? kClusterBackwardChunk16 : kClusterChunk16)
+                    : p.elem_bytes == 4 && !backward ? kClusterChunk32
+                                                     : kClusterChunk64;
+  plan.chunk_bytes = o.chunk_bytes > 0 ? o.chunk_bytes : chunk;
   // Each slot costs its chunk and two mbarriers; a fixed area holds the rest.
   const int slot_bytes = plan.chunk_bytes + 16;
   plan.aux_slots = backward ? kClusterAuxSlots : 0;
@@ -122,6 +124,10 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
   plan.chunks_per_cta = slice(chosen);
   plan.resident = plan.chunks_per_cta <= plan.ring_slots;
   plan.double_buffered = 2 * plan.chunks_per_cta <= plan.ring_slots;
+  // Rows dealt in turn left the fastest SMs idle for up to a third of a copy-like kernel's time
+  // (H200, docs/design.md); claimed rows keep every cluster busy to the end. Grid groups keep the
+  // fixed deal (their CTAs share no shared memory to pass a claimed row on).
+  plan.claim_rows = !plan.grid_exchange && o.claim != 0;
   plan.grid = std::min<int64_t>(p.rows, int64_t{1} << 24);  // clusters wanted; occupancy caps it
   if (o.groups > 0) plan.grid = std::min<int64_t>(plan.grid, o.groups);
   return plan;

@@ -65,6 +65,7 @@ struct Overrides {
   int tile_bytes = 0;  // cluster_tiles: tile width in bytes (a power of two, 64 to 512)
   int exchange = -1;   // cluster_rows: 0 partials over DSMEM in clusters, 1 through global memory
   int groups = 0;      // cluster_rows: at most this many clusters (or grid groups) at once
+  int claim = -1;      // cluster_rows: 0 rows dealt to clusters in turn, 1 claimed from a counter
 };
 
 struct Plan {
@@ -85,6 +86,9 @@ struct Plan {
   // cluster_rows: the CTAs of a row are a group of a cooperative grid, not a cluster, and trade
   // their partials through global memory (any group size, every SM in use).
   bool grid_exchange = false;
+  // cluster_rows (clusters): each cluster claims its next row from a counter in global memory
+  // instead of taking every clusters-th row, so that clusters on faster SMs take more rows.
+  bool claim_rows = false;
   int chunk_bytes = 0;     // bytes per bulk copy / ring slot
   int ring_slots = 0;      // chunks the ring holds
   int aux_slots = 0;       // backward: chunks of the second ring, which streams y to the writers
@@ -104,10 +108,12 @@ constexpr int kWarpRowsMaxIters = 8;
 constexpr int kWarpRowsMinIters = 4;
 constexpr int kClusterDefaultThreads = 2 * 256 + 32;  // two consumer groups, a producer warp
 constexpr int kClusterMaxThreads = 800;           // keeps 80 registers per thread
-// Chunk sizes measured best on an H200 at the founding shape (docs/design.md): 8 KB for 4- and
-// 8-byte types, 32 KB for 2-byte types.
-constexpr int kClusterChunk32 = 8 * 1024;
+// Chunk sizes measured best on an H200 at the founding shape (docs/design.md): 16 KB for the
+// forward of 4-byte types (with claimed rows; 8 KB before them), 32 KB for 2-byte types, 8 KB for
+// 8-byte types and the backward of 4-byte types.
+constexpr int kClusterChunk32 = 16 * 1024;
 constexpr int kClusterChunk16 = 32 * 1024;
+constexpr int kClusterChunk64 = 8 * 1024;
 // The backward's second ring holds kClusterAuxSlots chunks: 16 KB keeps room for dy's ring.
 constexpr int kClusterBackwardChunk16 = 16 * 1024;
 constexpr int kClusterDefaultHints = 0;

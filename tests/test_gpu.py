@@ -33,6 +33,7 @@ def planned(rows, cols, dtype, aligned=True):
              for k in ("cluster", "chunk_bytes", "threads")}
     knobs["hints"] = int(os.environ.get("SOFTLIGHT_HINTS", "-1"))
     knobs["exchange"] = int(os.environ.get("SOFTLIGHT_EXCHANGE", "-1"))
+    knobs["claim"] = int(os.environ.get("SOFTLIGHT_CLAIM", "-1"))
     e = ELEM[dtype]
     return _C.plan(rows, cols, e, aligned and cols * e % 16 == 0, **device_plan_args(), **knobs,
                    aligned8=aligned and cols * e % 8 == 0)
@@ -325,6 +326,37 @@ def test_cluster_shapes_forced(monkeypatch, cluster, chunk, threads, hints, dtyp
     assert_close_to_float64(y, x, dtype, "temperature", transform=lambda v: v / 1.5)
     ref = torch.logsumexp(x.double() / 1.5, -1)
     assert bool(((lse.double() - ref).abs() <= 1e-5 + 1e-5 * ref.abs()).all())
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+@pytest.mark.parametrize("cluster,chunk,groups,row_bytes,rows", [
+    (4, 8192, 1, 32768, 300),     # slices of one chunk: the producer runs up to the queue's bound ahead
+    (1, 8192, 2, 32768, 301),     # each cluster claims ~150 rows: the row queue wraps many times
+    (16, 0, 3, 1572864, 40),      # the founding shape's rows, the planner's chunks
+    (2, 4096, 5, 400000, 57),     # rows not a whole number of chunks
+])
+def test_claimed_rows(monkeypatch, cluster, chunk, groups, row_bytes, rows, dtype):
+    """Clusters that claim their rows from a counter: few clusters, each through dozens to hundreds
+    of rows; the same bits as rows dealt in turn, and right against float64 with temperature and LSE."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("clusters need sm_90")
+    monkeypatch.setenv("SOFTLIGHT_EXCHANGE", "0")
+    monkeypatch.setenv("SOFTLIGHT_CLUSTER", str(cluster))
+    monkeypatch.setenv("SOFTLIGHT_CHUNK_BYTES", str(chunk))
+    monkeypatch.setenv("SOFTLIGHT_GROUPS", str(groups))
+    x = random_rows(rows, row_bytes // ELEM[dtype], dtype)
+    p = planned(*x.shape, dtype)
+    assert p["family"] == "cluster_rows" and p["claim_rows"] and p["cluster"] == cluster, p
+    y = run_and_check(x, dtype, f"claimed {p}")
+    y2, lse = softlight.log_softmax(x, temperature=0.75, return_lse=True)
+    torch.cuda.synchronize()
+    assert_close_to_float64(y2, x, dtype, "claimed, temperature", transform=lambda v: v / 0.75)
+    ref = torch.logsumexp(x.double() / 0.75, -1)
+    assert bool(((lse.double() - ref).abs() <= 1e-5 + 1e-5 * ref.abs()).all())
+    monkeypatch.setenv("SOFTLIGHT_CLAIM", "0")
+    assert not planned(*x.shape, dtype)["claim_rows"]
+    dealt = run_and_check(x, dtype, "rows dealt in turn")
+    assert torch.equal(y.view(torch.uint8), dealt.view(torch.uint8)), "a row's result depends on its cluster"
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -74,16 +74,16 @@ def test_block_rows_resident_and_streamed():
 def test_founding_shape_on_h200():
     p = plan(4096, 393216)
     assert p["family"] == "cluster_rows" and p["resident"] and not p["grid_exchange"]
-    assert p["cluster"] == 16 and p["chunk_bytes"] == 8192
-    assert p["chunks_per_row"] == 192 and p["chunks_per_cta"] == 12
+    assert p["cluster"] == 16 and p["chunk_bytes"] == 16384 and p["claim_rows"]
+    assert p["chunks_per_row"] == 96 and p["chunks_per_cta"] == 6
     assert 2 * p["chunks_per_cta"] <= p["ring_slots"]  # the next row streams in behind this one
     assert p["smem_bytes"] <= H200["smem_optin"] and p["threads"] == 544 and p["double_buffered"]
     # As grid groups (a knob): 22 CTAs, 6 rows at once on all 132 SMs, each slice held twice.
     q = plan(4096, 393216, exchange=1)
-    assert q["grid_exchange"] and q["cluster"] == 22 and q["chunks_per_cta"] == 9 and q["double_buffered"]
+    assert q["grid_exchange"] and q["cluster"] == 22 and q["chunks_per_cta"] == 5 and q["double_buffered"]
 
 
-@pytest.mark.parametrize("cols,group,per_cta,twice", [(1048576, 44, 12, True), (4194304, 132, 16, False)])
+@pytest.mark.parametrize("cols,group,per_cta,twice", [(1048576, 44, 6, True), (4194304, 132, 8, False)])
 def test_grid_groups_for_fp32_rows_no_cluster_holds_twice(cols, group, per_cta, twice):
     p = plan(4096, cols)
     assert (p["grid_exchange"], p["cluster"], p["chunks_per_cta"], p["double_buffered"]) == (True, group, per_cta, twice)
@@ -91,6 +91,18 @@ def test_grid_groups_for_fp32_rows_no_cluster_holds_twice(cols, group, per_cta, 
     assert (132 // group) * group == 132  # every SM busy
     # Fewer rows than groups: the group widens so that the rows still cover the SMs.
     assert plan(2, 1048576)["cluster"] == 66
+
+
+def test_clusters_claim_their_rows():
+    # Clusters take their next row from a counter (faster SMs take more rows); grid groups, whose
+    # CTAs share no shared memory to pass a claimed row on, keep rows dealt in turn.
+    for cols, dtype in [(393216, "float32"), (393216, "bfloat16"), (32768, "float32"), (8192, "float64")]:
+        p = plan(4096, cols, dtype)
+        assert p["family"] == "cluster_rows" and not p["grid_exchange"] and p["claim_rows"]
+        assert not plan(4096, cols, dtype, claim=0)["claim_rows"]  # the knob turns it off
+    assert not plan(4096, 1048576)["claim_rows"]  # grid groups
+    assert plan_axis(4096, 393216, backward=True)["claim_rows"]
+    assert not plan(4096, 1000)["claim_rows"]  # other families
 
 
 def test_grid_groups_elsewhere():
@@ -101,7 +113,7 @@ def test_grid_groups_elsewhere():
     p = plan(4096, 393216, "bfloat16", exchange=1)  # the knob forces them
     assert p["grid_exchange"] and p["cluster"] == 11 and p["double_buffered"]
     p = plan(4096, 393216, exchange=1, cluster=40)  # any size the ring holds, past a warp
-    assert p["grid_exchange"] and p["cluster"] == 40 and p["chunks_per_cta"] == 5
+    assert p["grid_exchange"] and p["cluster"] == 40 and p["chunks_per_cta"] == 3
     p = plan(64, 16 * 4194304)  # 64 MB rows: no grid holds them; clusters stream them
     assert not p["grid_exchange"] and not p["resident"] and p["cluster"] == 16
     assert plan(4096, 393216, dev=A100)["family"] == "block_rows"
