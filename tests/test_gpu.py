@@ -397,13 +397,15 @@ def test_grid_groups_forced(monkeypatch, group, dtype):
         ((lse.double() - ref).abs()[finite] <= 1e-5 + 1e-5 * ref.abs()[finite]).all())
 
 
-def test_grid_groups_in_a_cuda_graph():
-    """A grid-group launch captured into a CUDA graph (the table's allocation, fill and release
-    become graph nodes) gives the right answer on every replay, with fresh inputs each time."""
+@pytest.mark.parametrize("rows,cols,workspace", [(8, 1_048_576, "grid_exchange"), (300, 393216, "claim_rows")])
+def test_cluster_workspace_in_a_cuda_graph(rows, cols, workspace):
+    """A launch with a workspace (grid groups' table, claimed rows' counter) captured into a CUDA
+    graph (its allocation, fill and release become graph nodes) gives the right answer on every
+    replay, with fresh inputs each time."""
     if torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("grid groups use cluster_rows' bulk copies (sm_90)")
-    x = random_rows(8, 1_048_576, "float32")
-    assert planned(*x.shape, "float32")["grid_exchange"]
+        pytest.skip("grid groups and claimed rows are cluster_rows' (sm_90)")
+    x = random_rows(rows, cols, "float32")
+    assert planned(*x.shape, "float32")[workspace]
     y = poisoned_like(x)
     softlight.log_softmax(x, out=y)  # outside the capture first, as torch asks of captured work
     torch.cuda.synchronize()
