@@ -169,11 +169,10 @@ PYBIND11_MODULE(_C, m) {
       "forward",
       [](uintptr_t x, int64_t xs, uintptr_t y, int64_t ys, int64_t rows, int64_t cols, int dtype,
          uintptr_t stream, double temperature, uintptr_t lse) {
-        const softlight_forward_options o{temperature, reinterpret_cast<void*>(lse)};
+        const softlight_forward_options o{temperature, mptr(lse)};
         py::gil_scoped_release nogil;
-        return static_cast<int>(softlight_log_softmax_forward_ex(
-            reinterpret_cast<const void*>(x), xs, reinterpret_cast<void*>(y), ys, rows, cols,
-            as_dtype(dtype), &o, reinterpret_cast<void*>(stream)));
+        return static_cast<int>(softlight_log_softmax_forward_ex(cptr(x), xs, mptr(y), ys, rows, cols,
+                                                                 as_dtype(dtype), &o, mptr(stream)));
       },
       py::arg("x"), py::arg("x_stride"), py::arg("y"), py::arg("y_stride"), py::arg("rows"),
       py::arg("cols"), py::arg("dtype"), py::arg("stream"), py::arg("temperature") = 1.0,
@@ -182,11 +181,10 @@ PYBIND11_MODULE(_C, m) {
       "forward_cpu",
       [](uintptr_t x, int64_t xs, uintptr_t y, int64_t ys, int64_t rows, int64_t cols, int dtype,
          int threads, double temperature, uintptr_t lse) {
-        const softlight_forward_options o{temperature, reinterpret_cast<void*>(lse)};
+        const softlight_forward_options o{temperature, mptr(lse)};
         py::gil_scoped_release nogil;
-        return static_cast<int>(softlight_log_softmax_forward_cpu_ex(
-            reinterpret_cast<const void*>(x), xs, reinterpret_cast<void*>(y), ys, rows, cols,
-            as_dtype(dtype), &o, threads));
+        return static_cast<int>(softlight_log_softmax_forward_cpu_ex(cptr(x), xs, mptr(y), ys, rows, cols,
+                                                                     as_dtype(dtype), &o, threads));
       },
       py::arg("x"), py::arg("x_stride"), py::arg("y"), py::arg("y_stride"), py::arg("rows"),
       py::arg("cols"), py::arg("dtype"), py::arg("threads") = 0, py::arg("temperature") = 1.0,

@@ -495,7 +495,7 @@ cudaError_t launch(const Plan& p, const Operands& a, cudaStream_t stream) {
   ClusterShape sh{p.chunk_bytes, p.ring_slots, p.chunks_per_row, p.chunks_per_cta, p.resident ? 1 : 0, a.scale,
                   a.lse, p.hints, Backward ? p.aux_slots : 0, p.grid_exchange ? p.cluster : 0, nullptr, nullptr};
   // Rows are claimed only where a cluster has more than one to take (rows fit the queue's 32 bits).
-  const bool claim = p.claim_rows && !p.grid_exchange && a.rows > l.clusters && a.rows < (int64_t{1} << 32) - 1;
+  const bool claim = p.claim_rows && a.rows > l.clusters && a.rows < (int64_t{1} << 32) - 1;
   if (std::getenv("SOFTLIGHT_VERBOSE"))
     std::fprintf(stderr,
                  "softlight: cluster_rows%s %s=%d %s=%lld (active max %d) threads=%d chunk=%d "

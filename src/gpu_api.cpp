@@ -88,7 +88,7 @@ bool vectorizable(std::initializer_list<std::pair<const void*, int64_t>> arrays,
 // largest cluster allowed and plans again, down to none; the planner then chooses the cluster
 // itself (an override may be what failed), in clusters (a cooperative grid too large to be resident
 // comes back as the same error). Nothing that touches the caller's arrays has been queued when that
-// error comes back (grid groups may have queued their table's allocation, fill and release).
+// error comes back (cluster_rows may have queued its workspace's allocation, fill and release).
 // plan(dev, overrides) -> Plan, launch(plan) -> cudaError_t.
 template <class PlanFn, class LaunchFn>
 softlight_status launch_with_cluster_fallback(DeviceInfo dev, const Overrides& over, PlanFn plan_for,

@@ -6,15 +6,10 @@
 provider.
 """
 import json
-import math
 import re
 import sys
 
-SIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
-
-
-def moved(r):
-    return (3 if r["op"] == "backward" else 2) * math.prod(r["shape"]) * SIZES[r["dtype"]]
+from softlight.bench import moved_bytes as moved
 
 
 def shape_of(r):
