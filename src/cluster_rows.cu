@@ -144,6 +144,57 @@ template <class T, int U, bool Backward> struct ClusterCta {  // U: 16-byte vect
     return row < static_cast<uint64_t>(rows);
   }
 
+  // Forward, one step of a consumer group over a chunk: U packs per thread, packs i + u * group,
+  // those at or past `end` absent (Full: none is). The statistics step folds them into the
+  // chunk's (max of x, sum of exp((x - max) * scale)); the writer step writes y for them.
+  template <bool Full>
+  __device__ __forceinline__ void stats_step(const uint4* src, int i, int end, MaxSum<A>& cp) const {
+    uint4 p[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) p[u] = Full || i + u * group < end ? src[i + u * group] : neg_inf_pack<T>();
+    const A m = max_acc(cp.m, packs_max<T, U>(p));
+    const A shift = m == neg_inf<A>() ? A(0) : m;  // see exp_shifted
+    // exp((x - shift) * scale) = exp_base(x * f - hi) * exp_base(-lo), where hi + lo is shift * f
+    // exactly: one fused multiply-add per element, whose only rounding is that of its result, and
+    // one correction per step. Where shift * f overflows (shift finite), every x < shift is at
+    // least ulp(shift) * f > 2^100 below it, so each term is exactly 0 or 1; a power of two
+    // that brings shift * f near 2^110 (exactly) keeps those terms and is used in place of f.
+    A f = exp_factor(scale);
+    A hi = shift * f;
+    if (!isfinite(hi) && isfinite(shift)) {
+      f = pow2_near_inverse(shift);
+      hi = shift * f;
+    }
+    const A lo = fma(shift, f, -hi);  // NaN where shift is +inf or NaN: the row's sum is NaN
+    A s[4] = {A(0), A(0), A(0), A(0)};  // four chains of additions, not one
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      A v[V];
+      unpack<T, V>(p[u], v);
+#pragma unroll
+      for (int j = 0; j < V; ++j) s[j % 4] += exp_base(fma(v[j], f, -hi));
+    }
+    const A old = cp.m == neg_inf<A>() ? A(0) : exp_base((cp.m - m) * f);
+    cp = {m, cp.s * old + ((s[0] + s[1]) + (s[2] + s[3])) * exp_base(-lo)};
+  }
+  template <bool Full>
+  __device__ __forceinline__ void write_step(const uint4* src, uint4* dst, int i, int end, A m, A log_sum) const {
+    uint4 p[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (Full || i + u * group < end) p[u] = src[i + u * group];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (Full || i + u * group < end) {
+        A v[V];
+        unpack<T, V>(p[u], v);
+#pragma unroll
+        for (int j = 0; j < V; ++j) v[j] = log_softmax_out_scaled(v[j], m, scale, log_sum);
+        store_pack<T, V>(reinterpret_cast<T*>(dst + (i + u * group)), v, (sh.hints & 2) != 0);
+      }
+    }
+  }
+
   // Statistics warps: fold the slice of row `iter` into a running (max, sum) as its chunks land,
   // reduce over the group, send the result to every CTA of the cluster (grid groups: post it in
   // the row's table).
@@ -159,7 +210,9 @@ template <class T, int U, bool Backward> struct ClusterCta {  // U: 16-byte vect
       while (*rows_done < iter) __nanosleep(64);
     }
     // Backward: the max stays 0, so the (max, sum) algebra below reduces to plain sums of dy.
+    // Forward: the partials hold the max of x and the sum of exp((x - max) * scale).
     MaxSum<A> part{Backward ? A(0) : neg_inf<A>(), A(0)};
+    const A f = exp_factor(scale);
     for (int64_t k = 0; k < my_chunks; ++k) {
       mbar_wait(smem_addr(full + pos.slot), pos.phase);
       const T* c = slot_data(pos.slot);
@@ -184,37 +237,18 @@ template <class T, int U, bool Backward> struct ClusterCta {  // U: 16-byte vect
       }
       // Each chunk is summed on its own and merged into the row's running partial: a short
       // chain of additions per sum keeps very long rows accurate.
+      const uint4* src = reinterpret_cast<const uint4*>(c);
       MaxSum<A> cp{neg_inf<A>(), A(0)};
-      for (int base = gtid; base < vectors; base += U * group) {
-        A v[U][V];
-        A m = cp.m;
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const int i = base + u * group;
-          if (i < vectors) {
-            load_pack<T, V>(c + i * V, v[u]);
-#pragma unroll
-            for (int j = 0; j < V; ++j) v[u][j] *= scale;
-          } else {
-#pragma unroll
-            for (int j = 0; j < V; ++j) v[u][j] = neg_inf<A>();
-          }
-#pragma unroll
-          for (int j = 0; j < V; ++j) m = max_acc(m, v[u][j]);
-        }
-        A s = 0;
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-#pragma unroll
-          for (int j = 0; j < V; ++j) s += exp_shifted(v[u][j], m);
-        cp = {m, cp.s * rescale(cp.m, m) + s};
-      }
-      part = merge_max_sum(part, cp);
+      const int full_steps = vectors / (U * group);
+      int base = gtid;
+      for (int st = 0; st < full_steps; ++st, base += U * group) stats_step<true>(src, base, vectors, cp);
+      if (base < vectors) stats_step<false>(src, base, vectors, cp);
+      part = merge_max_sum(part, cp, f);
       if (!sh.resident) release(pos.slot);
       pos.advance(sh.ring_slots);
     }
     if (!sh.resident) pos.advance(sh.ring_slots, my_chunks);  // the writers' pass of this row
-    part = block_max_sum(part, scratch, group, kBar);
+    part = block_max_sum(part, scratch, group, kBar, f);
     if (table != nullptr) {
       if constexpr (sizeof(A) == 4)
         if (gtid == 0) store_relaxed_gpu(table + row_index * csize + rank, pack_pair(part.m, part.s));
@@ -238,6 +272,7 @@ template <class T, int U, bool Backward> struct ClusterCta {  // U: 16-byte vect
     // serial merge of 16 is long enough to show at the founding shape, and the writers wait on it
     // once per row).
     MaxSum<A> row{neg_inf<A>(), A(0)};
+    const A f = exp_factor(scale);
     const int buf = static_cast<int>(iter % kStatsBuffers);
     const uint32_t bar = smem_addr(stats_bar + buf);
     if constexpr (sizeof(A) == 4) {
@@ -246,7 +281,7 @@ template <class T, int U, bool Backward> struct ClusterCta {  // U: 16-byte vect
           uint64_t v;
           while (((v = load_relaxed_gpu(table + i)) >> 32) == kUnsent) __nanosleep(32);
           row = merge_max_sum(row, MaxSum<A>{__uint_as_float(static_cast<uint32_t>(v)),
-                                             __uint_as_float(static_cast<uint32_t>(v >> 32))});
+                                             __uint_as_float(static_cast<uint32_t>(v >> 32))}, f);
         }
       }
     }
@@ -256,7 +291,7 @@ template <class T, int U, bool Backward> struct ClusterCta {  // U: 16-byte vect
     }
     for (int o = 16; o > 0; o /= 2)
       row = merge_max_sum(row, MaxSum<A>{__shfl_xor_sync(0xffffffffu, row.m, o),
-                                         __shfl_xor_sync(0xffffffffu, row.s, o)});
+                                         __shfl_xor_sync(0xffffffffu, row.s, o)}, f);
     // Re-arm this buffer for row iter + kStatsBuffers (see kStatsBuffers), then let the
     // statistics warps move on.
     if (gtid == 0) {
@@ -264,7 +299,7 @@ template <class T, int U, bool Backward> struct ClusterCta {  // U: 16-byte vect
       *rows_started = static_cast<int>(iter + 1);
     }
     const A log_sum = log_acc(row.s);
-    if (sh.lse != nullptr && rank == 0 && gtid == 0) static_cast<A*>(sh.lse)[row_index] = row.m + log_sum;
+    if (sh.lse != nullptr && rank == 0 && gtid == 0) static_cast<A*>(sh.lse)[row_index] = row.m * scale + log_sum;
     for (int64_t k = 0; k < my_chunks; ++k) {
       mbar_wait(smem_addr(full + pos.slot), pos.phase);  // long complete when resident
       const T* c = slot_data(pos.slot);
@@ -297,20 +332,12 @@ template <class T, int U, bool Backward> struct ClusterCta {  // U: 16-byte vect
         apos.advance(sh.aux_slots);
         continue;
       }
-      for (int base = gtid; base < vectors; base += U * group) {
-        A v[U][V];
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-          if (base + u * group < vectors) load_pack<T, V>(c + (base + u * group) * V, v[u]);
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          if (base + u * group < vectors) {
-#pragma unroll
-            for (int j = 0; j < V; ++j) v[u][j] = log_softmax_out(v[u][j] * scale, row.m, log_sum);
-            store_pack<T, V>(out + (base + u * group) * V, v[u], (sh.hints & 2) != 0);
-          }
-        }
-      }
+      const uint4* src = reinterpret_cast<const uint4*>(c);
+      uint4* o = reinterpret_cast<uint4*>(out);
+      const int full_steps = vectors / (U * group);
+      int base = gtid;
+      for (int st = 0; st < full_steps; ++st, base += U * group) write_step<true>(src, o, base, vectors, row.m, log_sum);
+      if (base < vectors) write_step<false>(src, o, base, vectors, row.m, log_sum);
       release(pos.slot);
       pos.advance(sh.ring_slots);
     }
@@ -483,10 +510,10 @@ template <class T, bool Backward>
 cudaError_t launch(const Plan& p, const Operands& a, cudaStream_t stream) {
   // A step of a consumer group covers group * U vectors: U = 4 when a chunk holds that many,
   // else 2, so that small chunks do not leave lanes idle. The backward's writers hold two packs
-  // per vector and keep U = 2 within the register budget.
+  // per vector, and float64's packs hold wider values: both keep U = 2 within the register budget.
   const int group = (p.threads - 32) / 2;
   auto kernel = cluster_rows_kernel<T, 2, Backward>;
-  if constexpr (!Backward)
+  if constexpr (!Backward && sizeof(T) < 8)
     if (p.chunk_bytes / 16 >= 4 * group) kernel = cluster_rows_kernel<T, 4, false>;
   ClusterLaunch l;
   cudaError_t e = prepare_cluster_launch(kernel, p, stream, &l);

@@ -51,6 +51,17 @@ __device__ __forceinline__ double log_acc(double v) { return log(v); }
 __device__ __forceinline__ float max_acc(float a, float b) { return fmaxf(a, b); }
 __device__ __forceinline__ double max_acc(double a, double b) { return fmax(a, b); }
 
+// exp(d * scale) as exp_base(d * exp_factor(scale)): for float the factor carries log2(e) and
+// exp_base is the special function unit's 2^x (ex2.approx, as exp_acc).
+__device__ __forceinline__ float exp_factor(float scale) { return scale * 1.4426950408889634f; }
+__device__ __forceinline__ double exp_factor(double scale) { return scale; }
+__device__ __forceinline__ float exp_base(float t) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(t));
+  return r;
+}
+__device__ __forceinline__ double exp_base(double t) { return exp(t); }
+
 // --- the (max, sum) algebra --------------------------------------------------------------------
 // A partial (m, s) means s = sum exp(x - m) over the elements seen, with the convention that a
 // partial whose max is -inf (nothing seen, or only -inf) is shifted by 0 instead: exp(-inf - -inf)
@@ -61,17 +72,36 @@ __device__ __forceinline__ double max_acc(double a, double b) { return fmax(a, b
 template <class A> __device__ __forceinline__ A exp_shifted(A v, A m) {
   return exp_acc(v - (m == neg_inf<A>() ? A(0) : m));
 }
-// The factor that moves a sum taken relative to m_old onto m_new >= m_old.
-template <class A> __device__ __forceinline__ A rescale(A m_old, A m_new) {
-  return m_old == neg_inf<A>() ? A(0) : exp_acc(m_old - m_new);
+// The factor that moves a sum taken relative to m_old onto m_new >= m_old. With a factor f =
+// exp_factor(scale), the maxima are those of x and the sums are of exp((x - m) * scale).
+template <class A> __device__ __forceinline__ A rescale(A m_old, A m_new, A f = exp_factor(A(1))) {
+  return m_old == neg_inf<A>() ? A(0) : exp_base((m_old - m_new) * f);
 }
 template <class A> struct MaxSum {
   A m;
   A s;
 };
-template <class A> __device__ __forceinline__ MaxSum<A> merge_max_sum(MaxSum<A> a, MaxSum<A> b) {
+template <class A>
+__device__ __forceinline__ MaxSum<A> merge_max_sum(MaxSum<A> a, MaxSum<A> b, A f = exp_factor(A(1))) {
   const A m = max_acc(a.m, b.m);
-  return {m, a.s * rescale(a.m, m) + b.s * rescale(b.m, m)};
+  return {m, a.s * rescale(a.m, m, f) + b.s * rescale(b.m, m, f)};
+}
+// A power of two p with |v| * p in [2^110, 2^111) (float; [2^1000, 2^1001) for double), for a
+// normal v: v * p is exact and far from overflow.
+__device__ __forceinline__ float pow2_near_inverse(float v) {
+  const int e = (__float_as_int(v) >> 23) & 0xff;
+  return __int_as_float(min(364 - e, 254) << 23);
+}
+__device__ __forceinline__ double pow2_near_inverse(double v) {
+  const int e = static_cast<int>((__double_as_longlong(v) >> 52) & 0x7ff);
+  return __longlong_as_double(static_cast<long long>(min(3046 - e, 2046)) << 52);
+}
+
+// The output for one element where max is that of x and the sum is of exp((x - max) * scale):
+// (x - max) * scale - log(sum), one rounding after the difference (exactly -log(sum) at the max,
+// which x * scale - max * scale need not give).
+template <class A> __device__ __forceinline__ A log_softmax_out_scaled(A v, A m, A scale, A log_sum) {
+  return fma(v - m, scale, -log_sum);
 }
 // The output for one element, in the order torch evaluates it: (x - max) - log(sum).
 template <class A> __device__ __forceinline__ A log_softmax_out(A v, A m, A log_sum) {
@@ -110,6 +140,12 @@ __device__ __forceinline__ void unpack_words(const uint32_t (&w)[4], double (&ou
 template <class T> __device__ __forceinline__ void unpack_words16(const uint32_t (&w)[4], float (&out)[8]) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      // A bfloat16 is the upper half of a float: one shift or mask per element.
+      out[2 * i] = __uint_as_float(w[i] << 16);
+      out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+      continue;
+    }
     T lo, hi;
     const unsigned short l = static_cast<unsigned short>(w[i] & 0xffffu);
     const unsigned short h = static_cast<unsigned short>(w[i] >> 16);
@@ -154,6 +190,69 @@ __device__ __forceinline__ void load_pack(const T* p, acc_t<T> (&out)[V]) {
   } else {
 #pragma unroll
     for (int i = 0; i < V; ++i) out[i] = to_acc(p[i]);
+  }
+}
+
+// A 16-byte pack of -inf: the stand-in for packs past the end of a row in a (max, sum) step.
+template <class T> __device__ __forceinline__ uint4 neg_inf_pack() {
+  if constexpr (sizeof(T) == 2) {
+    const uint32_t w = std::is_same_v<T, __half> ? 0xfc00fc00u : 0xff80ff80u;
+    return make_uint4(w, w, w, w);
+  } else if constexpr (sizeof(T) == 4) {
+    return make_uint4(0xff800000u, 0xff800000u, 0xff800000u, 0xff800000u);
+  } else {
+    return make_uint4(0u, 0xfff00000u, 0u, 0xfff00000u);
+  }
+}
+
+// Halves w[0, n) onto w[0] with `op` in a tree (a chain would be n long).
+template <int n, class W, class Op> __device__ __forceinline__ void fold_tree(W* w, Op op) {
+  if constexpr (n > 1) {
+#pragma unroll
+    for (int i = 0; i < n / 2; ++i) w[i] = op(w[i], w[i + n / 2]);
+    fold_tree<n / 2>(w, op);
+  }
+}
+
+// The max over the elements of N 16-byte packs, in the accumulation type (NaN ignored, as
+// max_acc). 16-bit elements are compared two at a time (max.{bf16,f16}x2, exact) and only the
+// last pair is widened.
+template <class T, int N> __device__ __forceinline__ acc_t<T> packs_max(const uint4 (&p)[N]) {
+  using A = acc_t<T>;
+  if constexpr (sizeof(T) == 2) {
+    uint32_t w[4 * N];
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      w[4 * i] = p[i].x;
+      w[4 * i + 1] = p[i].y;
+      w[4 * i + 2] = p[i].z;
+      w[4 * i + 3] = p[i].w;
+    }
+    fold_tree<4 * N>(w, [](uint32_t a, uint32_t b) {
+      uint32_t r;
+      if constexpr (std::is_same_v<T, __half>) {
+        asm("max.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+      } else {
+        asm("max.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+      }
+      return r;
+    });
+    const uint32_t last[4] = {w[0], 0u, 0u, 0u};
+    A v[8];
+    unpack_words16<T>(last, v);
+    return max_acc(v[0], v[1]);
+  } else {
+    constexpr int V = 16 / sizeof(T);
+    A v[N * V];
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      A u[V];
+      unpack<T, V>(p[i], u);
+#pragma unroll
+      for (int j = 0; j < V; ++j) v[i * V + j] = u[j];
+    }
+    fold_tree<N * V>(v, [](A a, A b) { return max_acc(a, b); });
+    return v[0];
   }
 }
 
@@ -258,9 +357,10 @@ template <class A> __device__ __forceinline__ A block_sum(A v, A* scratch, int t
 }
 // Merge per-thread partials across the block: the max first, then the sums moved onto it.
 template <class A>
-__device__ __forceinline__ MaxSum<A> block_max_sum(MaxSum<A> p, A* scratch, int threads, int bar) {
+__device__ __forceinline__ MaxSum<A> block_max_sum(MaxSum<A> p, A* scratch, int threads, int bar,
+                                                  A f = exp_factor(A(1))) {
   const A m = block_max(p.m, scratch, threads, bar);
-  return {m, block_sum(p.s * rescale(p.m, m), scratch, threads, bar)};
+  return {m, block_sum(p.s * rescale(p.m, m, f), scratch, threads, bar)};
 }
 
 // Calls f(T{}) with the element type that dtype names (the caller has validated dtype).

@@ -126,11 +126,9 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
   plan.double_buffered = 2 * plan.chunks_per_cta <= plan.ring_slots;
   // Rows dealt in turn left the fastest SMs idle for up to a third of a copy-like kernel's time
   // (H200, docs/design.md); claimed rows keep every cluster busy to the end: fp32 rows 1.08-1.10 x
-  // -> 1.04-1.05 x copy. 16-bit rows ran 0.2-0.9 % slower with them (their consumers, with twice
-  // the work per byte, pace every SM alike), so they keep the fixed deal, as do grid groups (whose
-  // CTAs share no shared memory to pass a claimed row on).
-  const bool claim_default = p.elem_bytes != 2;
-  plan.claim_rows = !plan.grid_exchange && (o.claim >= 0 ? o.claim == 1 : claim_default);
+  // -> 1.04-1.05 x copy, 16-bit rows 1.10-1.13 x -> 1.04-1.06 x. Grid groups keep the fixed deal
+  // (their CTAs share no shared memory to pass a claimed row on).
+  plan.claim_rows = !plan.grid_exchange && o.claim != 0;
   plan.grid = std::min<int64_t>(p.rows, int64_t{1} << 24);  // clusters wanted; occupancy caps it
   if (o.groups > 0) plan.grid = std::min<int64_t>(plan.grid, o.groups);
   return plan;

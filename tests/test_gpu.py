@@ -360,6 +360,31 @@ def test_claimed_rows(monkeypatch, cluster, chunk, groups, row_bytes, rows, dtyp
     assert torch.equal(y.view(torch.uint8), dealt.view(torch.uint8)), "a row's result depends on its cluster"
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.75])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cluster_rows_near_the_float_max(dtype, temperature):
+    """Rows whose max, times log2(e) / temperature, overflows float: every term of the row's sum is
+    then exactly 0 or 1, which cluster_rows' statistics take on a path of their own."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("clusters need sm_90")
+    x = random_rows(5, 393216, dtype)
+    assert planned(*x.shape, dtype)["family"] == "cluster_rows"
+    # (x / temperature stays within float's range, as it must for a finite reference)
+    x[0, 7] = x[0, 300000] = 2.5e38     # two at the max: -log 2 there
+    x[1, 5] = 2.4e38
+    x[2, :] = 2.5e38                    # all at the max: -log(cols)
+    x[3, 100] = -2e38                   # a plain row with a huge negative
+    x[4, 9] = 2e38
+    x[4, 10] = float("nan")             # NaN wins
+    y, lse = softlight.log_softmax(x, temperature=temperature, return_lse=True)
+    torch.cuda.synchronize()
+    assert_close_to_float64(y, x, dtype, f"near the max, T={temperature}", transform=lambda v: v / temperature)
+    ref = torch.logsumexp(x.double() / temperature, -1)
+    fin = torch.isfinite(ref)
+    assert torch.equal(torch.isnan(lse), torch.isnan(ref))
+    assert bool(((lse.double() - ref).abs()[fin] <= 1e-5 * ref.abs()[fin] + 1e-5).all())
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("group", [1, 3, 22, 40, 132])
 def test_grid_groups_forced(monkeypatch, group, dtype):
