@@ -54,6 +54,38 @@ def test_moved_bytes_and_table(capsys):
     assert f"{2 * 4096 * 393216 * 4 / 3.0 / 1e6:6.0f}" in out  # GB/s of the copy row
 
 
+def test_timing_passes_take_turns_and_report_medians():
+    """Rounds of timing go over every ready provider in turn; each provider's ms is the median of
+    its rounds, and a provider that fails while timed is reported failed, not timed."""
+    calls = []
+
+    class FakeGpu:
+        def time_ms(self, fn, warmup, reps):
+            calls.append(fn())
+            if calls[-1] == "bad" and len(calls) > 3:
+                raise RuntimeError("lost")
+            return {"a": 1.0, "b": 2.0, "bad": 5.0}[calls[-1]] + 0.1 * len(calls)
+
+    class Data:
+        @staticmethod
+        def on_stream():
+            import contextlib
+            return contextlib.nullcontext()
+
+    rows = [{"provider": p, "status": "ok", "ms": None} for p in ("a", "b", "bad")]
+    ready = [(r, (lambda p=r["provider"]: p)) for r in rows]
+    args = type("Args", (), {"passes": 3, "warmup": 0, "reps": 1})
+    bench.time_passes(FakeGpu(), Data(), ready, args)
+    assert calls == ["a", "b", "bad", "a", "b", "bad", "a", "b"]  # in turn; 'bad' dropped once it failed
+    assert rows[0]["ms_passes"] == pytest.approx([1.1, 1.4, 1.7]) and rows[0]["ms"] == pytest.approx(1.4)
+    assert rows[1]["ms"] == pytest.approx(2.5)
+    assert rows[2]["ms"] is None and rows[2]["status"].startswith("failed: RuntimeError")
+    args.passes = 1
+    one = {"provider": "a", "status": "ok", "ms": None}
+    bench.time_passes(FakeGpu(), Data(), [(one, lambda: "a")], args)
+    assert "ms_passes" not in one and one["ms"] > 1.0
+
+
 RESULTS = sorted(PERF.glob("*.json"))
 
 

@@ -270,6 +270,28 @@ def run_once(fn, data, out):
     return out if r is None else r
 
 
+def time_passes(gpu, data, ready, args):
+    """Times each ready provider: `passes` rounds over all of them (so that drift of the GPU over
+    the run reaches every provider alike), each a median over `reps` calls; the row's ms is the
+    median of its passes (all of them under ms_passes when there are several)."""
+    for k in range(args.passes):
+        if args.passes > 1:
+            print(f"# timing pass {k + 1}/{args.passes}", file=sys.stderr, flush=True)
+        for row, fn in ready:
+            if row["status"] != "ok":
+                continue
+            try:
+                with data.on_stream():
+                    row.setdefault("ms_passes", []).append(gpu.time_ms(fn, args.warmup, args.reps))
+            except Exception as e:  # noqa: BLE001 - one failing anchor must not end the run
+                row.update(status=f"failed: {type(e).__name__}: {str(e)[:160]}", ms=None)
+    for row, _ in ready:
+        if row["status"] == "ok":
+            row["ms"] = float(np.median(row["ms_passes"]))
+            if args.passes == 1:
+                del row["ms_passes"]
+
+
 def _git_commit():
     try:
         return subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
@@ -291,6 +313,8 @@ def main(argv=None):
     ap.add_argument("--sweep-gb", type=float, default=1.0)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--passes", type=int, default=1,
+                    help="rounds of timing over all providers; each result is the median of its rounds")
     ap.add_argument("--providers", default="", help="comma-separated subset (copy is always timed)")
     ap.add_argument("--no-torch", action="store_true", help="do not use torch even if installed")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
@@ -298,6 +322,8 @@ def main(argv=None):
     ap.add_argument("--name", default="", help="suffix of the result files (default: none)")
     ap.add_argument("--commit", default=None, help="commit to record (default: git rev-parse HEAD)")
     args = ap.parse_args(argv)
+    if args.passes < 1 or args.reps < 1 or args.warmup < 0:
+        raise SystemExit("softlight bench: --passes and --reps must be at least 1, --warmup at least 0")
 
     torch = None
     if not args.no_torch:
@@ -320,8 +346,7 @@ def main(argv=None):
         dim = args.dim % len(shape)
         inp, out = data.make(shape, dtype, args.op, dim)
         case = Case(args.op, shape, dim, dtype, inp, out)
-        copy_ms = None
-        these = []
+        these, ready = [], []  # every provider's row; (row, fn) of those checked and ready to time
         for name, (kind, make) in provs.items():
             done += 1
             print(f"[{done}/{total}] {name:14s} {'x'.join(map(str, shape))} {dtype} {args.op}", file=sys.stderr,
@@ -329,6 +354,7 @@ def main(argv=None):
             row = {"op": args.op, "provider": name, "shape": list(shape), "dtype": dtype}
             if dim != len(shape) - 1:
                 row["dim"] = dim
+            these.append(row)
             try:
                 fn = make(case)
                 result = run_once(fn, data, out)
@@ -337,19 +363,16 @@ def main(argv=None):
                     row["max_abs_err"] = err
                     if not ok:
                         row.update(status=f"wrong (max |error| {err:.2e})", ms=None)
-                        these.append(row)
                         continue
                 del result
-                with data.on_stream():
-                    ms = gpu.time_ms(fn, args.warmup, args.reps)
-                if name == "copy":
-                    copy_ms = ms
-                row.update(status="ok", ms=ms)
+                row.update(status="ok", ms=None)
+                ready.append((row, fn))
             except Exception as e:  # noqa: BLE001 - one failing anchor must not end the run
                 row.update(status=f"failed: {type(e).__name__}: {str(e)[:160]}", ms=None)
-            these.append(row)
             if torch is not None:
                 torch.cuda.empty_cache()
+        time_passes(gpu, data, ready, args)
+        copy_ms = next((r["ms"] for r in these if r["provider"] == "copy"), None)
         for r in these:
             r["copy_ms"] = copy_ms
         rows_out += these
