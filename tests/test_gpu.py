@@ -344,7 +344,7 @@ def test_claimed_rows(monkeypatch, cluster, chunk, groups, row_bytes, rows, dtyp
     monkeypatch.setenv("SOFTLIGHT_CLUSTER", str(cluster))
     monkeypatch.setenv("SOFTLIGHT_CHUNK_BYTES", str(chunk))
     monkeypatch.setenv("SOFTLIGHT_GROUPS", str(groups))
-    monkeypatch.setenv("SOFTLIGHT_CLAIM", "1")  # the default for all but 16-bit rows
+    monkeypatch.setenv("SOFTLIGHT_CLAIM", "1")  # the default
     x = random_rows(rows, row_bytes // ELEM[dtype], dtype)
     p = planned(*x.shape, dtype)
     assert p["family"] == "cluster_rows" and p["claim_rows"] and p["cluster"] == cluster, p
