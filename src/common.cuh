@@ -37,22 +37,9 @@ template <> __device__ __forceinline__ double neg_inf<double>() {
   return -__longlong_as_double(0x7ff0000000000000LL);
 }
 
-// exp through the special function unit (ex2.approx, relative error near 2^-22): the sums it
-// feeds are compared against float64 in the tests. float64 keeps the accurate exp.
-__device__ __forceinline__ float exp_acc(float v) {
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v * 1.4426950408889634f));
-  return r;
-}
-__device__ __forceinline__ double exp_acc(double v) { return exp(v); }
-__device__ __forceinline__ float log_acc(float v) { return logf(v); }
-__device__ __forceinline__ double log_acc(double v) { return log(v); }
-// fmax ignores a NaN operand; a NaN still reaches the result through the sum (see exp_shifted).
-__device__ __forceinline__ float max_acc(float a, float b) { return fmaxf(a, b); }
-__device__ __forceinline__ double max_acc(double a, double b) { return fmax(a, b); }
-
 // exp(d * scale) as exp_base(d * exp_factor(scale)): for float the factor carries log2(e) and
-// exp_base is the special function unit's 2^x (ex2.approx, as exp_acc).
+// exp_base is the special function unit's 2^x (ex2.approx, relative error near 2^-22: the sums it
+// feeds are compared against float64 in the tests); float64 keeps the accurate exp.
 __device__ __forceinline__ float exp_factor(float scale) { return scale * 1.4426950408889634f; }
 __device__ __forceinline__ double exp_factor(double scale) { return scale; }
 __device__ __forceinline__ float exp_base(float t) {
@@ -61,6 +48,13 @@ __device__ __forceinline__ float exp_base(float t) {
   return r;
 }
 __device__ __forceinline__ double exp_base(double t) { return exp(t); }
+// exp(v) in the accumulation type.
+template <class A> __device__ __forceinline__ A exp_acc(A v) { return exp_base(v * exp_factor(A(1))); }
+__device__ __forceinline__ float log_acc(float v) { return logf(v); }
+__device__ __forceinline__ double log_acc(double v) { return log(v); }
+// fmax ignores a NaN operand; a NaN still reaches the result through the sum (see exp_shifted).
+__device__ __forceinline__ float max_acc(float a, float b) { return fmaxf(a, b); }
+__device__ __forceinline__ double max_acc(double a, double b) { return fmax(a, b); }
 
 // --- the (max, sum) algebra --------------------------------------------------------------------
 // A partial (m, s) means s = sum exp(x - m) over the elements seen, with the convention that a
