@@ -153,29 +153,10 @@ template <class T, int U, bool Backward> struct ClusterCta {  // U: 16-byte vect
 #pragma unroll
     for (int u = 0; u < U; ++u) p[u] = Full || i + u * group < end ? src[i + u * group] : neg_inf_pack<T>();
     const A m = max_acc(cp.m, packs_max<T, U>(p));
-    const A shift = m == neg_inf<A>() ? A(0) : m;  // see exp_shifted
-    // exp((x - shift) * scale) = exp_base(x * f - hi) * exp_base(-lo), where hi + lo is shift * f
-    // exactly: one fused multiply-add per element, whose only rounding is that of its result, and
-    // one correction per step. Where shift * f overflows (shift finite), every x < shift is at
-    // least ulp(shift) * f > 2^100 below it, so each term is exactly 0 or 1; a power of two
-    // that brings shift * f near 2^110 (exactly) keeps those terms and is used in place of f.
-    A f = exp_factor(scale);
-    A hi = shift * f;
-    if (!isfinite(hi) && isfinite(shift)) {
-      f = pow2_near_inverse(shift);
-      hi = shift * f;
-    }
-    const A lo = fma(shift, f, -hi);  // NaN where shift is +inf or NaN: the row's sum is NaN
-    A s[4] = {A(0), A(0), A(0), A(0)};  // four chains of additions, not one
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      A v[V];
-      unpack<T, V>(p[u], v);
-#pragma unroll
-      for (int j = 0; j < V; ++j) s[j % 4] += exp_base(fma(v[j], f, -hi));
-    }
-    const A old = cp.m == neg_inf<A>() ? A(0) : exp_base((cp.m - m) * f);
-    cp = {m, cp.s * old + ((s[0] + s[1]) + (s[2] + s[3])) * exp_base(-lo)};
+    const ShiftedExp<A> e = shifted_exp(m, scale);
+    const A s = packs_exp_sum<T, U>(p, e);
+    const A old = cp.m == neg_inf<A>() ? A(0) : exp_base((cp.m - m) * e.f);
+    cp = {m, cp.s * old + s * exp_base(-e.lo)};
   }
   template <bool Full>
   __device__ __forceinline__ void write_step(const uint4* src, uint4* dst, int i, int end, A m, A log_sum) const {
@@ -185,13 +166,9 @@ template <class T, int U, bool Backward> struct ClusterCta {  // U: 16-byte vect
       if (Full || i + u * group < end) p[u] = src[i + u * group];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      if (Full || i + u * group < end) {
-        A v[V];
-        unpack<T, V>(p[u], v);
-#pragma unroll
-        for (int j = 0; j < V; ++j) v[j] = log_softmax_out_scaled(v[j], m, scale, log_sum);
-        store_pack<T, V>(reinterpret_cast<T*>(dst + (i + u * group)), v, (sh.hints & 2) != 0);
-      }
+      if (Full || i + u * group < end)
+        store_log_softmax_pack<T>(reinterpret_cast<T*>(dst + (i + u * group)), p[u], m, scale, log_sum,
+                                  (sh.hints & 2) != 0);
     }
   }
 

@@ -250,6 +250,43 @@ template <class T, int N> __device__ __forceinline__ acc_t<T> packs_max(const ui
   }
 }
 
+// exp((x - shift) * scale) for the elements x of a row whose max is m (shift = m, or 0 where m is
+// -inf: see exp_shifted), as exp_base(fma(x, f, -hi)) * exp_base(-lo) where hi + lo is shift * f
+// exactly: one fused multiply-add per element, whose only rounding is that of its result, and one
+// correction per sum. Where shift * f overflows (shift finite), every x < shift is at least
+// ulp(shift) * f > 2^100 below it, so each term is exactly 0 or 1; a power of two that brings
+// shift * f near 2^110 (exactly) keeps those terms and is used in place of f. lo is NaN where
+// shift is +inf or NaN: the row's sum is then NaN.
+template <class A> struct ShiftedExp {
+  A f, hi, lo;
+};
+template <class A> __device__ __forceinline__ ShiftedExp<A> shifted_exp(A m, A scale) {
+  const A shift = m == neg_inf<A>() ? A(0) : m;
+  A f = exp_factor(scale);
+  A hi = shift * f;
+  if (!isfinite(hi) && isfinite(shift)) {
+    f = pow2_near_inverse(shift);
+    hi = shift * f;
+  }
+  return {f, hi, fma(shift, f, -hi)};
+}
+// The sum over the elements of N 16-byte packs of exp_base(fma(x, f, -hi)) (without the factor
+// exp_base(-lo)), in four chains of additions rather than one.
+template <class T, int N>
+__device__ __forceinline__ acc_t<T> packs_exp_sum(const uint4 (&p)[N], const ShiftedExp<acc_t<T>>& e) {
+  using A = acc_t<T>;
+  constexpr int V = 16 / sizeof(T);
+  A s[4] = {A(0), A(0), A(0), A(0)};
+#pragma unroll
+  for (int u = 0; u < N; ++u) {
+    A v[V];
+    unpack<T, V>(p[u], v);
+#pragma unroll
+    for (int j = 0; j < V; ++j) s[(u * V + j) % 4] += exp_base(fma(v[j], e.f, -e.hi));
+  }
+  return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
 // Copies one pack unchanged from src to dst and hands its values to the caller.
 template <class T, int V>
 __device__ __forceinline__ void copy_pack(T* dst, const T* src, acc_t<T> (&out)[V]) {
@@ -310,6 +347,24 @@ __device__ __forceinline__ void store_pack(T* p, const acc_t<T> (&in)[V], bool e
 #pragma unroll
     for (int i = 0; i < V; ++i) p[i] = from_acc<T>(in[i]);
   }
+}
+
+// Hides a pack's value from the compiler, so that values derived from it earlier are derived again
+// rather than kept alive in registers.
+__device__ __forceinline__ void opaque(uint4& p) {
+  asm volatile("" : "+r"(p.x), "+r"(p.y), "+r"(p.z), "+r"(p.w));
+}
+
+// Writes y for one 16-byte pack of x (see log_softmax_out_scaled).
+template <class T>
+__device__ __forceinline__ void store_log_softmax_pack(T* dst, uint4 p, acc_t<T> m, acc_t<T> scale, acc_t<T> log_sum,
+                                                       bool evict_first = false) {
+  constexpr int V = 16 / sizeof(T);
+  acc_t<T> v[V];
+  unpack<T, V>(p, v);
+#pragma unroll
+  for (int j = 0; j < V; ++j) v[j] = log_softmax_out_scaled(v[j], m, scale, log_sum);
+  store_pack<T, V>(dst, v, evict_first);
 }
 
 // --- reductions by tier ------------------------------------------------------------------------

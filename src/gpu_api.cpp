@@ -120,6 +120,7 @@ Overrides overrides_from_env() {
   if (const char* s = std::getenv("SOFTLIGHT_EXCHANGE")) o.exchange = std::atoi(s);
   if (const char* s = std::getenv("SOFTLIGHT_GROUPS")) o.groups = std::atoi(s);
   if (const char* s = std::getenv("SOFTLIGHT_CLAIM")) o.claim = std::atoi(s);
+  if (const char* s = std::getenv("SOFTLIGHT_ITERS")) o.iters = std::atoi(s);
   if (o.chunk_bytes % 16 != 0 || o.chunk_bytes < 0) o.chunk_bytes = 0;
   return o;
 }

@@ -28,17 +28,18 @@ int cluster_threads(const Overrides& o) {
                                                                                           : kClusterDefaultThreads;
 }
 
-Plan plan_warp_rows(const Problem& p, int vec) {
+// max_group: 32, or kRegisterRowsMaxGroup where the row is read in 16-byte packs (the forward).
+Plan plan_warp_rows(const Problem& p, int vec, int max_group = 32, int min_iters = kWarpRowsMinIters) {
   Plan plan;
   plan.family = Family::warp_rows;
   plan.vec = vec;
   // Four accesses per lane where the row allows (more rows per warp, each lane with four loads in
   // flight): a lane per row-vector left warps latency-bound on rows of 128 fp32 and less.
   const int64_t vectors = ceil_div(p.cols, vec);
-  plan.group = static_cast<int>(std::min<int64_t>(32, pow2_ceil(ceil_div(vectors, kWarpRowsMinIters))));
+  plan.group = static_cast<int>(std::min<int64_t>(max_group, pow2_ceil(ceil_div(vectors, min_iters))));
   plan.iters = static_cast<int>(pow2_ceil(ceil_div(vectors, plan.group)));
-  plan.threads = kWarpRowsThreads;
-  const int64_t rows_per_cta = kWarpRowsThreads / plan.group;
+  plan.threads = plan.group > 32 ? plan.group : kWarpRowsThreads;  // past a warp, the CTA is the group
+  const int64_t rows_per_cta = plan.threads / plan.group;
   plan.grid = std::min<int64_t>(ceil_div(p.rows, rows_per_cta), int64_t{1} << 30);
   return plan;
 }
@@ -256,8 +257,11 @@ Plan plan_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
   const int vec = p.aligned16 ? 16 / p.elem_bytes : 1;
   // Short rows aligned to 8 bytes only (rows of 100 bf16, say) are read in 8-byte packs.
   const int short_vec = !p.aligned16 && p.aligned8 && p.elem_bytes <= 4 ? 8 / p.elem_bytes : vec;
-  if (ceil_div(p.cols, short_vec) <= int64_t{32} * kWarpRowsMaxIters) return plan_warp_rows(p, short_vec);
   const int64_t row_bytes = p.cols * p.elem_bytes;
+  const int min_iters = o.iters > 0 ? o.iters : kWarpRowsMinIters;
+  if (p.aligned16 && row_bytes < kRegisterRowsMaxBytes && o.cluster <= 0)
+    return plan_warp_rows(p, vec, kRegisterRowsMaxGroup, min_iters);
+  if (ceil_div(p.cols, short_vec) <= int64_t{32} * kWarpRowsMaxIters) return plan_warp_rows(p, short_vec);
   if (has_clusters(d) && p.aligned16 && (row_bytes >= kClusterMinRowBytes || o.cluster > 0))
     return plan_cluster_rows(p, d, o);
   return plan_block_rows(p, d, vec);

@@ -8,7 +8,8 @@ namespace softlight {
 
 enum class Family : int {
   none = 0,          // nothing to do (rows or cols is zero)
-  warp_rows = 1,     // short rows: a group of 1..32 lanes holds a row in registers
+  warp_rows = 1,     // short rows: a group of 1..32 lanes holds a row in registers; rows read in
+                     // 16-byte packs, under 32 KB: a group of up to a CTA of 1024 threads
   block_rows = 2,    // one CTA per row: the row in shared memory, or streamed twice if too long
   cluster_rows = 3,  // Hopper: a cluster of CTAs per row, bulk copies into a ring of chunks
   split_rows = 4,    // any axis, forward or backward: the axis split over a cluster of CTAs (one
@@ -66,6 +67,7 @@ struct Overrides {
   int exchange = -1;   // cluster_rows: 0 partials over DSMEM in clusters, 1 through global memory
   int groups = 0;      // cluster_rows: at most this many clusters (or grid groups) at once
   int claim = -1;      // cluster_rows: 0 rows dealt to clusters in turn, 1 claimed from a counter
+  int iters = 0;       // warp_rows, 16-byte packs: the least packs per thread (then the group)
 };
 
 struct Plan {
@@ -74,7 +76,7 @@ struct Plan {
   int threads = 0;         // threads per CTA
   int64_t grid = 0;        // CTAs for warp_rows / block_rows; cluster_rows: rows' clusters cap
   // warp_rows
-  int group = 0;           // lanes per row (power of two, 1..32)
+  int group = 0;           // threads per row (power of two, 1..32; 16-byte packs: up to 1024)
   int iters = 0;           // vectors per lane per row (1, 2, 4 or 8)
   // block_rows and cluster_rows
   bool resident = false;   // the row (or slice) stays in shared memory: one DRAM read
@@ -106,6 +108,13 @@ struct Plan {
 constexpr int kWarpRowsThreads = 128;
 constexpr int kWarpRowsMaxIters = 8;
 constexpr int kWarpRowsMinIters = 4;
+// Rows read in 16-byte packs and shorter than this are held in registers by a group of up to
+// kRegisterRowsMaxGroup threads (past a warp, a CTA per row), four packs per thread; longer rows
+// go to the clusters on Hopper (H200, docs/design.md: 16-bit rows of 128-8192 went from 1.2 x to
+// 0.91-0.97 x a cudaMemcpy of the same bytes, fp32 rows of 4096 from 1.12 x to 1.01 x; at 32 KB the
+// clusters were ahead, 1.06 x against 1.12 x).
+constexpr int64_t kRegisterRowsMaxBytes = 32 * 1024;
+constexpr int kRegisterRowsMaxGroup = 1024;
 constexpr int kClusterDefaultThreads = 2 * 256 + 32;  // two consumer groups, a producer warp
 constexpr int kClusterMaxThreads = 800;           // keeps 80 registers per thread
 // Chunk sizes measured best on an H200 at the founding shape (docs/design.md): 16 KB for the

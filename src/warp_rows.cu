@@ -62,6 +62,53 @@ warp_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t
   }
 }
 
+// Rows read in 16-byte packs, kept packed in registers (four registers per pack, where the
+// unpacked values of 16-bit rows would take eight): the max of x over packed pairs, one fused
+// multiply-add per exp, y = (x - max) * scale - log(sum) (see shifted_exp). A group of up to 1024
+// threads holds a row: up to a warp, as warp_rows_kernel; beyond, the CTA is the group and reduces
+// through shared memory. Rows are walked unit by unit (a warp, or the CTA) so that every thread of
+// a unit stays in its reductions even where the last rows run out.
+template <class T, int ITERS>
+__global__ void __launch_bounds__(1024)
+rows_in_registers_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t ys, int64_t rows,
+                         int vectors, int group, acc_t<T> scale, acc_t<T>* __restrict__ lse) {
+  using A = acc_t<T>;
+  __shared__ A scratch[32];
+  const int unit = group > 32 ? group : 32;
+  const int sub = threadIdx.x & (group - 1);
+  const int rows_per_unit = unit / group;
+  const int64_t units = int64_t{gridDim.x} * (blockDim.x / unit);
+  const int64_t first = int64_t{blockIdx.x} * (blockDim.x / unit) + threadIdx.x / unit;
+  for (int64_t base = first * rows_per_unit; base < rows; base += units * rows_per_unit) {
+    const int64_t row = base + (threadIdx.x & (unit - 1)) / group;
+    const bool live = row < rows;
+    const uint4* xr = reinterpret_cast<const uint4*>(x + row * xs);
+    uint4 p[ITERS];
+#pragma unroll
+    for (int i = 0; i < ITERS; ++i) {
+      const int e = i * group + sub;
+      p[i] = live && e < vectors ? xr[e] : neg_inf_pack<T>();
+    }
+    A m = packs_max<T, ITERS>(p);
+    m = group > 32 ? block_max(m, scratch, group, 1) : group_max(m, group);
+    const ShiftedExp<A> ex = shifted_exp(m, scale);
+    A s = packs_exp_sum<T, ITERS>(p, ex);
+    s = (group > 32 ? block_sum(s, scratch, group, 1) : group_sum(s, group)) * exp_base(-ex.lo);
+    const A log_sum = log_acc(s);
+    if (lse != nullptr && live && sub == 0) lse[row] = m * scale + log_sum;
+    T* yr = y + row * ys;
+    // Unpacked again below: kept from the sum instead, the values of 16-bit rows would double the
+    // registers of the packs and halve the warps resident.
+#pragma unroll
+    for (int i = 0; i < ITERS; ++i) opaque(p[i]);
+#pragma unroll
+    for (int i = 0; i < ITERS; ++i) {
+      const int e = i * group + sub;
+      if (live && e < vectors) store_log_softmax_pack<T>(yr + e * (16 / sizeof(T)), p[i], m, scale, log_sum);
+    }
+  }
+}
+
 // The backward, dx = dy - exp(y) * sum(dy): the group holds a row of dy and of y in registers.
 template <class T, int V, int ITERS>
 __global__ void __launch_bounds__(kWarpRowsThreads)
@@ -210,6 +257,18 @@ cudaError_t launch_iters(const Plan& p, const RowsArgs& a, cudaStream_t stream) 
   T* y = static_cast<T*>(a.y);
   const int cols = static_cast<int>(a.cols);
   const dim3 grid(static_cast<unsigned>(p.grid)), block(p.threads);
+  if constexpr (sizeof(T) * V == 16) {
+    using Packed = void (*)(const T*, int64_t, T*, int64_t, int64_t, int, int, acc_t<T>, acc_t<T>*);
+    Packed k = p.iters == 1   ? rows_in_registers_kernel<T, 1>
+               : p.iters == 2 ? rows_in_registers_kernel<T, 2>
+               : p.iters == 4 ? rows_in_registers_kernel<T, 4>
+               : p.iters == 8 ? rows_in_registers_kernel<T, 8>
+                              : nullptr;
+    if (k == nullptr) return cudaErrorInvalidValue;
+    k<<<grid, block, 0, stream>>>(x, a.x_stride, y, a.y_stride, a.rows, cols / V, p.group,
+                                  static_cast<acc_t<T>>(a.scale), static_cast<acc_t<T>*>(a.lse));
+    return cudaGetLastError();
+  }
   using Kernel = void (*)(const T*, int64_t, T*, int64_t, int64_t, int, int, acc_t<T>, acc_t<T>*);
   Kernel k = p.iters == 1   ? warp_rows_kernel<T, V, 1>
              : p.iters == 2 ? warp_rows_kernel<T, V, 2>

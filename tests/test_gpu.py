@@ -362,15 +362,17 @@ def test_claimed_rows(monkeypatch, cluster, chunk, groups, row_bytes, rows, dtyp
 
 @pytest.mark.parametrize("temperature", [1.0, 0.75])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_cluster_rows_near_the_float_max(dtype, temperature):
+@pytest.mark.parametrize("cols,family", [(393216, "cluster_rows"), (4096, "warp_rows"), (128, "warp_rows")])
+def test_rows_near_the_float_max(dtype, temperature, cols, family):
     """Rows whose max, times log2(e) / temperature, overflows float: every term of the row's sum is
-    then exactly 0 or 1, which cluster_rows' statistics take on a path of their own."""
-    if torch.cuda.get_device_capability()[0] < 9:
+    then exactly 0 or 1, which the statistics of rows in 16-byte packs take on a path of their own
+    (shifted_exp): in cluster_rows and in warp_rows, a group past a warp (4096) and within one."""
+    if family == "cluster_rows" and torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("clusters need sm_90")
-    x = random_rows(5, 393216, dtype)
-    assert planned(*x.shape, dtype)["family"] == "cluster_rows"
+    x = random_rows(5, cols, dtype)
+    assert planned(*x.shape, dtype)["family"] == family
     # (x / temperature stays within float's range, as it must for a finite reference)
-    x[0, 7] = x[0, 300000] = 2.5e38     # two at the max: -log 2 there
+    x[0, 7] = x[0, cols - 3] = 2.5e38   # two at the max: -log 2 there
     x[1, 5] = 2.4e38
     x[2, :] = 2.5e38                    # all at the max: -log(cols)
     x[3, 100] = -2e38                   # a plain row with a huge negative

@@ -24,13 +24,31 @@ def test_nothing_to_do():
 
 @pytest.mark.parametrize("cols,group,iters,vec", [
     (1, 1, 1, 1), (3, 1, 4, 1), (4, 1, 1, 4), (32, 2, 4, 4), (100, 8, 4, 4), (128, 8, 4, 4),
-    (1000, 32, 8, 4), (1024, 32, 8, 4), (7, 2, 4, 1), (33, 16, 4, 1), (256, 16, 4, 4),
+    (1000, 64, 4, 4), (1024, 64, 4, 4), (7, 2, 4, 1), (33, 16, 4, 1), (256, 16, 4, 4),
+    (4096, 256, 4, 4), (8188, 512, 4, 4),
 ])
 def test_short_rows_go_to_warps(cols, group, iters, vec):
     p = plan(1000, cols)
     assert (p["family"], p["group"], p["iters"], p["vec"]) == ("warp_rows", group, iters, vec)
     assert p["group"] * p["iters"] * p["vec"] >= cols  # the row fits the group's registers
     assert p["iters"] >= min(4, math.ceil(cols / p["vec"]))  # and each lane has loads in flight
+    # Up to a warp, 128-thread CTAs of several rows; past it, the CTA is the group.
+    assert p["threads"] == (p["group"] if p["group"] > 32 else 128)
+    assert p["grid"] == math.ceil(1000 / (p["threads"] // p["group"]))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])
+def test_rows_in_16_byte_packs_under_32_kb_stay_in_registers(dtype):
+    e = ELEM[dtype]
+    below = 32768 // e - 16 // e  # the longest row under 32 KB
+    p = plan(100, below, dtype)
+    assert (p["family"], p["group"], p["iters"], p["vec"]) == ("warp_rows", 512, 4, 16 // e)
+    assert plan(100, below, dtype, iters=8)["group"] == 256  # more packs per thread, fewer threads
+    assert plan(100, 32768 // e, dtype)["family"] == "cluster_rows"  # 32 KB: the clusters
+    assert plan(100, 32768 // e, dtype, dev=A100)["family"] == "block_rows"
+    assert plan(100, below, dtype, dev=A100)["family"] == "warp_rows"  # no clusters needed
+    assert plan(100, below + 1, dtype)["family"] == "block_rows"  # not in 16-byte packs
+    assert plan(100, 4096, dtype, cluster=2)["family"] == "cluster_rows"  # a cluster override wins
 
 
 @pytest.mark.parametrize("cols,dtype,vec", [(50257, "bfloat16", 8), (50257, "float32", 4), (4099, "float16", 8)])
@@ -48,22 +66,23 @@ def test_short_rows_aligned_to_8_bytes_read_in_half_packs(cols, dtype, vec, grou
     p = _C.plan(1000, cols, ELEM[dtype], False, **H200, aligned8=True)
     assert (p["family"], p["vec"], p["group"]) == ("warp_rows", vec, group)
     assert _C.plan(1000, cols, ELEM[dtype], False, **H200)["vec"] == 1  # not aligned: elements
-    assert _C.plan(1000, 1028, 2, False, **H200, aligned8=True)["family"] == "block_rows"  # over 256 packs
+    assert _C.plan(1000, 2052, 2, False, **H200, aligned8=True)["family"] == "block_rows"  # over 256 packs
     assert _C.plan(1000, 101, 8, False, **H200, aligned8=True)["vec"] == 1  # float64: a pack of one
 
 
 def test_warp_rows_limits_by_dtype():
-    assert plan(10, 2048, "bfloat16")["family"] == "warp_rows"    # 256 vectors of 8
-    assert plan(10, 2056, "bfloat16")["family"] == "block_rows"
+    assert plan(10, 2048, "bfloat16")["family"] == "warp_rows"     # 16-byte packs: rows under 32 KB
+    assert plan(10, 16376, "bfloat16")["family"] == "warp_rows"
     assert plan(10, 512, "float64")["family"] == "warp_rows"
-    assert plan(10, 1025)["family"] == "block_rows"                # odd: scalar access, 1025 > 256
+    assert plan(10, 256, aligned=False)["family"] == "warp_rows"   # elements: 32 lanes x 8
     assert plan(10, 257, aligned=False)["family"] == "block_rows"
+    assert plan(10, 1025)["family"] == "block_rows"                # odd: scalar access, 1025 > 256
 
 
 def test_block_rows_resident_and_streamed():
-    p = plan(100, 4096)
+    p = plan(100, 4096, dev=A100, aligned=False, peelable=True)
     assert p["family"] == "block_rows" and p["resident"] and p["smem_bytes"] == 4096 * 4
-    assert p["vec"] == 4 and 128 <= p["threads"] <= 1024
+    assert p["vec"] == 4 and p["peel"] and 128 <= p["threads"] <= 1024
     # unaligned long rows: one CTA per row, two passes when the row outgrows shared memory
     p = plan(4, 1_000_003)
     assert p["family"] == "block_rows" and not p["resident"] and p["vec"] == 1 and p["smem_bytes"] == 0
