@@ -188,29 +188,47 @@ def from_storage(raw, dtype):
 def providers(args, gpu, data, torch, op):
     """name -> (kind, make(case) -> callable enqueuing one run on our stream). kind: how the output
     is checked (None: not checked, the floor). For the forward the floor is a device copy of x; for
-    the backward, reading two tensors and writing one (torch.add(dy, y, out=dx))."""
+    the backward, reading two tensors and writing one (torch.add(dy, y)).
+
+    With torch, every provider writes a new output at each call, taken from torch's caching
+    allocator (as the anchors, which allocate their own, do): where the output lies against the
+    input changes even a cudaMemcpy of 1 GB by up to 10 % on an H200 (docs/design.md), so a floor
+    and softlight writing one fixed buffer while the anchors write recycled ones would compare
+    placements as much as kernels."""
     p = {}
+
+    def fresh(c, write):
+        """A call that writes a new output (write(pointer) enqueues the work) and returns it."""
+        if torch is None:
+            return lambda: write(data.ptr(c.out))
+
+        def run():
+            o = torch.empty_like(c.out)
+            write(o.data_ptr())
+            return o
+        return run
+
     if op == "forward":
-        p["copy"] = (None, lambda c: lambda: gpu.copy(data.ptr(c.out), data.ptr(c.inp), c.nbytes))
+        p["copy"] = (None, lambda c: fresh(c, lambda o: gpu.copy(o, data.ptr(c.inp), c.nbytes)))
 
         def softlight_forward(c):
             if len(c.shape) == 2 and c.dim == 1:
-                return lambda: log_softmax_raw(data.ptr(c.inp), data.ptr(c.out), *c.shape, dtype=c.dtype,
-                                               stream=gpu.handle)
+                return fresh(c, lambda o: log_softmax_raw(data.ptr(c.inp), o, *c.shape, dtype=c.dtype,
+                                                          stream=gpu.handle))
             n, st = axis_extents(c.shape, c.dim)
             code = _dtypes.code(c.dtype)
-            return lambda: check(_C.forward_3d(data.ptr(c.inp), st, data.ptr(c.out), st, *n, code, gpu.handle))
+            return fresh(c, lambda o: check(_C.forward_3d(data.ptr(c.inp), st, o, st, *n, code, gpu.handle)))
         p["softlight"] = ("log", softlight_forward)
     else:
         if torch is None:
             raise SystemExit("softlight bench: --op backward needs torch (for its inputs and its floor)")
-        p["copy"] = (None, lambda c: lambda: torch.add(c.inp[0], c.inp[1], out=c.out))
+        p["copy"] = (None, lambda c: lambda: torch.add(c.inp[0], c.inp[1]))
 
         def softlight_backward(c):
             n, st = axis_extents(c.shape, c.dim)
             code = _dtypes.code(c.dtype)
             dy, y = (data.ptr(a) for a in c.inp)
-            return lambda: check(_C.backward_3d(dy, st, y, st, data.ptr(c.out), st, *n, code, gpu.handle))
+            return fresh(c, lambda o: check(_C.backward_3d(dy, st, y, st, o, st, *n, code, gpu.handle)))
         p["softlight"] = ("grad", softlight_backward)
     if torch is None:
         return p
