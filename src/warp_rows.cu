@@ -1,7 +1,9 @@
-// warp_rows: short rows (up to 256 vectors of 16 bytes, or of 8 where rows are aligned to 8 bytes only). A group of `group` lanes (a power of two, at most a
-// warp) holds one row in registers, ITERS packs of V elements per lane; the group reduces with
-// shuffles. One DRAM read, one write. Rows are walked warp by warp so that every lane of a warp
-// stays in the shuffles even where the last rows run out.
+// warp_rows: rows held in registers. Rows in 16-byte packs under 32 KB: rows_in_registers_kernel, a
+// group of up to a CTA of 1024 threads per row, the packs kept packed. Other rows of up to 256
+// vectors (8-byte packs where rows are aligned to 8 bytes only, or elements): warp_rows_kernel, a
+// group of `group` lanes (a power of two, at most a warp) per row, ITERS vectors of V elements per
+// lane, reducing with shuffles. One DRAM read, one write. Rows are walked warp by warp so that every
+// lane of a warp stays in the shuffles even where the last rows run out.
 #include <algorithm>
 
 #include "common.cuh"
