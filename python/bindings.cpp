@@ -118,7 +118,8 @@ py::dict plan_dict(const softlight::Plan& r) {
 
 py::dict plan(int64_t rows, int64_t cols, int elem_bytes, bool aligned16, int cc_major,
               int cc_minor, int sm_count, int64_t smem_optin, int max_cluster, int cluster,
-              int chunk_bytes, int threads, int hints, bool peelable, bool aligned8, int exchange, int claim, int iters) {
+              int chunk_bytes, int threads, int hints, bool peelable, bool aligned8, int exchange, int claim, int iters,
+              int64_t register_rows_bytes) {
   softlight::Problem p;
   p.rows = rows;
   p.cols = cols;
@@ -131,6 +132,7 @@ py::dict plan(int64_t rows, int64_t cols, int elem_bytes, bool aligned16, int cc
   over.exchange = exchange;
   over.claim = claim;
   over.iters = iters;
+  over.register_rows_bytes = register_rows_bytes;
   return plan_dict(softlight::plan_rows(p, d, over));
 }
 
@@ -268,5 +270,6 @@ PYBIND11_MODULE(_C, m) {
         py::arg("cc_major"), py::arg("cc_minor"), py::arg("sm_count"), py::arg("smem_optin"),
         py::arg("max_cluster"), py::arg("cluster") = 0, py::arg("chunk_bytes") = 0,
         py::arg("threads") = 0, py::arg("hints") = -1, py::arg("peelable") = false, py::arg("aligned8") = false,
-        py::arg("exchange") = -1, py::arg("claim") = -1, py::arg("iters") = 0);
+        py::arg("exchange") = -1, py::arg("claim") = -1, py::arg("iters") = 0,
+        py::arg("register_rows_bytes") = 0);
 }

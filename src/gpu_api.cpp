@@ -108,7 +108,8 @@ softlight_status launch_with_cluster_fallback(DeviceInfo dev, const Overrides& o
 
 // Tuning knobs for experiments: SOFTLIGHT_CLUSTER, SOFTLIGHT_CHUNK_BYTES, SOFTLIGHT_THREADS,
 // SOFTLIGHT_HINTS, SOFTLIGHT_TILE_BYTES, SOFTLIGHT_EXCHANGE, SOFTLIGHT_GROUPS, SOFTLIGHT_CLAIM,
-// SOFTLIGHT_SPLIT_LANES, SOFTLIGHT_SPLIT_SEGMENT_BYTES (unset: the planner's choice);
+// SOFTLIGHT_ITERS, SOFTLIGHT_REGISTER_ROWS_BYTES, SOFTLIGHT_SPLIT_LANES,
+// SOFTLIGHT_SPLIT_SEGMENT_BYTES (unset: the planner's choice);
 // SOFTLIGHT_VERBOSE prints cluster launches.
 Overrides overrides_from_env() {
   Overrides o;
@@ -121,6 +122,7 @@ Overrides overrides_from_env() {
   if (const char* s = std::getenv("SOFTLIGHT_GROUPS")) o.groups = std::atoi(s);
   if (const char* s = std::getenv("SOFTLIGHT_CLAIM")) o.claim = std::atoi(s);
   if (const char* s = std::getenv("SOFTLIGHT_ITERS")) o.iters = std::atoi(s);
+  if (const char* s = std::getenv("SOFTLIGHT_REGISTER_ROWS_BYTES")) o.register_rows_bytes = std::atoll(s);
   if (o.chunk_bytes % 16 != 0 || o.chunk_bytes < 0) o.chunk_bytes = 0;
   return o;
 }

@@ -258,8 +258,13 @@ Plan plan_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
   // Short rows aligned to 8 bytes only (rows of 100 bf16, say) are read in 8-byte packs.
   const int short_vec = !p.aligned16 && p.aligned8 && p.elem_bytes <= 4 ? 8 / p.elem_bytes : vec;
   const int64_t row_bytes = p.cols * p.elem_bytes;
-  const int min_iters = o.iters > 0 ? o.iters : kWarpRowsMinIters;
-  if (p.aligned16 && row_bytes < kRegisterRowsMaxBytes && o.cluster <= 0)
+  // Overrides (experiments): the least packs per thread (1, 2, 4 or 8), and the bound on the row,
+  // at most what a group of 1024 threads holds at 8 packs each (128 KB).
+  const int min_iters = o.iters == 1 || o.iters == 2 || o.iters == 4 || o.iters == 8 ? o.iters : kWarpRowsMinIters;
+  const int64_t register_bytes = o.register_rows_bytes > 0
+                                     ? std::min<int64_t>(o.register_rows_bytes, int64_t{16} * kRegisterRowsMaxGroup * kWarpRowsMaxIters + 1)
+                                     : kRegisterRowsMaxBytes;
+  if (p.aligned16 && row_bytes < register_bytes && o.cluster <= 0)
     return plan_warp_rows(p, vec, kRegisterRowsMaxGroup, min_iters);
   if (ceil_div(p.cols, short_vec) <= int64_t{32} * kWarpRowsMaxIters) return plan_warp_rows(p, short_vec);
   if (has_clusters(d) && p.aligned16 && (row_bytes >= kClusterMinRowBytes || o.cluster > 0))

@@ -68,6 +68,7 @@ struct Overrides {
   int groups = 0;      // cluster_rows: at most this many clusters (or grid groups) at once
   int claim = -1;      // cluster_rows: 0 rows dealt to clusters in turn, 1 claimed from a counter
   int iters = 0;       // warp_rows, 16-byte packs: the least packs per thread (then the group)
+  int64_t register_rows_bytes = 0;  // rows in 16-byte packs shorter than this stay in registers
 };
 
 struct Plan {

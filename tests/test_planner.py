@@ -49,6 +49,17 @@ def test_rows_in_16_byte_packs_under_32_kb_stay_in_registers(dtype):
     assert plan(100, below, dtype, dev=A100)["family"] == "warp_rows"  # no clusters needed
     assert plan(100, below + 1, dtype)["family"] == "block_rows"  # not in 16-byte packs
     assert plan(100, 4096, dtype, cluster=2)["family"] == "cluster_rows"  # a cluster override wins
+    assert plan(100, below, dtype, iters=3)["group"] == 512  # not 1, 2, 4 or 8: ignored
+
+
+def test_register_rows_bound_override():
+    """An experiment's knob: longer rows held in registers, up to 1024 threads of 8 packs (128 KB)."""
+    p = plan(100, 32768, "bfloat16", register_rows_bytes=128 * 1024)  # 64 KB rows
+    assert (p["family"], p["group"], p["iters"], p["threads"]) == ("warp_rows", 1024, 4, 1024)
+    p = plan(100, 65536, "bfloat16", register_rows_bytes=1 << 40)  # capped: the most that fits
+    assert (p["family"], p["group"], p["iters"]) == ("warp_rows", 1024, 8)
+    assert plan(100, 65536 + 8, "bfloat16", register_rows_bytes=1 << 40)["family"] == "cluster_rows"
+    assert plan(100, 4096, "float32", register_rows_bytes=8192)["family"] == "block_rows"  # a lower bound
 
 
 @pytest.mark.parametrize("cols,dtype,vec", [(50257, "bfloat16", 8), (50257, "float32", 4), (4099, "float16", 8)])
