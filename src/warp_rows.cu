@@ -255,31 +255,21 @@ cudaError_t launch_single_column(const Plan& p, const RowsArgs& a, cudaStream_t 
 
 template <class T, int V>
 cudaError_t launch_iters(const Plan& p, const RowsArgs& a, cudaStream_t stream) {
-  const T* x = static_cast<const T*>(a.x);
-  T* y = static_cast<T*>(a.y);
-  const int cols = static_cast<int>(a.cols);
-  const dim3 grid(static_cast<unsigned>(p.grid)), block(p.threads);
-  if constexpr (sizeof(T) * V == 16) {
-    using Packed = void (*)(const T*, int64_t, T*, int64_t, int64_t, int, int, acc_t<T>, acc_t<T>*);
-    Packed k = p.iters == 1   ? rows_in_registers_kernel<T, 1>
-               : p.iters == 2 ? rows_in_registers_kernel<T, 2>
-               : p.iters == 4 ? rows_in_registers_kernel<T, 4>
-               : p.iters == 8 ? rows_in_registers_kernel<T, 8>
-                              : nullptr;
-    if (k == nullptr) return cudaErrorInvalidValue;
-    k<<<grid, block, 0, stream>>>(x, a.x_stride, y, a.y_stride, a.rows, cols / V, p.group,
-                                  static_cast<acc_t<T>>(a.scale), static_cast<acc_t<T>*>(a.lse));
-    return cudaGetLastError();
-  }
+  // Rows in 16-byte packs go to rows_in_registers_kernel, which takes the row length in packs;
+  // the rest to warp_rows_kernel, in elements. Both take the same arguments.
+  constexpr bool kPacked = sizeof(T) * V == 16;
   using Kernel = void (*)(const T*, int64_t, T*, int64_t, int64_t, int, int, acc_t<T>, acc_t<T>*);
-  Kernel k = p.iters == 1   ? warp_rows_kernel<T, V, 1>
-             : p.iters == 2 ? warp_rows_kernel<T, V, 2>
-             : p.iters == 4 ? warp_rows_kernel<T, V, 4>
-             : p.iters == 8 ? warp_rows_kernel<T, V, 8>
+  Kernel k = p.iters == 1   ? (kPacked ? rows_in_registers_kernel<T, 1> : warp_rows_kernel<T, V, 1>)
+             : p.iters == 2 ? (kPacked ? rows_in_registers_kernel<T, 2> : warp_rows_kernel<T, V, 2>)
+             : p.iters == 4 ? (kPacked ? rows_in_registers_kernel<T, 4> : warp_rows_kernel<T, V, 4>)
+             : p.iters == 8 ? (kPacked ? rows_in_registers_kernel<T, 8> : warp_rows_kernel<T, V, 8>)
                             : nullptr;
   if (k == nullptr) return cudaErrorInvalidValue;
-  k<<<grid, block, 0, stream>>>(x, a.x_stride, y, a.y_stride, a.rows, cols, p.group,
-                                static_cast<acc_t<T>>(a.scale), static_cast<acc_t<T>*>(a.lse));
+  const int length = static_cast<int>(kPacked ? a.cols / V : a.cols);
+  k<<<static_cast<unsigned>(p.grid), p.threads, 0, stream>>>(static_cast<const T*>(a.x), a.x_stride,
+                                                             static_cast<T*>(a.y), a.y_stride, a.rows, length,
+                                                             p.group, static_cast<acc_t<T>>(a.scale),
+                                                             static_cast<acc_t<T>*>(a.lse));
   return cudaGetLastError();
 }
 
