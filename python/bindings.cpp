@@ -97,6 +97,9 @@ py::dict plan_dict(const softlight::Plan& r) {
   out["grid"] = r.grid;
   out["group"] = r.group;
   out["iters"] = r.iters;
+  out["flat_rows"] = r.flat_rows;
+  out["flat_spread"] = r.flat_spread;
+  out["rows_per_lane"] = r.rows_per_lane;
   out["resident"] = r.resident;
   out["peel"] = r.peel;
   out["double_buffered"] = r.double_buffered;
@@ -119,13 +122,14 @@ py::dict plan_dict(const softlight::Plan& r) {
 py::dict plan(int64_t rows, int64_t cols, int elem_bytes, bool aligned16, int cc_major,
               int cc_minor, int sm_count, int64_t smem_optin, int max_cluster, int cluster,
               int chunk_bytes, int threads, int hints, bool peelable, bool aligned8, int exchange, int claim, int iters,
-              int64_t register_rows_bytes) {
+              int64_t register_rows_bytes, bool flat16, int flat, int rows_per_lane) {
   softlight::Problem p;
   p.rows = rows;
   p.cols = cols;
   p.elem_bytes = elem_bytes;
   p.aligned16 = aligned16;
   p.peelable = peelable;
+  p.flat16 = flat16;
   p.aligned8 = aligned8 || aligned16;
   const auto d = device(cc_major, cc_minor, sm_count, smem_optin, max_cluster);
   softlight::Overrides over{cluster, chunk_bytes, threads, hints};
@@ -133,6 +137,8 @@ py::dict plan(int64_t rows, int64_t cols, int elem_bytes, bool aligned16, int cc
   over.claim = claim;
   over.iters = iters;
   over.register_rows_bytes = register_rows_bytes;
+  over.flat = flat;
+  over.rows_per_lane = rows_per_lane;
   return plan_dict(softlight::plan_rows(p, d, over));
 }
 
@@ -271,5 +277,6 @@ PYBIND11_MODULE(_C, m) {
         py::arg("max_cluster"), py::arg("cluster") = 0, py::arg("chunk_bytes") = 0,
         py::arg("threads") = 0, py::arg("hints") = -1, py::arg("peelable") = false, py::arg("aligned8") = false,
         py::arg("exchange") = -1, py::arg("claim") = -1, py::arg("iters") = 0,
-        py::arg("register_rows_bytes") = 0);
+        py::arg("register_rows_bytes") = 0, py::arg("flat16") = false, py::arg("flat") = -1,
+        py::arg("rows_per_lane") = -1);
 }

@@ -108,7 +108,8 @@ softlight_status launch_with_cluster_fallback(DeviceInfo dev, const Overrides& o
 
 // Tuning knobs for experiments: SOFTLIGHT_CLUSTER, SOFTLIGHT_CHUNK_BYTES, SOFTLIGHT_THREADS,
 // SOFTLIGHT_HINTS, SOFTLIGHT_TILE_BYTES, SOFTLIGHT_EXCHANGE, SOFTLIGHT_GROUPS, SOFTLIGHT_CLAIM,
-// SOFTLIGHT_ITERS, SOFTLIGHT_REGISTER_ROWS_BYTES, SOFTLIGHT_SPLIT_LANES,
+// SOFTLIGHT_ITERS, SOFTLIGHT_REGISTER_ROWS_BYTES, SOFTLIGHT_FLAT,
+// SOFTLIGHT_ROWS_PER_LANE, SOFTLIGHT_SPLIT_LANES,
 // SOFTLIGHT_SPLIT_SEGMENT_BYTES (unset: the planner's choice);
 // SOFTLIGHT_VERBOSE prints cluster launches.
 Overrides overrides_from_env() {
@@ -123,6 +124,8 @@ Overrides overrides_from_env() {
   if (const char* s = std::getenv("SOFTLIGHT_CLAIM")) o.claim = std::atoi(s);
   if (const char* s = std::getenv("SOFTLIGHT_ITERS")) o.iters = std::atoi(s);
   if (const char* s = std::getenv("SOFTLIGHT_REGISTER_ROWS_BYTES")) o.register_rows_bytes = std::atoll(s);
+  if (const char* s = std::getenv("SOFTLIGHT_FLAT")) o.flat = std::atoi(s);
+  if (const char* s = std::getenv("SOFTLIGHT_ROWS_PER_LANE")) o.rows_per_lane = std::atoi(s);
   if (o.chunk_bytes % 16 != 0 || o.chunk_bytes < 0) o.chunk_bytes = 0;
   return o;
 }
@@ -183,6 +186,8 @@ softlight_status run_rows(const RowsArgs& args, const DeviceInfo& dev, cudaStrea
   prob.peelable = reinterpret_cast<uintptr_t>(args.x) % prob.elem_bytes == 0 &&
                   (reinterpret_cast<uintptr_t>(args.x) - reinterpret_cast<uintptr_t>(args.y)) % 16 == 0 &&
                   (one || ((args.x_stride - args.y_stride) * prob.elem_bytes) % 16 == 0);
+  prob.flat16 = reinterpret_cast<uintptr_t>(args.x) % 16 == 0 && reinterpret_cast<uintptr_t>(args.y) % 16 == 0 &&
+                (one || (args.x_stride == args.cols && args.y_stride == args.cols));
   return launch_with_cluster_fallback(
       dev, overrides_from_env(), [&](const DeviceInfo& d, const Overrides& o) { return plan_rows(prob, d, o); },
       [&](const Plan& p) { return run_plan(p, args, s); });

@@ -264,6 +264,45 @@ Plan plan_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
   const int64_t register_bytes = o.register_rows_bytes > 0
                                      ? std::min<int64_t>(o.register_rows_bytes, int64_t{16} * kRegisterRowsMaxGroup * kWarpRowsMaxIters + 1)
                                      : kRegisterRowsMaxBytes;
+  // Flat tiles: short rows not in 16-byte packs that lie in one contiguous run (rows of 7 or 100
+  // bf16): element loads would leave the load units the limit. Rows of one element have their own
+  // path (a flat array of packs without exp or log).
+  const bool flat_default = !p.aligned16 && p.cols > 1;
+  if (p.flat16 && row_bytes <= kFlatMaxRowBytes && (o.flat >= 0 ? o.flat == 1 && p.cols > 1 : flat_default)) {
+    Plan plan;
+    plan.family = Family::warp_rows;
+    plan.threads = kWarpRowsThreads;
+    plan.flat_rows = static_cast<int>(std::clamp<int64_t>(kFlatTileBytes / (kWarpRowsThreads * row_bytes), 1, 8));
+    // Lanes whose rows lie an odd number of banks (4 bytes, or an element if larger) apart meet no
+    // bank conflicts: rows of 7 bf16 (3.5 banks) take every other row. Where no spread up to 8 is
+    // odd (rows of 100 bf16, 50 banks), the lanes take neighbouring rows.
+    const int64_t bank = std::max<int64_t>(4, p.elem_bytes);
+    for (int s = 1; s <= 8; s *= 2)
+      if (s * row_bytes % bank == 0 && (s * row_bytes / bank) % 2 == 1) {
+        plan.flat_spread = s;
+        break;
+      }
+    const int64_t tile_rows = int64_t{kWarpRowsThreads} * plan.flat_rows;
+    plan.smem_bytes = ceil_div(tile_rows * row_bytes, 16) * 16;
+    plan.grid = std::min<int64_t>(ceil_div(p.rows, tile_rows), int64_t{1} << 30);
+    return plan;
+  }
+  // Rows of at most kShortRowsMaxBytes in 16-byte packs: a lane holds a pack of each of
+  // kShortRowsPerLane rows, so that every load of a warp covers 512 contiguous bytes.
+  const int rows_per_lane = o.rows_per_lane >= 0 ? o.rows_per_lane : row_bytes <= kShortRowsMaxBytes ? kShortRowsPerLane : 0;
+  if (p.aligned16 && p.cols > 1 && row_bytes <= 16 * 32 &&
+      (rows_per_lane == 1 || rows_per_lane == 2 || rows_per_lane == 4 || rows_per_lane == 8)) {
+    Plan plan;
+    plan.family = Family::warp_rows;
+    plan.vec = vec;
+    plan.threads = kWarpRowsThreads;
+    plan.group = static_cast<int>(pow2_ceil(ceil_div(p.cols, vec)));
+    plan.iters = 1;  // a pack of each row
+    plan.rows_per_lane = rows_per_lane;
+    const int64_t rows_per_cta = int64_t{kWarpRowsThreads} / plan.group * rows_per_lane;
+    plan.grid = std::min<int64_t>(ceil_div(p.rows, rows_per_cta), int64_t{1} << 30);
+    return plan;
+  }
   if (p.aligned16 && row_bytes < register_bytes && o.cluster <= 0)
     return plan_warp_rows(p, vec, kRegisterRowsMaxGroup, min_iters);
   if (ceil_div(p.cols, short_vec) <= int64_t{32} * kWarpRowsMaxIters) return plan_warp_rows(p, short_vec);

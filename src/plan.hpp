@@ -42,6 +42,9 @@ struct Problem {
   // x and y rows are misaligned alike (bases and row strides agree modulo 16 bytes), so a row
   // can be peeled to 16-byte vectors (block_rows).
   bool peelable = false;
+  // x and y are each one contiguous run of rows (row strides equal to cols, or one row) starting
+  // on 16 bytes: the rows can be moved as a flat array of 16-byte packs.
+  bool flat16 = false;
 };
 
 // A problem along any axis (docs: softlight_log_softmax_forward_3d), for the backward and for
@@ -69,6 +72,8 @@ struct Overrides {
   int claim = -1;      // cluster_rows: 0 rows dealt to clusters in turn, 1 claimed from a counter
   int iters = 0;       // warp_rows, 16-byte packs: the least packs per thread (then the group)
   int64_t register_rows_bytes = 0;  // rows in 16-byte packs shorter than this stay in registers
+  int flat = -1;       // warp_rows: 0 never flat tiles, 1 wherever the layout allows
+  int rows_per_lane = -1;  // warp_rows, rows of at most 32 packs: 0 off, 1, 2, 4 or 8 rows a lane
 };
 
 struct Plan {
@@ -79,6 +84,13 @@ struct Plan {
   // warp_rows
   int group = 0;           // threads per row (power of two, 1..32; 16-byte packs: up to 1024)
   int iters = 0;           // vectors per lane per row (1, 2, 4 or 8)
+  // warp_rows, flat tiles: rows per thread (0: not flat). Short rows that are not 16-byte aligned
+  // but lie in one contiguous run are staged through shared memory a tile of threads * flat_rows
+  // rows at a time, read and written as 16-byte packs of the flat array.
+  int flat_rows = 0;
+  int flat_spread = 1;     // rows between the rows of neighbouring lanes (distinct banks)
+  // warp_rows, short rows in 16-byte packs: rows per lane, one pack of each (0: not used).
+  int rows_per_lane = 0;
   // block_rows and cluster_rows
   bool resident = false;   // the row (or slice) stays in shared memory: one DRAM read
   bool peel = false;       // block_rows: vectors between a scalar head and tail
@@ -116,6 +128,14 @@ constexpr int kWarpRowsMinIters = 4;
 // clusters were ahead, 1.06 x against 1.12 x).
 constexpr int64_t kRegisterRowsMaxBytes = 32 * 1024;
 constexpr int kRegisterRowsMaxGroup = 1024;
+// Short rows in 16-byte packs, several rows a lane: measured on an H200 (docs/design.md), four rows
+// a lane ran rows of 32-128 bytes at 1.03-1.06 x copy where a row a thread ran 1.16-1.46 x; rows of
+// 256 bytes ran faster as rows in registers (1.02 x against 1.17 x).
+constexpr int64_t kShortRowsMaxBytes = 128;
+constexpr int kShortRowsPerLane = 4;
+// Flat tiles: rows of at most this many bytes, tiles of about kFlatTileBytes.
+constexpr int64_t kFlatMaxRowBytes = 256;
+constexpr int64_t kFlatTileBytes = 16 * 1024;
 constexpr int kClusterDefaultThreads = 2 * 256 + 32;  // two consumer groups, a producer warp
 constexpr int kClusterMaxThreads = 800;           // keeps 80 registers per thread
 // Chunk sizes measured best on an H200 at the founding shape (docs/design.md): 16 KB for the

@@ -1,9 +1,13 @@
-// warp_rows: rows held in registers. Rows in 16-byte packs under 32 KB: rows_in_registers_kernel, a
-// group of up to a CTA of 1024 threads per row, the packs kept packed. Other rows of up to 256
-// vectors (8-byte packs where rows are aligned to 8 bytes only, or elements): warp_rows_kernel, a
-// group of `group` lanes (a power of two, at most a warp) per row, ITERS vectors of V elements per
-// lane, reducing with shuffles. One DRAM read, one write. Rows are walked warp by warp so that every
-// lane of a warp stays in the shuffles even where the last rows run out.
+// warp_rows: rows held in registers. Rows in 16-byte packs up to 128 bytes: short_rows_kernel, a
+// lane holding a pack of each of several rows. Longer rows in 16-byte packs under 32 KB:
+// rows_in_registers_kernel, a group of up to a CTA of 1024 threads per row, the packs kept packed.
+// Short contiguous rows not in 16-byte packs: flat_rows_kernel, tiles through shared memory. Other
+// rows of up to 256 vectors (8-byte packs where rows are aligned to 8 bytes only, or elements):
+// warp_rows_kernel, a group of `group` lanes (a power of two, at most a warp) per row, ITERS vectors
+// of V elements per lane, reducing with shuffles. One DRAM read, one write. Rows are walked warp by
+// warp so that every lane of a warp stays in the shuffles even where the last rows run out.
+#include <cuda_pipeline.h>
+
 #include <algorithm>
 
 #include "common.cuh"
@@ -108,6 +112,105 @@ rows_in_registers_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y,
       const int e = i * group + sub;
       if (live && e < vectors) store_log_softmax_pack<T>(yr + e * (16 / sizeof(T)), p[i], m, scale, log_sum);
     }
+  }
+}
+
+// Short rows in 16-byte packs, one pack per lane and several rows per lane: a group of `group`
+// lanes (at least the row's packs, at most a warp) holds a row, a warp 32 / group rows per load, so
+// that each of a lane's R loads covers 512 contiguous bytes of the warp's R * 32 / group rows.
+// Same arithmetic as rows_in_registers_kernel, R rows reduced side by side.
+template <class T, int R>
+__global__ void __launch_bounds__(kWarpRowsThreads)
+short_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t ys, int64_t rows, int vectors,
+                  int group, acc_t<T> scale, acc_t<T>* __restrict__ lse) {
+  using A = acc_t<T>;
+  const int lane = threadIdx.x & 31;
+  const int sub = lane & (group - 1);
+  const int step = 32 / group;  // rows per load of a warp
+  const int64_t warps = int64_t{gridDim.x} * (blockDim.x / 32);
+  const int64_t warp = int64_t{blockIdx.x} * (blockDim.x / 32) + (threadIdx.x >> 5);
+  for (int64_t base = warp * step * R; base < rows; base += warps * step * R) {
+    uint4 p[R][1];
+    bool live[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      const int64_t row = base + i * step + lane / group;
+      live[i] = row < rows && sub < vectors;
+      p[i][0] = live[i] ? reinterpret_cast<const uint4*>(x + row * xs)[sub] : neg_inf_pack<T>();
+    }
+    A m[R], log_sum[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) m[i] = group_max(packs_max<T, 1>(p[i]), group);
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      const ShiftedExp<A> ex = shifted_exp(m[i], scale);
+      log_sum[i] = log_acc(group_sum(packs_exp_sum<T, 1>(p[i], ex), group) * exp_base(-ex.lo));
+    }
+#pragma unroll
+    for (int i = 0; i < R; ++i) opaque(p[i][0]);
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      const int64_t row = base + i * step + lane / group;
+      if (lse != nullptr && row < rows && sub == 0) lse[row] = m[i] * scale + log_sum[i];
+      if (live[i]) store_log_softmax_pack<T>(y + row * ys + sub * (16 / sizeof(T)), p[i][0], m[i], scale, log_sum[i]);
+    }
+  }
+}
+
+// Flat tiles: short rows in one contiguous run from a 16-byte boundary, not in 16-byte packs
+// themselves (rows of 7 or 100 bf16). A CTA moves a tile of blockDim.x * k rows between global
+// memory and shared memory as 16-byte packs of the flat array (a tile starts on 16 bytes: its
+// rows are a multiple of 128), and each thread does k rows in shared memory, x replaced by y in
+// place. Same arithmetic as rows_in_registers_kernel.
+template <class T>
+__global__ void __launch_bounds__(kWarpRowsThreads)
+flat_rows_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int cols, int k, int spread,
+                 acc_t<T> scale, acc_t<T>* __restrict__ lse) {
+  using A = acc_t<T>;
+  constexpr int V = 16 / sizeof(T);
+  extern __shared__ uint4 tile[];
+  T* t = reinterpret_cast<T*>(tile);
+  const int64_t tile_rows = int64_t{blockDim.x} * k;
+  for (int64_t r0 = blockIdx.x * tile_rows; r0 < rows; r0 += int64_t{gridDim.x} * tile_rows) {
+    const int n_rows = static_cast<int>(rows - r0 < tile_rows ? rows - r0 : tile_rows);
+    const int n = n_rows * cols;  // elements of this tile
+    const int packs = n / V;
+    const int64_t e0 = r0 * cols;
+    const uint4* src = reinterpret_cast<const uint4*>(x + e0);
+    // Asynchronous copies (cp.async): every pack of the tile in flight at once, none through registers.
+    for (int i = threadIdx.x; i < packs; i += blockDim.x) __pipeline_memcpy_async(tile + i, src + i, 16);
+    __pipeline_commit();
+    for (int i = packs * V + threadIdx.x; i < n; i += blockDim.x) t[i] = x[e0 + i];
+    __pipeline_wait_prior(0);
+    __syncthreads();
+    // A warp takes 32 rows `spread` rows apart (the planner picks spread so that the lanes' rows
+    // start on distinct banks of shared memory), rounds of them in turn.
+    const int rounds = (n_rows + 32 * spread - 1) / (32 * spread) * spread;
+    for (int round = threadIdx.x >> 5; round < rounds; round += blockDim.x >> 5) {
+      const int r = round / spread * 32 * spread + round % spread + spread * (threadIdx.x & 31);
+      if (r >= n_rows) continue;
+      T* row = t + r * cols;
+      A m = neg_inf<A>();
+#pragma unroll 4
+      for (int j = 0; j < cols; ++j) m = max_acc(m, to_acc(row[j]));
+      const ShiftedExp<A> ex = shifted_exp(m, scale);
+      A s0 = A(0), s1 = A(0);
+#pragma unroll 2
+      for (int j = 0; j + 1 < cols; j += 2) {
+        s0 += exp_base(fma(to_acc(row[j]), ex.f, -ex.hi));
+        s1 += exp_base(fma(to_acc(row[j + 1]), ex.f, -ex.hi));
+      }
+      if (cols & 1) s0 += exp_base(fma(to_acc(row[cols - 1]), ex.f, -ex.hi));
+      const A log_sum = log_acc((s0 + s1) * exp_base(-ex.lo));
+      if (lse != nullptr) lse[r0 + r] = m * scale + log_sum;
+#pragma unroll 4
+      for (int j = 0; j < cols; ++j) row[j] = from_acc<T>(log_softmax_out_scaled(to_acc(row[j]), m, scale, log_sum));
+    }
+    __syncthreads();
+    uint4* dst = reinterpret_cast<uint4*>(y + e0);
+    for (int i = threadIdx.x; i < packs; i += blockDim.x) store_global_v4(dst + i, tile[i]);
+    for (int i = packs * V + threadIdx.x; i < n; i += blockDim.x) y[e0 + i] = t[i];
+    __syncthreads();  // the tile is refilled by the next
   }
 }
 
@@ -255,15 +358,24 @@ cudaError_t launch_single_column(const Plan& p, const RowsArgs& a, cudaStream_t 
 
 template <class T, int V>
 cudaError_t launch_iters(const Plan& p, const RowsArgs& a, cudaStream_t stream) {
-  // Rows in 16-byte packs go to rows_in_registers_kernel, which takes the row length in packs;
-  // the rest to warp_rows_kernel, in elements. Both take the same arguments.
+  // Rows in 16-byte packs go to short_rows_kernel (several rows a lane) or rows_in_registers_kernel,
+  // which take the row length in packs; the rest to warp_rows_kernel, in elements. All three take
+  // the same arguments.
   constexpr bool kPacked = sizeof(T) * V == 16;
   using Kernel = void (*)(const T*, int64_t, T*, int64_t, int64_t, int, int, acc_t<T>, acc_t<T>*);
-  Kernel k = p.iters == 1   ? (kPacked ? rows_in_registers_kernel<T, 1> : warp_rows_kernel<T, V, 1>)
-             : p.iters == 2 ? (kPacked ? rows_in_registers_kernel<T, 2> : warp_rows_kernel<T, V, 2>)
-             : p.iters == 4 ? (kPacked ? rows_in_registers_kernel<T, 4> : warp_rows_kernel<T, V, 4>)
-             : p.iters == 8 ? (kPacked ? rows_in_registers_kernel<T, 8> : warp_rows_kernel<T, V, 8>)
-                            : nullptr;
+  Kernel k = nullptr;
+  if (kPacked && p.rows_per_lane > 0)
+    k = p.rows_per_lane == 1   ? short_rows_kernel<T, 1>
+        : p.rows_per_lane == 2 ? short_rows_kernel<T, 2>
+        : p.rows_per_lane == 4 ? short_rows_kernel<T, 4>
+        : p.rows_per_lane == 8 ? short_rows_kernel<T, 8>
+                               : nullptr;
+  else
+    k = p.iters == 1   ? (kPacked ? rows_in_registers_kernel<T, 1> : warp_rows_kernel<T, V, 1>)
+        : p.iters == 2 ? (kPacked ? rows_in_registers_kernel<T, 2> : warp_rows_kernel<T, V, 2>)
+        : p.iters == 4 ? (kPacked ? rows_in_registers_kernel<T, 4> : warp_rows_kernel<T, V, 4>)
+        : p.iters == 8 ? (kPacked ? rows_in_registers_kernel<T, 8> : warp_rows_kernel<T, V, 8>)
+                       : nullptr;
   if (k == nullptr) return cudaErrorInvalidValue;
   const int length = static_cast<int>(kPacked ? a.cols / V : a.cols);
   k<<<static_cast<unsigned>(p.grid), p.threads, 0, stream>>>(static_cast<const T*>(a.x), a.x_stride,
@@ -276,6 +388,14 @@ cudaError_t launch_iters(const Plan& p, const RowsArgs& a, cudaStream_t stream) 
 }  // namespace
 
 cudaError_t launch_warp_rows(const Plan& p, const RowsArgs& a, cudaStream_t stream) {
+  if (p.flat_rows > 0)
+    return with_element_type(a.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      flat_rows_kernel<T><<<static_cast<unsigned>(p.grid), p.threads, p.smem_bytes, stream>>>(
+          static_cast<const T*>(a.x), static_cast<T*>(a.y), a.rows, static_cast<int>(a.cols), p.flat_rows,
+          p.flat_spread, static_cast<acc_t<T>>(a.scale), static_cast<acc_t<T>*>(a.lse));
+      return cudaGetLastError();
+    });
   if (a.cols == 1)
     return with_element_type(a.dtype, [&](auto tag) { return launch_single_column<decltype(tag)>(p, a, stream); });
   return with_element_type_and_vec<true>(a.dtype, p.vec, [&](auto tag, auto vec) {

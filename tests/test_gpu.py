@@ -34,9 +34,12 @@ def planned(rows, cols, dtype, aligned=True):
     knobs["hints"] = int(os.environ.get("SOFTLIGHT_HINTS", "-1"))
     knobs["exchange"] = int(os.environ.get("SOFTLIGHT_EXCHANGE", "-1"))
     knobs["claim"] = int(os.environ.get("SOFTLIGHT_CLAIM", "-1"))
+    knobs["flat"] = int(os.environ.get("SOFTLIGHT_FLAT", "-1"))
+    knobs["rows_per_lane"] = int(os.environ.get("SOFTLIGHT_ROWS_PER_LANE", "-1"))
     e = ELEM[dtype]
+    # aligned: a contiguous array from torch's allocator (its base on 16 bytes and more).
     return _C.plan(rows, cols, e, aligned and cols * e % 16 == 0, **device_plan_args(), **knobs,
-                   aligned8=aligned and cols * e % 8 == 0)
+                   aligned8=aligned and cols * e % 8 == 0, flat16=aligned)
 
 
 def run_and_check(x, dtype, what, out=None):
@@ -358,6 +361,66 @@ def test_claimed_rows(monkeypatch, cluster, chunk, groups, row_bytes, rows, dtyp
     assert not planned(*x.shape, dtype)["claim_rows"]
     dealt = run_and_check(x, dtype, "rows dealt in turn")
     assert torch.equal(y.view(torch.uint8), dealt.view(torch.uint8)), "a row's result depends on its cluster"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,cols", [(1, 7), (3, 7), (70_001, 7), (5_003, 3), (2_051, 50), (4_099, 100),
+                                       (1_025, 127), (300, 9)])
+def test_flat_tiles(monkeypatch, rows, cols, dtype):
+    """Short rows not in 16-byte packs, in one contiguous run: tiles staged through shared memory
+    as packs of the flat array (tails of a tile that are not a whole pack included), against float64;
+    and the same rows the other way (SOFTLIGHT_FLAT=0)."""
+    if cols * ELEM[dtype] > 256 or cols * ELEM[dtype] % 16 == 0:
+        pytest.skip("not a flat-tile row")
+    x = random_rows(rows, cols, dtype)
+    x[0, 1] = float("nan")
+    if rows > 2:
+        x[1, :] = float("-inf")
+        x[2, 0] = float("inf")
+    assert planned(rows, cols, dtype)["flat_rows"] > 0
+    flat = run_and_check(x, dtype, f"flat tiles {dtype} {rows}x{cols}")
+    monkeypatch.setenv("SOFTLIGHT_FLAT", "0")
+    assert planned(rows, cols, dtype)["flat_rows"] == 0
+    other = run_and_check(x, dtype, f"rows {dtype} {rows}x{cols}")
+    assert torch.equal(torch.isnan(flat), torch.isnan(other))
+    monkeypatch.delenv("SOFTLIGHT_FLAT")
+    y2, lse2 = softlight.log_softmax(x, temperature=0.5, return_lse=True)
+    torch.cuda.synchronize()
+    assert_close_to_float64(y2, x, dtype, "flat tiles, T=0.5", transform=lambda v: v / 0.5)
+    ref = torch.logsumexp(x.double() / 0.5, -1)
+    ref[torch.isposinf(ref)] = float("nan")  # the LSE of a row holding +inf (docs/semantics.md)
+    fin = torch.isfinite(ref)
+    assert torch.equal(torch.isnan(lse2), torch.isnan(ref))
+    assert torch.equal(torch.isneginf(lse2), torch.isneginf(ref))
+    tol = 1e-5 if dtype != "float64" else 1e-12
+    assert bool(((lse2.double() - ref).abs()[fin] <= tol * ref.abs()[fin] + tol).all())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("per_lane", [1, 2, 4, 8])
+@pytest.mark.parametrize("rows,bytes_", [(1, 32), (37, 64), (10_001, 48), (4_097, 256), (999, 512)])
+def test_rows_per_lane(monkeypatch, rows, bytes_, per_lane, dtype):
+    """Short rows in 16-byte packs, a lane holding one pack of each of several rows (rows of 3 packs
+    leave a lane of each group idle), against float64, with the LSE and a temperature."""
+    cols = bytes_ // ELEM[dtype]
+    monkeypatch.setenv("SOFTLIGHT_ROWS_PER_LANE", str(per_lane))
+    assert planned(rows, cols, dtype)["rows_per_lane"] == per_lane
+    x = random_rows(rows, cols, dtype)
+    x[0, 1] = float("nan")
+    if rows > 2:
+        x[1, :] = float("-inf")
+        x[2, 0] = float("inf")
+        x[-1, -1] = float("-inf")
+    run_and_check(x, dtype, f"{per_lane} rows a lane, {dtype} {rows}x{cols}")
+    y2, lse2 = softlight.log_softmax(x, temperature=0.75, return_lse=True)
+    torch.cuda.synchronize()
+    assert_close_to_float64(y2, x, dtype, "rows a lane, T=0.75", transform=lambda v: v / 0.75)
+    ref = torch.logsumexp(x.double() / 0.75, -1)
+    ref[torch.isposinf(ref)] = float("nan")  # the LSE of a row holding +inf (docs/semantics.md)
+    fin = torch.isfinite(ref)
+    assert torch.equal(torch.isnan(lse2), torch.isnan(ref))
+    tol = 1e-5 if dtype != "float64" else 1e-12
+    assert bool(((lse2.double() - ref).abs()[fin] <= tol * ref.abs()[fin] + tol).all())
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.75])

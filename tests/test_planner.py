@@ -23,7 +23,7 @@ def test_nothing_to_do():
 
 
 @pytest.mark.parametrize("cols,group,iters,vec", [
-    (1, 1, 1, 1), (3, 1, 4, 1), (4, 1, 1, 4), (32, 2, 4, 4), (100, 8, 4, 4), (128, 8, 4, 4),
+    (1, 1, 1, 1), (3, 1, 4, 1), (36, 4, 4, 4), (100, 8, 4, 4), (128, 8, 4, 4),
     (1000, 64, 4, 4), (1024, 64, 4, 4), (7, 2, 4, 1), (33, 16, 4, 1), (256, 16, 4, 4),
     (4096, 256, 4, 4), (8188, 512, 4, 4),
 ])
@@ -35,6 +35,21 @@ def test_short_rows_go_to_warps(cols, group, iters, vec):
     # Up to a warp, 128-thread CTAs of several rows; past it, the CTA is the group.
     assert p["threads"] == (p["group"] if p["group"] > 32 else 128)
     assert p["grid"] == math.ceil(1000 / (p["threads"] // p["group"]))
+
+
+@pytest.mark.parametrize("cols,group", [(4, 1), (8, 2), (12, 4), (32, 8)])
+def test_short_packed_rows_take_several_rows_a_lane(cols, group):
+    """Rows of 16-byte packs up to 128 bytes: a group of lanes of a pack each per row, four rows a
+    lane, so that each load of a warp is 512 contiguous bytes; longer rows stay a row a group."""
+    p = plan(1000, cols)
+    assert (p["family"], p["group"], p["iters"], p["vec"], p["rows_per_lane"]) == ("warp_rows", group, 1, 4, 4)
+    assert p["threads"] == 128 and p["grid"] == math.ceil(1000 / (128 // group * 4))
+    assert plan(1000, 36)["rows_per_lane"] == 0  # 144 bytes
+    assert plan(1000, 64, "bfloat16")["rows_per_lane"] == 4 and plan(1000, 72, "bfloat16")["rows_per_lane"] == 0
+    assert plan(1000, 31)["rows_per_lane"] == 0  # not in packs
+    assert _C.plan(1000, 32, 4, True, **H200, rows_per_lane=0)["rows_per_lane"] == 0
+    assert _C.plan(1000, 128, 4, True, **H200, rows_per_lane=2)["rows_per_lane"] == 2  # up to 512 bytes
+    assert _C.plan(1000, 129, 4, True, **H200, rows_per_lane=2)["rows_per_lane"] == 0
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])
@@ -316,3 +331,39 @@ def test_cluster_tiles_limits():
     assert (narrow["family"], narrow["lanes"], narrow["tiles"]) == ("cluster_tiles", 64, 1)
     forced = plan_axis(64, 4096, 4096, tiles_aligned=True, cluster=16)
     assert (forced["cluster"], forced["double_buffered"]) == (16, True)
+
+
+@pytest.mark.parametrize("cols,dtype,k", [(7, "bfloat16", 8), (7, "float32", 4), (100, "bfloat16", 1),
+                                          (50, "float16", 1), (3, "float64", 5), (64, "float32", 1)])
+def test_short_contiguous_rows_go_to_flat_tiles(cols, dtype, k):
+    e = ELEM[dtype]
+    p = _C.plan(70_001, cols, e, cols * e % 16 == 0, **H200, aligned8=cols * e % 8 == 0, flat16=True)
+    if cols * e % 16 == 0:  # rows in 16-byte packs stay in registers
+        assert p["family"] == "warp_rows" and p["flat_rows"] == 0
+        return
+    assert (p["family"], p["flat_rows"], p["threads"]) == ("warp_rows", k, 128)
+    tile_rows = 128 * k
+    assert p["smem_bytes"] == math.ceil(tile_rows * cols * e / 16) * 16 <= 16 * 1024 + 16 or k == 1
+    assert p["grid"] == math.ceil(70_001 / tile_rows)
+    # Not one contiguous run from 16 bytes, or switched off: the rows' own path.
+    assert _C.plan(70_001, cols, e, False, **H200, flat16=False)["flat_rows"] == 0
+    assert _C.plan(70_001, cols, e, False, **H200, flat16=True, flat=0)["flat_rows"] == 0
+
+
+def test_flat_tiles_limits():
+    assert _C.plan(100, 129, 2, False, **H200, flat16=True)["flat_rows"] == 0  # 258 bytes: too long
+    assert _C.plan(100, 127, 2, False, **H200, flat16=True)["flat_rows"] == 1
+    assert _C.plan(100, 1, 2, False, **H200, flat16=True)["flat_rows"] == 0  # one element: its own path
+    assert _C.plan(100, 1, 2, False, **H200, flat16=True, flat=1)["flat_rows"] == 0
+    assert _C.plan(100, 32, 4, True, **H200, flat16=True, flat=1)["flat_rows"] == 1  # forced on packs
+
+
+@pytest.mark.parametrize("cols,elem,spread", [(7, 2, 2), (3, 2, 2), (127, 2, 2), (7, 4, 1), (50, 2, 1), (100, 2, 1),
+                                              (7, 8, 1), (6, 2, 1), (12, 2, 1), (5, 2, 2), (4, 2, 1)])
+def test_flat_tiles_spread_lanes_over_banks(cols, elem, spread):
+    """Neighbouring lanes take rows `spread` apart, the least power of two that puts their rows an odd
+    number of 4-byte banks (8 for float64) apart; 1 where none up to 8 does (rows of 100 bf16)."""
+    p = _C.plan(70_001, cols, elem, False, **H200, flat16=True, flat=1)
+    assert p["flat_rows"] > 0 and p["flat_spread"] == spread
+    if spread > 1:
+        assert (spread * cols * elem) % max(4, elem) == 0 and (spread * cols * elem // max(4, elem)) % 2 == 1
