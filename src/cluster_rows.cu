@@ -78,7 +78,9 @@ __device__ __forceinline__ uint64_t pack_pair(float m, float s) {
 // One CTA's share of the work. Warps [0, G) fold statistics, warps [G, 2G) write, warp 2G
 // produces. Both consumer groups walk the ring's sequence of chunks; in streaming mode each row
 // is sent twice, the first pass for the statistics warps and the second for the writers.
-template <class T, int U, bool Backward> struct ClusterCta {  // U: 16-byte vectors per thread and step
+// U: 16-byte vectors per thread and step. Peel (forward): rows not on 16 bytes, x and y misaligned
+// alike (see head_bytes).
+template <class T, int U, bool Backward, bool Peel> struct ClusterCta {
   using A = acc_t<T>;
   static constexpr int V = 16 / sizeof(T);
 
@@ -100,12 +102,32 @@ template <class T, int U, bool Backward> struct ClusterCta {  // U: 16-byte vect
   uint64_t* table;              // grid groups: packed partials by (row, rank), or null (clusters)
   int group;                    // threads per consumer group
   int gtid, lane;               // thread index within its group, lane
-  int64_t first_chunk, my_chunks, row_bytes;
+  int64_t first_chunk, my_chunks, row_bytes, cols;
   A scale;
 
-  __device__ __forceinline__ uint32_t bytes_of(int64_t k) const {
-    return static_cast<uint32_t>(
-        min(int64_t{sh.chunk_bytes}, row_bytes - (first_chunk + k) * sh.chunk_bytes));
+  // Peeled rows: the ring carries a row's interior, from its first 16-byte boundary
+  // (head_bytes in) to its last; CTA 0 takes the elements before and after (under 16 bytes each)
+  // straight from global memory. The planner keeps every CTA's chunks non-empty for every row.
+  __device__ __forceinline__ int64_t head_bytes(const void* row) const {
+    return Peel ? (16 - static_cast<int64_t>(reinterpret_cast<uintptr_t>(row) & 15)) & 15 : 0;
+  }
+  __device__ __forceinline__ int64_t interior_bytes(int64_t head) const {
+    return Peel ? (row_bytes - head) & ~int64_t{15} : row_bytes;
+  }
+  __device__ __forceinline__ uint32_t bytes_of(int64_t k, int64_t interior) const {
+    return static_cast<uint32_t>(min(int64_t{sh.chunk_bytes}, interior - (first_chunk + k) * sh.chunk_bytes));
+  }
+  // Elements [from, to) of a row (fewer than a pack) as a pack, the rest -inf.
+  __device__ __forceinline__ uint4 edge_pack(const T* xr, int64_t from, int64_t to) const {
+    const uint4 none = neg_inf_pack<T>();
+    T e[V];
+    memcpy(e, &none, 16);
+#pragma unroll
+    for (int j = 0; j < V; ++j)
+      if (from + j < to) e[j] = xr[from + j];
+    uint4 u;
+    memcpy(&u, e, 16);
+    return u;
   }
   __device__ __forceinline__ const T* slot_data(uint32_t slot) const {
     return reinterpret_cast<const T*>(ring + size_t(slot) * sh.chunk_bytes);
@@ -147,16 +169,20 @@ template <class T, int U, bool Backward> struct ClusterCta {  // U: 16-byte vect
   // Forward, one step of a consumer group over a chunk: U packs per thread, packs i + u * group,
   // those at or past `end` absent (Full: none is). The statistics step folds them into the
   // chunk's (max of x, sum of exp((x - max) * scale)); the writer step writes y for them.
+  template <int N>
+  __device__ __forceinline__ void fold(const uint4 (&p)[N], MaxSum<A>& cp) const {
+    const A m = max_acc(cp.m, packs_max<T, N>(p));
+    const ShiftedExp<A> e = shifted_exp(m, scale);
+    const A s = packs_exp_sum<T, N>(p, e);
+    const A old = cp.m == neg_inf<A>() ? A(0) : exp_base((cp.m - m) * e.f);
+    cp = {m, cp.s * old + s * exp_base(-e.lo)};
+  }
   template <bool Full>
   __device__ __forceinline__ void stats_step(const uint4* src, int i, int end, MaxSum<A>& cp) const {
     uint4 p[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) p[u] = Full || i + u * group < end ? src[i + u * group] : neg_inf_pack<T>();
-    const A m = max_acc(cp.m, packs_max<T, U>(p));
-    const ShiftedExp<A> e = shifted_exp(m, scale);
-    const A s = packs_exp_sum<T, U>(p, e);
-    const A old = cp.m == neg_inf<A>() ? A(0) : exp_base((cp.m - m) * e.f);
-    cp = {m, cp.s * old + s * exp_base(-e.lo)};
+    fold<U>(p, cp);
   }
   template <bool Full>
   __device__ __forceinline__ void write_step(const uint4* src, uint4* dst, int i, int end, A m, A log_sum) const {
@@ -175,7 +201,7 @@ template <class T, int U, bool Backward> struct ClusterCta {  // U: 16-byte vect
   // Statistics warps: fold the slice of row `iter` into a running (max, sum) as its chunks land,
   // reduce over the group, send the result to every CTA of the cluster (grid groups: post it in
   // the row's table).
-  __device__ __forceinline__ void stats(RingPos& pos, int64_t iter, int64_t row_index) const {
+  __device__ __forceinline__ void stats(RingPos& pos, int64_t iter, int64_t row_index, const T* xr) const {
     // Stay at most two rows ahead of the writers: the partial buffers of peers are reused on
     // that distance (see kStatsBuffers). Streaming, wait for the writers to finish the row
     // before: the chunks between (the writers' pass) may span more than one lap of the ring,
@@ -190,10 +216,11 @@ template <class T, int U, bool Backward> struct ClusterCta {  // U: 16-byte vect
     // Forward: the partials hold the max of x and the sum of exp((x - max) * scale).
     MaxSum<A> part{Backward ? A(0) : neg_inf<A>(), A(0)};
     const A f = exp_factor(scale);
+    const int64_t head = head_bytes(xr), interior = interior_bytes(head);
     for (int64_t k = 0; k < my_chunks; ++k) {
       mbar_wait(smem_addr(full + pos.slot), pos.phase);
       const T* c = slot_data(pos.slot);
-      const int vectors = static_cast<int>(bytes_of(k) / 16);
+      const int vectors = static_cast<int>(bytes_of(k, interior) / 16);
       if constexpr (Backward) {
         A s = 0;
         for (int base = gtid; base < vectors; base += U * group) {
@@ -225,6 +252,11 @@ template <class T, int U, bool Backward> struct ClusterCta {  // U: 16-byte vect
       pos.advance(sh.ring_slots);
     }
     if (!sh.resident) pos.advance(sh.ring_slots, my_chunks);  // the writers' pass of this row
+    if (Peel && rank == 0 && gtid == 0) {
+      const int64_t h = head / int64_t{sizeof(T)}, t = (head + interior) / int64_t{sizeof(T)};
+      const uint4 edges[2] = {edge_pack(xr, 0, h), edge_pack(xr, t, cols)};
+      fold<2>(edges, part);
+    }
     part = block_max_sum(part, scratch, group, kBar, f);
     if (table != nullptr) {
       if constexpr (sizeof(A) == 4)
@@ -243,7 +275,9 @@ template <class T, int U, bool Backward> struct ClusterCta {  // U: 16-byte vect
   // Writer warps: wait for the cluster's partials of row `iter`, merge them, write the slice out
   // from shared memory and hand each slot back as soon as it is read.
   __device__ __forceinline__ void write(RingPos& pos, RingPos& apos, int64_t iter, int64_t row_index,
-                                        T* dst) const {
+                                        const T* xr, T* yr) const {
+    const int64_t head = head_bytes(xr), interior = interior_bytes(head);
+    T* dst = reinterpret_cast<T*>(reinterpret_cast<unsigned char*>(yr) + head + first_chunk * sh.chunk_bytes);
     if (!sh.resident) pos.advance(sh.ring_slots, my_chunks);  // the statistics pass of this row
     // Lane r takes the partials of CTAs r, r + 32, ...; five shuffle steps merge the lanes' (a
     // serial merge of 16 is long enough to show at the founding shape, and the writers wait on it
@@ -277,11 +311,18 @@ template <class T, int U, bool Backward> struct ClusterCta {  // U: 16-byte vect
     }
     const A log_sum = log_acc(row.s);
     if (sh.lse != nullptr && rank == 0 && gtid == 0) static_cast<A*>(sh.lse)[row_index] = row.m * scale + log_sum;
+    if (Peel && rank == 0 && gtid < 2 * V) {
+      // The edges of a peeled row: thread i < V writes the head's element i, V + i the tail's.
+      const int64_t h = head / int64_t{sizeof(T)}, t = (head + interior) / int64_t{sizeof(T)};
+      const int64_t j = gtid < V ? gtid : t + (gtid - V);
+      if (gtid < V ? j < h : j < cols)
+        yr[j] = from_acc<T>(log_softmax_out_scaled(to_acc(xr[j]), row.m, scale, log_sum));
+    }
     for (int64_t k = 0; k < my_chunks; ++k) {
       mbar_wait(smem_addr(full + pos.slot), pos.phase);  // long complete when resident
       const T* c = slot_data(pos.slot);
       T* out = dst + k * (sh.chunk_bytes / int64_t{sizeof(T)});
-      const int vectors = static_cast<int>(bytes_of(k) / 16);
+      const int vectors = static_cast<int>(bytes_of(k, interior) / 16);
       if constexpr (Backward) {
         mbar_wait(smem_addr(aux_full + apos.slot), apos.phase);
         const T* yc = reinterpret_cast<const T*>(aux + size_t(apos.slot) * sh.chunk_bytes);
@@ -324,13 +365,13 @@ template <class T, int U, bool Backward> struct ClusterCta {  // U: 16-byte vect
 #endif  // SOFTLIGHT_HOPPER
 
 // Forward: x in, y out (aux unused). Backward: x is dy, aux is y, y is dx.
-template <class T, int U, bool Backward>
+template <class T, int U, bool Backward, bool Peel>
 __global__ void __launch_bounds__(kClusterMaxThreads, 1)
 cluster_rows_kernel(const T* __restrict__ x, int64_t xs, const T* __restrict__ aux, int64_t as,
                     T* __restrict__ y, int64_t ys, int64_t rows, int64_t cols, ClusterShape sh) {
 #ifdef SOFTLIGHT_HOPPER
   extern __shared__ __align__(128) unsigned char smem[];
-  ClusterCta<T, U, Backward> cta;
+  ClusterCta<T, U, Backward, Peel> cta;
   cta.sh = sh;
   cta.scale = static_cast<acc_t<T>>(sh.scale);
   cta.ring = smem;
@@ -360,6 +401,7 @@ cluster_rows_kernel(const T* __restrict__ x, int64_t xs, const T* __restrict__ a
   cta.gtid = static_cast<int>(threadIdx.x) % cta.group;
   cta.lane = threadIdx.x & 31;
   cta.row_bytes = cols * int64_t{sizeof(T)};
+  cta.cols = cols;
   cta.first_chunk = int64_t{cta.rank} * sh.chunks_per_cta;
   cta.my_chunks = max(int64_t{0}, min(sh.chunks_per_cta, sh.chunks_per_row - cta.first_chunk));
   cta.cluster_id = blockIdx.x / cta.csize;
@@ -387,14 +429,11 @@ cluster_rows_kernel(const T* __restrict__ x, int64_t xs, const T* __restrict__ a
 
   if (warp < group_warps) {
     RingPos pos;
-    for (int64_t iter = 0, row; (row = cta.row_of(iter)) < rows; ++iter) cta.stats(pos, iter, row);
+    for (int64_t iter = 0, row; (row = cta.row_of(iter)) < rows; ++iter) cta.stats(pos, iter, row, x + row * xs);
   } else if (warp < 2 * group_warps) {
     RingPos pos, apos;
-    for (int64_t iter = 0, row; (row = cta.row_of(iter)) < rows; ++iter) {
-      T* dst = reinterpret_cast<T*>(reinterpret_cast<unsigned char*>(y + row * ys) +
-                                    cta.first_chunk * sh.chunk_bytes);
-      cta.write(pos, apos, iter, row, dst);
-    }
+    for (int64_t iter = 0, row; (row = cta.row_of(iter)) < rows; ++iter)
+      cta.write(pos, apos, iter, row, x + row * xs, y + row * ys);
   } else if (Backward && threadIdx.x == 2 * cta.group + 1) {
     // Backward: a second producer thread keeps the y ring full, in the writers' order.
     RingPos pos;
@@ -403,7 +442,7 @@ cluster_rows_kernel(const T* __restrict__ x, int64_t xs, const T* __restrict__ a
           reinterpret_cast<const unsigned char*>(aux + row * as) + cta.first_chunk * sh.chunk_bytes;
       for (int64_t k = 0; k < cta.my_chunks; ++k) {
         mbar_wait(smem_addr(cta.aux_empty + pos.slot), pos.phase ^ 1);
-        const uint32_t bytes = cta.bytes_of(k);
+        const uint32_t bytes = cta.bytes_of(k, cta.row_bytes);
         mbar_arrive_expect_tx(smem_addr(cta.aux_full + pos.slot), bytes);
         bulk_load(smem_addr(cta.aux + size_t(pos.slot) * sh.chunk_bytes), src + k * sh.chunk_bytes, bytes,
                   smem_addr(cta.aux_full + pos.slot));
@@ -418,12 +457,13 @@ cluster_rows_kernel(const T* __restrict__ x, int64_t xs, const T* __restrict__ a
     bool more = sh.counter != nullptr && cta.rank == 0 && cta.publish(0, cta.claim());
     for (int64_t iter = 0, row; (row = cta.row_of(iter)) < rows; ++iter) {
       const unsigned long long ticket = more ? cta.claim() : 0;
+      const int64_t head = cta.head_bytes(x + row * xs), interior = cta.interior_bytes(head);
       const unsigned char* src =
-          reinterpret_cast<const unsigned char*>(x + row * xs) + cta.first_chunk * sh.chunk_bytes;
+          reinterpret_cast<const unsigned char*>(x + row * xs) + head + cta.first_chunk * sh.chunk_bytes;
       for (int pass = 0; pass < (sh.resident ? 1 : 2); ++pass) {
         for (int64_t k = 0; k < cta.my_chunks; ++k) {
           mbar_wait(smem_addr(cta.empty + pos.slot), pos.phase ^ 1);
-          const uint32_t bytes = cta.bytes_of(k);
+          const uint32_t bytes = cta.bytes_of(k, interior);
           mbar_arrive_expect_tx(smem_addr(cta.full + pos.slot), bytes);
           const uint32_t dst = smem_addr(cta.ring + size_t(pos.slot) * sh.chunk_bytes);
           if (sh.hints & 1) {
@@ -489,9 +529,13 @@ cudaError_t launch(const Plan& p, const Operands& a, cudaStream_t stream) {
   // else 2, so that small chunks do not leave lanes idle. The backward's writers hold two packs
   // per vector, and float64's packs hold wider values: both keep U = 2 within the register budget.
   const int group = (p.threads - 32) / 2;
-  auto kernel = cluster_rows_kernel<T, 2, Backward>;
-  if constexpr (!Backward && sizeof(T) < 8)
-    if (p.chunk_bytes / 16 >= 4 * group) kernel = cluster_rows_kernel<T, 4, false>;
+  auto kernel = cluster_rows_kernel<T, 2, Backward, false>;
+  if constexpr (!Backward) {
+    if (p.peel) kernel = cluster_rows_kernel<T, 2, false, true>;
+    if constexpr (sizeof(T) < 8)
+      if (p.chunk_bytes / 16 >= 4 * group)
+        kernel = p.peel ? cluster_rows_kernel<T, 4, false, true> : cluster_rows_kernel<T, 4, false, false>;
+  }
   ClusterLaunch l;
   cudaError_t e = prepare_cluster_launch(kernel, p, stream, &l);
   if (e != cudaSuccess) return e;

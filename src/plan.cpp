@@ -66,9 +66,16 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
   plan.family = Family::cluster_rows;
   plan.vec = 16 / p.elem_bytes;
   plan.threads = cluster_threads(o);
-  const int chunk = p.elem_bytes == 2 ? (backward ? kClusterBackwardChunk16 : kClusterChunk16)
-                    : p.elem_bytes == 4 && !backward ? kClusterChunk32
-                                                     : kClusterChunk64;
+  int chunk = p.elem_bytes == 2 ? (backward ? kClusterBackwardChunk16 : kClusterChunk16)
+              : p.elem_bytes == 4 && !backward ? kClusterChunk32
+                                               : kClusterChunk64;
+  // 16-bit rows that one CTA holds twice in 16 KB chunks but not in 32 KB ones (64-112 KB): one CTA
+  // a row, where 32 KB chunks would split it over two CTAs unevenly (rows of 50 257 bf16: 64 and
+  // 34 KB). Measured on an H200 at 50 257: 1.37 x -> 1.26 x copy (docs/design.md).
+  const auto twice_in_one = [&](int c) {
+    return 2 * ceil_div(p.cols * p.elem_bytes, c) <= (d.smem_per_block_optin - kClusterReserveBytes) / (c + 16);
+  };
+  if (p.elem_bytes == 2 && !backward && !twice_in_one(chunk) && twice_in_one(kClusterChunk32)) chunk = kClusterChunk32;
   plan.chunk_bytes = o.chunk_bytes > 0 ? o.chunk_bytes : chunk;
   // Each slot costs its chunk and two mbarriers; a fixed area holds the rest.
   const int slot_bytes = plan.chunk_bytes + 16;
@@ -308,6 +315,18 @@ Plan plan_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
   if (ceil_div(p.cols, short_vec) <= int64_t{32} * kWarpRowsMaxIters) return plan_warp_rows(p, short_vec);
   if (has_clusters(d) && p.aligned16 && (row_bytes >= kClusterMinRowBytes || o.cluster > 0))
     return plan_cluster_rows(p, d, o);
+  // Rows off 16 bytes but misaligned alike in x and y (rows of 50 257): clusters carry each row's
+  // interior, from its first 16-byte boundary to its last, where every CTA's share of every row
+  // keeps at least one pack (the row's last chunk holds more than the up to 30 bytes peeled).
+  if (has_clusters(d) && !p.aligned16 && p.peelable && p.elem_bytes < 16 && o.peel_clusters != 0 &&
+      (row_bytes >= kClusterMinRowBytes || o.cluster > 0)) {
+    Plan plan = plan_cluster_rows(p, d, o);
+    const int64_t last = row_bytes % plan.chunk_bytes;
+    if (!plan.grid_exchange && (last == 0 || last > 32)) {
+      plan.peel = true;
+      return plan;
+    }
+  }
   return plan_block_rows(p, d, vec);
 }
 

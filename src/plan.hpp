@@ -74,6 +74,7 @@ struct Overrides {
   int64_t register_rows_bytes = 0;  // rows in 16-byte packs shorter than this stay in registers
   int flat = -1;       // warp_rows: 0 never flat tiles, 1 wherever the layout allows
   int rows_per_lane = -1;  // warp_rows, rows of at most 32 packs: 0 off, 1, 2, 4 or 8 rows a lane
+  int peel_clusters = -1;  // cluster_rows for rows misaligned alike in x and y: 0 off
 };
 
 struct Plan {
@@ -93,7 +94,8 @@ struct Plan {
   int rows_per_lane = 0;
   // block_rows and cluster_rows
   bool resident = false;   // the row (or slice) stays in shared memory: one DRAM read
-  bool peel = false;       // block_rows: vectors between a scalar head and tail
+  bool peel = false;       // block_rows: vectors between a scalar head and tail; cluster_rows: the
+                           // ring carries the row's 16-byte interior, CTA 0 the edges
   bool double_buffered = false;  // cluster_rows: two slices fit, the next row loads meanwhile
   int64_t smem_bytes = 0;  // dynamic shared memory per CTA
   // cluster_rows

@@ -342,10 +342,24 @@ def test_backward_cluster_rows_in_place_and_special_values(cols):
 
 # --- rows misaligned alike in x and y: peeled to vectors (block_rows) ---------------------------------
 
-@pytest.mark.parametrize("cols", [50257, 4099, 70001])
+@pytest.mark.parametrize("peel_clusters", ["default", "0"])
+@pytest.mark.parametrize("cols", [50257, 4099, 70001, 32777])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_peeled_rows(cols, dtype):
+def test_peeled_rows(monkeypatch, cols, dtype, peel_clusters):
+    """Rows misaligned alike in x and y: peeled in block_rows, and on Hopper, from 32 KB, in
+    cluster_rows (the ring carries each row's 16-byte interior; SOFTLIGHT_PEEL_CLUSTERS=0 keeps
+    them in block_rows)."""
+    if peel_clusters != "default":
+        monkeypatch.setenv("SOFTLIGHT_PEEL_CLUSTERS", peel_clusters)
     rows = 37
+    e = torch.tensor([], dtype=tdtype(dtype)).element_size()
+    p = _C.plan(rows, cols, e, False, **device_plan_args(), peelable=True,
+                peel_clusters=0 if peel_clusters == "0" else -1)
+    # 32777 fp32 (16 KB chunks): the row's last chunk holds 36 bytes, an interior's 16 or 32; fp64
+    # (8 KB chunks) 72 bytes; 16-bit (32 KB chunks) 18 bytes, too few: block_rows.
+    long_enough = cols in (50257, 70001) or (cols == 32777 and dtype in ("float32", "float64"))
+    clusters = torch.cuda.get_device_capability()[0] >= 9 and long_enough and peel_clusters == "default"
+    assert (p["family"], p["peel"]) == ("cluster_rows" if clusters else "block_rows", True)
     x = rand((rows, cols), dtype)
     # Special values on the peeled edges: the first and last elements of some rows.
     x[0, 0] = float("nan")
@@ -363,3 +377,14 @@ def test_peeled_rows(cols, dtype):
     ref = torch.log_softmax(x.double(), -1)
     assert_close(y, ref, dtype, f"{cols} {dtype}")
     assert_close(yo, ref, dtype, f"{cols} {dtype} offset")
+    # The LSE and a temperature on the offset views.
+    yo.fill_(POISON)
+    _, lse = softlight.log_softmax(xo, out=yo, temperature=0.5, return_lse=True)
+    torch.cuda.synchronize()
+    assert_close(yo, torch.log_softmax(x.double() / 0.5, -1), dtype, f"{cols} {dtype} offset, T=0.5")
+    ref_lse = torch.logsumexp(x.double() / 0.5, -1)
+    ref_lse[torch.isposinf(ref_lse)] = float("nan")  # the LSE of a row holding +inf (docs/semantics.md)
+    assert torch.equal(torch.isnan(lse), torch.isnan(ref_lse))
+    fin = torch.isfinite(ref_lse)
+    tol = 1e-12 if dtype == "float64" else 1e-5
+    assert bool(((lse.double() - ref_lse).abs()[fin] <= tol * ref_lse.abs()[fin] + tol).all())

@@ -79,7 +79,9 @@ def test_register_rows_bound_override():
 
 @pytest.mark.parametrize("cols,dtype,vec", [(50257, "bfloat16", 8), (50257, "float32", 4), (4099, "float16", 8)])
 def test_equally_misaligned_rows_are_peeled_to_vectors(cols, dtype, vec):
-    p = _C.plan(100, cols, ELEM[dtype], False, **H200, peelable=True)
+    p = _C.plan(100, cols, ELEM[dtype], False, **A100, peelable=True)
+    assert (p["family"], p["peel"], p["vec"]) == ("block_rows", True, vec)
+    p = _C.plan(100, cols, ELEM[dtype], False, **H200, peelable=True, peel_clusters=0)
     assert (p["family"], p["peel"], p["vec"]) == ("block_rows", True, vec)
     q = _C.plan(100, cols, ELEM[dtype], False, **H200)  # x and y misaligned differently
     assert (q["family"], q["peel"], q["vec"]) == ("block_rows", False, 1)
@@ -367,3 +369,40 @@ def test_flat_tiles_spread_lanes_over_banks(cols, elem, spread):
     assert p["flat_rows"] > 0 and p["flat_spread"] == spread
     if spread > 1:
         assert (spread * cols * elem) % max(4, elem) == 0 and (spread * cols * elem // max(4, elem)) % 2 == 1
+
+
+@pytest.mark.parametrize("cols,dtype", [(50257, "bfloat16"), (50257, "float32"), (50257, "float16"), (393215, "float32"),
+                                        (20001, "float64")])
+def test_equally_misaligned_long_rows_go_to_clusters_peeled(cols, dtype):
+    """Rows off 16 bytes, misaligned alike in x and y, of 32 KB and more: clusters carry the rows'
+    16-byte interiors (up to 30 bytes shorter than the row), so every CTA's share must keep a pack."""
+    e = ELEM[dtype]
+    p = _C.plan(100, cols, e, False, **H200, peelable=True)
+    assert (p["family"], p["peel"]) == ("cluster_rows", True)
+    last = cols * e % p["chunk_bytes"]
+    assert last == 0 or last > 32
+    assert math.ceil(cols * e / p["chunk_bytes"]) == p["chunks_per_row"]
+    assert _C.plan(100, cols, e, False, **H200)["family"] == "block_rows"  # x and y misaligned differently
+    assert _C.plan(100, cols, e, False, **A100, peelable=True)["family"] == "block_rows"  # no clusters
+
+
+def test_peeled_clusters_leave_rows_whose_last_chunk_is_the_peel():
+    # 16 KB chunks, rows of two chunks and 20 bytes: a row whose interior is 16 bytes shorter would
+    # have an empty last chunk, so such rows stay with block_rows (peeled there).
+    q = _C.plan(100, 8192 + 5, 4, False, **H200, peelable=True, chunk_bytes=16384)
+    assert q["family"] == "block_rows" and q["peel"]
+    q = _C.plan(100, 8192 + 9, 4, False, **H200, peelable=True, chunk_bytes=16384)  # 36 bytes: kept
+    assert q["family"] == "cluster_rows" and q["peel"]
+
+
+@pytest.mark.parametrize("cols,peelable,cluster,chunk", [(50257, True, 1, 16384), (56000, False, 1, 16384),
+                                                         (40000, False, 1, 32768), (65536, False, 2, 32768),
+                                                         (70001, True, 2, 32768)])
+def test_16_bit_rows_one_cta_holds_twice_take_16_kb_chunks(cols, peelable, cluster, chunk):
+    """16-bit rows of 64-112 KB: 32 KB chunks would split them over two CTAs unevenly; 16 KB chunks
+    let one CTA hold the row twice. Rows that 32 KB chunks already fit, or that neither fits, keep 32 KB."""
+    p = _C.plan(9949, cols, 2, cols * 2 % 16 == 0, **H200, peelable=peelable)
+    assert (p["family"], p["cluster"], p["chunk_bytes"], p["peel"]) == ("cluster_rows", cluster, chunk, peelable)
+    assert 2 * p["chunks_per_cta"] <= p["ring_slots"]
+    assert _C.plan(9949, cols, 2, cols * 2 % 16 == 0, **H200, peelable=peelable, chunk_bytes=32768)["chunk_bytes"] == 32768
+    assert _C.plan(9949, cols, 4, cols * 4 % 16 == 0, **H200, peelable=peelable)["chunk_bytes"] == 16384  # fp32: its own
