@@ -67,3 +67,16 @@ def assert_close_to_float64(y, x, dtype, what="", chunk_elems=1 << 28, transform
             raise AssertionError(f"{what}: row {r0 + int(i[0])} col {int(i[1])}: |y - ref| = {float(err[i[0], i[1]]):.3e} "
                                  f"> {float(lim[i[0], i[1]]):.3e} (y {float(yy[i[0], i[1]])}, ref {float(ref[i[0], i[1]])})")
         del ref, yy, xd
+
+
+def assert_lse_close(lse, x, temperature, dtype):
+    """The per-row log-sum-exp of x / temperature against float64: NaN for rows holding NaN or +inf
+    (docs/semantics.md; torch gives +inf for the latter), -inf for rows of -inf, else within 1e-5
+    (1e-12 for float64) relative and absolute."""
+    ref = torch.logsumexp(x.double() / temperature, -1)
+    ref[torch.isposinf(ref)] = float("nan")
+    assert torch.equal(torch.isnan(lse), torch.isnan(ref)), "NaN where the reference has NaN, nowhere else"
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref)), "-inf for rows of -inf, nowhere else"
+    fin = torch.isfinite(ref)
+    tol = 1e-12 if dtype == "float64" else 1e-5
+    assert bool(((lse.double() - ref).abs()[fin] <= tol * ref.abs()[fin] + tol).all())
