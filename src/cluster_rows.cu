@@ -166,9 +166,7 @@ template <class T, int U, bool Backward, bool Peel> struct ClusterCta {
     return row < static_cast<uint64_t>(rows);
   }
 
-  // Forward, one step of a consumer group over a chunk: U packs per thread, packs i + u * group,
-  // those at or past `end` absent (Full: none is). The statistics step folds them into the
-  // chunk's (max of x, sum of exp((x - max) * scale)); the writer step writes y for them.
+  // Folds N packs into a running (max of x, sum of exp((x - max) * scale)).
   template <int N>
   __device__ __forceinline__ void fold(const uint4 (&p)[N], MaxSum<A>& cp) const {
     const A m = max_acc(cp.m, packs_max<T, N>(p));
@@ -177,6 +175,9 @@ template <class T, int U, bool Backward, bool Peel> struct ClusterCta {
     const A old = cp.m == neg_inf<A>() ? A(0) : exp_base((cp.m - m) * e.f);
     cp = {m, cp.s * old + s * exp_base(-e.lo)};
   }
+  // Forward, one step of a consumer group over a chunk: U packs per thread, packs i + u * group,
+  // those at or past `end` absent (Full: none is). The statistics step folds them into the
+  // chunk's partial; the writer step writes y for them.
   template <bool Full>
   __device__ __forceinline__ void stats_step(const uint4* src, int i, int end, MaxSum<A>& cp) const {
     uint4 p[U];

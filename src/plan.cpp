@@ -28,6 +28,15 @@ int cluster_threads(const Overrides& o) {
                                                                                           : kClusterDefaultThreads;
 }
 
+// Packs (or rows) per thread that the row kernels are built for.
+bool per_thread_count(int v) { return v == 1 || v == 2 || v == 4 || v == 8; }
+
+// The ring slots of a CTA of cluster_rows with chunks of `chunk` bytes: each slot costs its chunk
+// and two mbarriers; a fixed area holds the rest.
+int ring_slots_for(const DeviceInfo& d, int chunk) {
+  return static_cast<int>((d.smem_per_block_optin - kClusterReserveBytes) / (chunk + 16));
+}
+
 // max_group: 32, or kRegisterRowsMaxGroup where the row is read in 16-byte packs (the forward).
 Plan plan_warp_rows(const Problem& p, int vec, int max_group = 32, int min_iters = kWarpRowsMinIters) {
   Plan plan;
@@ -72,16 +81,12 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
   // 16-bit rows that one CTA holds twice in 16 KB chunks but not in 32 KB ones (64-112 KB): one CTA
   // a row, where 32 KB chunks would split it over two CTAs unevenly (rows of 50 257 bf16: 64 and
   // 34 KB). Measured on an H200 at 50 257: 1.37 x -> 1.26 x copy (docs/design.md).
-  const auto twice_in_one = [&](int c) {
-    return 2 * ceil_div(p.cols * p.elem_bytes, c) <= (d.smem_per_block_optin - kClusterReserveBytes) / (c + 16);
-  };
+  const auto twice_in_one = [&](int c) { return 2 * ceil_div(p.cols * p.elem_bytes, c) <= ring_slots_for(d, c); };
   if (p.elem_bytes == 2 && !backward && !twice_in_one(chunk) && twice_in_one(kClusterChunk32)) chunk = kClusterChunk32;
   plan.chunk_bytes = o.chunk_bytes > 0 ? o.chunk_bytes : chunk;
-  // Each slot costs its chunk and two mbarriers; a fixed area holds the rest.
-  const int slot_bytes = plan.chunk_bytes + 16;
   plan.aux_slots = backward ? kClusterAuxSlots : 0;
-  plan.ring_slots = static_cast<int>((d.smem_per_block_optin - kClusterReserveBytes) / slot_bytes) - plan.aux_slots;
-  plan.smem_bytes = int64_t{plan.ring_slots + plan.aux_slots} * slot_bytes + kClusterReserveBytes;
+  plan.ring_slots = ring_slots_for(d, plan.chunk_bytes) - plan.aux_slots;
+  plan.smem_bytes = int64_t{plan.ring_slots + plan.aux_slots} * (plan.chunk_bytes + 16) + kClusterReserveBytes;
   plan.chunks_per_row = ceil_div(p.cols * p.elem_bytes, plan.chunk_bytes);
   plan.hints = o.hints >= 0 ? o.hints & 3 : kClusterDefaultHints;
   const int max_cluster = std::min(d.max_cluster, kMaxCluster);
@@ -267,15 +272,14 @@ Plan plan_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
   const int64_t row_bytes = p.cols * p.elem_bytes;
   // Overrides (experiments): the least packs per thread (1, 2, 4 or 8), and the bound on the row,
   // at most what a group of 1024 threads holds at 8 packs each (128 KB).
-  const int min_iters = o.iters == 1 || o.iters == 2 || o.iters == 4 || o.iters == 8 ? o.iters : kWarpRowsMinIters;
+  const int min_iters = per_thread_count(o.iters) ? o.iters : kWarpRowsMinIters;
   const int64_t register_bytes = o.register_rows_bytes > 0
                                      ? std::min<int64_t>(o.register_rows_bytes, int64_t{16} * kRegisterRowsMaxGroup * kWarpRowsMaxIters + 1)
                                      : kRegisterRowsMaxBytes;
   // Flat tiles: short rows not in 16-byte packs that lie in one contiguous run (rows of 7 or 100
   // bf16): element loads would leave the load units the limit. Rows of one element have their own
   // path (a flat array of packs without exp or log).
-  const bool flat_default = !p.aligned16 && p.cols > 1;
-  if (p.flat16 && row_bytes <= kFlatMaxRowBytes && (o.flat >= 0 ? o.flat == 1 && p.cols > 1 : flat_default)) {
+  if (p.flat16 && p.cols > 1 && row_bytes <= kFlatMaxRowBytes && (o.flat >= 0 ? o.flat == 1 : !p.aligned16)) {
     Plan plan;
     plan.family = Family::warp_rows;
     plan.threads = kWarpRowsThreads;
@@ -297,8 +301,7 @@ Plan plan_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
   // Rows of at most kShortRowsMaxBytes in 16-byte packs: a lane holds a pack of each of
   // kShortRowsPerLane rows, so that every load of a warp covers 512 contiguous bytes.
   const int rows_per_lane = o.rows_per_lane >= 0 ? o.rows_per_lane : row_bytes <= kShortRowsMaxBytes ? kShortRowsPerLane : 0;
-  if (p.aligned16 && p.cols > 1 && row_bytes <= 16 * 32 &&
-      (rows_per_lane == 1 || rows_per_lane == 2 || rows_per_lane == 4 || rows_per_lane == 8)) {
+  if (p.aligned16 && p.cols > 1 && row_bytes <= 16 * 32 && per_thread_count(rows_per_lane)) {
     Plan plan;
     plan.family = Family::warp_rows;
     plan.vec = vec;
