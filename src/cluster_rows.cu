@@ -24,14 +24,18 @@
 // Claimed rows: where `counter` is set, the cluster does not take every clusters-th row but claims
 // its next row from a counter in global memory, so that clusters on SMs with more bandwidth take
 // more rows (SMs differ: dealt in turn, a copy through this ring left some SMs idle for a third of
-// the run). CTA 0's producer claims the row of iteration j + 1 while the cluster loads row j, and
-// writes it into every CTA's row queue; each role of each CTA reads iteration j's row there.
+// the run). Cluster i's first row is row i; CTA 0's producer claims the row of iteration j + 1
+// while the cluster loads row j, and writes it into every CTA's row queue; each role of each CTA
+// reads iteration j's row there. The counter's two words (tickets, and clusters done claiming)
+// start all ones, and the last cluster to finish claiming puts them back: the next launch on the
+// stream finds them ready (see stream_counter).
 //
 // Backward (dx = dy - exp(y) * sum(dy)): the ring holds dy, whose sum the statistics warps take;
 // y, needed by the writers only, arrives through a second, short ring (`aux`) that a second
 // producer thread keeps full. So dy and y are each read from DRAM once and dx written once.
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <unordered_map>
 
@@ -54,7 +58,7 @@ struct ClusterShape {
   int aux_slots; // backward: chunks of the y ring
   int grid_group; // grid groups: CTAs per row
   void* exchange; // grid groups: the partials table (rows x C packed pairs, see above)
-  unsigned long long* counter; // claimed rows: the next row's ticket, starting all ones; or null
+  unsigned long long* counter; // claimed rows: [the next ticket, clusters done claiming]; or null
 };
 
 // The kernel body exists in the sm_90 device pass only (SOFTLIGHT_HOPPER, hopper.cuh); other
@@ -150,16 +154,29 @@ template <class T, int U, bool Backward, bool Peel> struct ClusterCta {
       __nanosleep(32);
     return static_cast<uint32_t>(e);
   }
-  // CTA 0's producer: a ticket (claims a row; the counter starts all ones, so the first is 0).
-  __device__ __forceinline__ unsigned long long claim() const { return atomicAdd(sh.counter, 1ull) + 1ull; }
-  // CTA 0's producer: write the row of `ticket` into every CTA's queue as iteration `iter`'s. The
+  // CTA 0's producer: claims a row. Rows below `clusters` are every cluster's first; the counter
+  // starts all ones, so the first ticket is 0.
+  __device__ __forceinline__ unsigned long long claim() const {
+    return atomicAdd(sh.counter, 1ull) + 1ull + static_cast<unsigned long long>(clusters);
+  }
+  // CTA 0's producer, after its last claim: the last cluster here puts both words back to all ones
+  // (every claim of the launch is behind it) for the next launch on the stream.
+  __device__ __forceinline__ void retire() const {
+    __threadfence();
+    if (atomicAdd(sh.counter + 1, 1ull) + 1ull == static_cast<unsigned long long>(clusters - 1)) {
+      __threadfence();
+      atomicExch(sh.counter, ~0ull);
+      atomicExch(sh.counter + 1, ~0ull);
+    }
+  }
+  // CTA 0's producer: write the claimed row `claimed` into every CTA's queue as iteration `iter`'s. The
   // entry's previous use, iteration iter - kRowQueue, is behind every role of every CTA once our
   // writers have begun row iter - kRowQueue + 4: they have every CTA's partial of it, so every
   // CTA's statistics warps are past it, and those run at most two rows ahead of their writers
   // (producers run ahead of both). Returns false once the rows have run out.
-  __device__ __forceinline__ bool publish(int64_t iter, unsigned long long ticket) const {
+  __device__ __forceinline__ bool publish(int64_t iter, unsigned long long claimed) const {
     while (iter >= *rows_started + kRowQueue - 4) __nanosleep(64);
-    const uint64_t row = ticket < static_cast<unsigned long long>(rows) ? ticket : static_cast<uint64_t>(rows);
+    const uint64_t row = claimed < static_cast<unsigned long long>(rows) ? claimed : static_cast<uint64_t>(rows);
     const uint64_t e = (static_cast<uint64_t>(iter + 1) << 32) | row;
     const uint32_t addr = smem_addr(queue + iter % kRowQueue);
     for (uint32_t r = 0; r < csize; ++r) store_relaxed_cluster(cluster_map(addr, r), e);
@@ -424,6 +441,7 @@ cluster_rows_kernel(const T* __restrict__ x, int64_t xs, const T* __restrict__ a
     *cta.rows_started = 0;
     *cta.rows_done = 0;
     for (int i = 0; i < kRowQueue; ++i) cta.queue[i] = 0;
+    cta.queue[0] = (uint64_t{1} << 32) | static_cast<uint64_t>(cta.cluster_id);  // claimed rows: the first
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   cluster_sync();
@@ -455,9 +473,9 @@ cluster_rows_kernel(const T* __restrict__ x, int64_t xs, const T* __restrict__ a
     // row before it loads this one and publishes it after (the claim's round trip overlaps the
     // loads).
     RingPos pos;
-    bool more = sh.counter != nullptr && cta.rank == 0 && cta.publish(0, cta.claim());
+    bool more = sh.counter != nullptr && cta.rank == 0;
     for (int64_t iter = 0, row; (row = cta.row_of(iter)) < rows; ++iter) {
-      const unsigned long long ticket = more ? cta.claim() : 0;
+      const unsigned long long next = more ? cta.claim() : 0;
       const int64_t head = cta.head_bytes(x + row * xs), interior = cta.interior_bytes(head);
       const unsigned char* src =
           reinterpret_cast<const unsigned char*>(x + row * xs) + head + cta.first_chunk * sh.chunk_bytes;
@@ -475,7 +493,7 @@ cluster_rows_kernel(const T* __restrict__ x, int64_t xs, const T* __restrict__ a
           pos.advance(sh.ring_slots);
         }
       }
-      if (more) more = cta.publish(iter + 1, ticket);
+      if (more && !(more = cta.publish(iter + 1, next))) cta.retire();
     }
   }
   // No CTA may leave while a peer can still write into its shared memory.
@@ -524,6 +542,44 @@ cudaError_t workspace_pool(cudaMemPool_t* pool) {
   return cudaSuccess;
 }
 
+// Claimed rows' counters by stream: a pair of words each, all ones between launches (the last
+// cluster to finish claiming puts them back, see retire), so that all launches on a stream share
+// one pair, set on the stream at its first launch, and no memset goes ahead of each kernel (an
+// operation more on the stream costs GPU time at every call). A stream's id is unique for the life
+// of the process and a stream runs its work in order, so no two launches use a pair at once. Not
+// for a stream being captured (a graph may be launched on any stream, so its launches take a pair
+// of their own from the pool, as grid groups' tables do), nor past kMaxStreamCounters streams.
+constexpr size_t kMaxStreamCounters = 4096;
+constexpr size_t kCounterBytes = 2 * sizeof(unsigned long long);
+
+cudaError_t stream_counter(cudaStream_t stream, unsigned long long** counter) {
+  *counter = nullptr;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  cudaError_t e = cudaStreamIsCapturing(stream, &capture);
+  if (e != cudaSuccess || capture != cudaStreamCaptureStatusNone) return e;
+  int device = 0;
+  unsigned long long id = 0;
+  if ((e = cudaGetDevice(&device)) || (e = cudaStreamGetId(stream, &id))) return e;
+  static std::mutex mu;
+  static std::map<std::pair<int, unsigned long long>, unsigned long long*> counters;
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = counters.find({device, id}); it != counters.end()) {
+    *counter = it->second;
+    return cudaSuccess;
+  }
+  if (counters.size() >= kMaxStreamCounters) return cudaSuccess;
+  cudaMemPool_t pool;
+  void* words = nullptr;
+  if ((e = workspace_pool(&pool)) || (e = cudaMallocFromPoolAsync(&words, kCounterBytes, pool, stream))) return e;
+  if ((e = cudaMemsetAsync(words, 0xff, kCounterBytes, stream))) {
+    cudaFreeAsync(words, stream);
+    return e;
+  }
+  *counter = static_cast<unsigned long long*>(words);
+  counters.emplace(std::make_pair(device, id), *counter);
+  return cudaSuccess;
+}
+
 template <class T, bool Backward>
 cudaError_t launch(const Plan& p, const Operands& a, cudaStream_t stream) {
   // A step of a consumer group covers group * U vectors: U = 4 when a chunk holds that many,
@@ -553,13 +609,14 @@ cudaError_t launch(const Plan& p, const Operands& a, cudaStream_t stream) {
                  p.grid_exchange ? "groups" : "clusters", static_cast<long long>(l.clusters), l.active, p.threads,
                  p.chunk_bytes, p.ring_slots, sh.aux_slots, static_cast<long long>(p.chunks_per_cta),
                  p.resident ? 1 : 0, p.hints, claim ? 1 : 0);
-  // A workspace, all ones on the stream before the kernel and freed on the stream after it: claimed
-  // rows' counter (the first ticket is then 0), or grid groups' table of packed (max, sum) pairs by
-  // row and rank (kUnsent; fp32 partials only).
+  // A workspace, all ones on the stream before the kernel and freed on the stream after it: grid
+  // groups' table of packed (max, sum) pairs by row and rank (kUnsent; fp32 partials only), or
+  // claimed rows' counter where the stream has none of its own.
   if (p.grid_exchange && sizeof(acc_t<T>) != 4) return cudaErrorInvalidValue;
+  if (claim && (e = stream_counter(stream, &sh.counter))) return e;
   const size_t bytes = p.grid_exchange ? static_cast<size_t>(a.rows) * static_cast<size_t>(p.cluster) * sizeof(uint64_t)
-                       : claim         ? sizeof(unsigned long long)
-                                       : 0;
+                       : claim && sh.counter == nullptr ? kCounterBytes
+                                                        : 0;
   void* workspace = nullptr;
   if (bytes > 0) {
     cudaMemPool_t pool;

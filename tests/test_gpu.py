@@ -363,6 +363,30 @@ def test_claimed_rows(monkeypatch, cluster, chunk, groups, row_bytes, rows, dtyp
     assert torch.equal(y.view(torch.uint8), dealt.view(torch.uint8)), "a row's result depends on its cluster"
 
 
+def test_claimed_rows_back_to_back():
+    """A stream's launches share its claimed rows' counter, which each launch's last cluster puts
+    back: launches of different cluster counts and types queued back to back on one stream, in
+    two rounds with the outputs poisoned between them, each right in both."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("claimed rows are cluster_rows' (sm_90)")
+    shapes = [(300, 32768, "float32"), (40, 393216, "float32"), (700, 16384, "bfloat16"),
+              (300, 32768, "float32"), (64, 131072, "float16")]
+    xs = [random_rows(*s) for s in shapes]
+    ys = [poisoned_like(x) for x in xs]
+    for x, (_, _, dtype) in zip(xs, shapes):
+        assert planned(*x.shape, dtype)["claim_rows"], (x.shape, dtype)
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        for round_ in range(2):
+            for x, y in zip(xs, ys):
+                y.fill_(POISON)
+                softlight.log_softmax(x, out=y)
+            s.synchronize()
+            for x, y, (_, _, dtype) in zip(xs, ys, shapes):
+                assert_close_to_float64(y, x, dtype, f"round {round_}, {tuple(x.shape)} {dtype}")
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows,cols", [(1, 7), (3, 7), (70_001, 7), (5_003, 3), (2_051, 50), (4_099, 100),
                                        (1_025, 127), (300, 9)])
