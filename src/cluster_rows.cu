@@ -12,7 +12,8 @@
 // So the DRAM sees reads and writes all the time, and the cluster exchange of a row is hidden
 // behind the writing of the row before it. Resident: the slice fits the ring and is read once
 // (the planner prefers clusters wide enough for two slices). Streamed: the slice outgrows the
-// ring and the producer sends each chunk twice, once to each group.
+// ring and the producer sends each chunk twice, once to each group, the second time from the
+// slice's end backwards (writers_chunk).
 //
 // Grid groups: where `exchange` is set, the C CTAs of a row are consecutive CTAs of a cooperative
 // grid (every CTA resident at once), not a cluster: any group size, so every SM can take part (7
@@ -118,6 +119,9 @@ template <class T, int U, bool Backward, bool Peel> struct ClusterCta {
   __device__ __forceinline__ int64_t interior_bytes(int64_t head) const {
     return Peel ? (row_bytes - head) & ~int64_t{15} : row_bytes;
   }
+  // The chunk that the writers' pass takes at its k-th step. Streamed, it walks the slice
+  // backwards: the chunks the statistics pass read last are the likeliest to be in L2 still.
+  __device__ __forceinline__ int64_t writers_chunk(int64_t k) const { return sh.resident ? k : my_chunks - 1 - k; }
   __device__ __forceinline__ uint32_t bytes_of(int64_t k, int64_t interior) const {
     return static_cast<uint32_t>(min(int64_t{sh.chunk_bytes}, interior - (first_chunk + k) * sh.chunk_bytes));
   }
@@ -336,7 +340,8 @@ template <class T, int U, bool Backward, bool Peel> struct ClusterCta {
       if (gtid < V ? j < h : j < cols)
         yr[j] = from_acc<T>(log_softmax_out_scaled(to_acc(xr[j]), row.m, scale, log_sum));
     }
-    for (int64_t k = 0; k < my_chunks; ++k) {
+    for (int64_t step = 0; step < my_chunks; ++step) {
+      const int64_t k = writers_chunk(step);
       mbar_wait(smem_addr(full + pos.slot), pos.phase);  // long complete when resident
       const T* c = slot_data(pos.slot);
       T* out = dst + k * (sh.chunk_bytes / int64_t{sizeof(T)});
@@ -459,7 +464,8 @@ cluster_rows_kernel(const T* __restrict__ x, int64_t xs, const T* __restrict__ a
     for (int64_t iter = 0, row; (row = cta.row_of(iter)) < rows; ++iter) {
       const unsigned char* src =
           reinterpret_cast<const unsigned char*>(aux + row * as) + cta.first_chunk * sh.chunk_bytes;
-      for (int64_t k = 0; k < cta.my_chunks; ++k) {
+      for (int64_t step = 0; step < cta.my_chunks; ++step) {
+        const int64_t k = cta.writers_chunk(step);
         mbar_wait(smem_addr(cta.aux_empty + pos.slot), pos.phase ^ 1);
         const uint32_t bytes = cta.bytes_of(k, cta.row_bytes);
         mbar_arrive_expect_tx(smem_addr(cta.aux_full + pos.slot), bytes);
@@ -480,7 +486,8 @@ cluster_rows_kernel(const T* __restrict__ x, int64_t xs, const T* __restrict__ a
       const unsigned char* src =
           reinterpret_cast<const unsigned char*>(x + row * xs) + head + cta.first_chunk * sh.chunk_bytes;
       for (int pass = 0; pass < (sh.resident ? 1 : 2); ++pass) {
-        for (int64_t k = 0; k < cta.my_chunks; ++k) {
+        for (int64_t step = 0; step < cta.my_chunks; ++step) {
+          const int64_t k = pass == 0 ? step : cta.writers_chunk(step);
           mbar_wait(smem_addr(cta.empty + pos.slot), pos.phase ^ 1);
           const uint32_t bytes = cta.bytes_of(k, interior);
           mbar_arrive_expect_tx(smem_addr(cta.full + pos.slot), bytes);

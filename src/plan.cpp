@@ -101,18 +101,23 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
   const int cluster_twice = smallest_cluster(2);
   int chosen = 0;
   // Grid groups for the forward of fp32 rows that no cluster holds twice (which clusters would
-  // stream, or hold once without overlapping rows). Measured on an H200 (docs/design.md): rows of
-  // 1 M fp32 1.68 x -> 1.17 x copy; but 2-3 % slower than 16-CTA clusters where those hold the row
-  // twice (the founding shape), slower for 16-bit rows, whose shorter rows expose the exchange
-  // through L2, and equal for the backward. Partials are traded as fp32 pairs: never for float64.
+  // stream, or hold once without overlapping rows), where a group holds them twice. Measured on an
+  // H200 (docs/design.md): rows of 1 M fp32 1.68 x -> 1.17 x copy; but 2-3 % slower than 16-CTA
+  // clusters where those hold the row twice (the founding shape), slower for 16-bit rows, whose
+  // shorter rows expose the exchange through L2, equal for the backward, and slower than streamed
+  // clusters where a group of every SM holds the row only once (4 M fp32, 64 rows: 1.77 x against
+  // 1.62 x), unless the rows are too few for the clusters to keep every SM busy.
+  // Partials are traded as fp32 pairs: never for float64.
   const bool grid_default = p.elem_bytes == 4 && !backward && cluster_twice == 0;
   plan.grid_exchange = (o.exchange >= 0 ? o.exchange == 1 : grid_default) && d.sm_count > 0 && p.elem_bytes <= 4;
   if (plan.grid_exchange) {
-    // Groups of a cooperative grid, one CTA per SM: a slice that fits twice, else once; of those,
-    // the group size that keeps the most SMs busy (the least CTAs per row where it ties). A row
-    // too long to stay in the ring of every SM's CTA goes to the clusters, streamed.
+    // Groups of a cooperative grid, one CTA per SM: a slice that fits twice, else once (see
+    // `once`); of those, the group size that keeps the most SMs busy (the least CTAs per row where
+    // it ties). Other rows go to the clusters, streamed.
     const int limit = o.cluster > 0 ? std::min(o.cluster, d.sm_count) : d.sm_count;
-    for (int times = 2; times >= 1 && !chosen; --times) {
+    // Held once only if asked, or where rows are too few for the clusters to cover the SMs.
+    const bool once = o.exchange == 1 || p.rows * max_cluster < d.sm_count;
+    for (int times = 2; times >= (once ? 1 : 2) && !chosen; --times) {
       int64_t best = 0;
       for (int c = o.cluster > 0 ? limit : 1; c <= limit; ++c) {
         if (times * slice(c) > plan.ring_slots) continue;
@@ -181,7 +186,9 @@ Plan plan_cluster_tiles(const AxisProblem& p, const DeviceInfo& d, const Overrid
   const int64_t tiles = p.outer * ceil_div(p.inner, w);
   int chosen = 0;
   for (int limit : {std::min(8, max_cluster), max_cluster}) {
-    for (int times = 2; times >= 1 && !chosen; --times) {
+    // Held once only if asked, or where rows are too few for the clusters to cover the SMs.
+    const bool once = o.exchange == 1 || p.rows * max_cluster < d.sm_count;
+    for (int times = 2; times >= (once ? 1 : 2) && !chosen; --times) {
       for (int c = 1; c <= limit; c *= 2) {
         if ((o.cluster > 0 && c != o.cluster) || times * ceil_div(chunks_per_tile, c) > slots(c)) continue;
         chosen = c;

@@ -210,6 +210,23 @@ def test_torch_in_torch_out_and_framework_stream():
     assert_close_to_float64(y, x, "float32")
 
 
+def test_explicit_stream_waits_for_the_framework_stream():
+    """stream= other than torch's current stream: the inputs, still being written on the current
+    stream (behind a kernel that spins for ~50 ms), are read only once they are ready there."""
+    old = random_rows(16, 70000, "float32")
+    fresh = random_rows(16, 70000, "float32")
+    y = poisoned_like(old)
+    torch.cuda.synchronize()
+    other = torch.cuda.Stream()
+    torch.cuda._sleep(100_000_000)  # on the current stream
+    x = old.clone()
+    x.copy_(fresh)
+    softlight.log_softmax(x, out=y, stream=other)
+    other.synchronize()
+    torch.cuda.synchronize()
+    assert_close_to_float64(y, fresh, "float32", "read after the current stream's writes")
+
+
 def test_explicit_cuda_core_stream():
     from softlight._streams import _cuda_core
     cc = _cuda_core()

@@ -130,9 +130,9 @@ def test_founding_shape_on_h200():
     assert q["grid_exchange"] and q["cluster"] == 22 and q["chunks_per_cta"] == 5 and q["double_buffered"]
 
 
-@pytest.mark.parametrize("cols,group,per_cta,twice", [(1048576, 44, 6, True), (4194304, 132, 8, False)])
-def test_grid_groups_for_fp32_rows_no_cluster_holds_twice(cols, group, per_cta, twice):
-    p = plan(4096, cols)
+@pytest.mark.parametrize("rows,cols,group,per_cta,twice", [(4096, 1048576, 44, 6, True), (4, 4194304, 132, 8, False)])
+def test_grid_groups_for_fp32_rows_no_cluster_holds_twice(rows, cols, group, per_cta, twice):
+    p = plan(rows, cols)
     assert (p["grid_exchange"], p["cluster"], p["chunks_per_cta"], p["double_buffered"]) == (True, group, per_cta, twice)
     assert p["resident"] and group * per_cta >= p["chunks_per_row"]
     assert (132 // group) * group == 132  # every SM busy
@@ -154,6 +154,12 @@ def test_clusters_claim_their_rows():
 
 
 def test_grid_groups_elsewhere():
+    # Rows a group of every SM holds only once: streamed clusters, unless the rows are too few for
+    # the clusters to cover the SMs (7 of 16 CTAs on 132 SMs), or grid groups are asked for.
+    p = plan(64, 4194304)
+    assert not p["grid_exchange"] and p["cluster"] == 16 and not p["resident"]
+    assert plan(6, 4194304)["grid_exchange"] and not plan(9, 4194304)["grid_exchange"]
+    assert plan(64, 4194304, exchange=1)["cluster"] == 132
     assert not plan(4096, 262144)["grid_exchange"]  # 16-CTA clusters hold it twice
     assert not plan(4096, 393216, "bfloat16")["grid_exchange"]  # measured slower in 16 bits
     assert not plan(4096, 393216, "float64")["grid_exchange"]  # partials are traded as fp32

@@ -3,8 +3,8 @@ import math
 
 from . import _C
 from . import _dtypes
-from ._arrays import (CUDA, CUDA_MANAGED, dlpack_device, empty_like, export, filled, finish, prepare_input,
-                      ready_for_foreign_stream, default_stream)
+from ._arrays import (CUDA, CUDA_MANAGED, NO_SYNC, dlpack_device, empty_like, export, filled, finish, framework_of,
+                      framework_stream, prepare_input, ready_for_foreign_stream)
 from ._errors import InvalidArgumentError, check
 from ._streams import stream_handle
 
@@ -60,8 +60,13 @@ class _Arrays:
             raise TypeError("softlight: stream= applies to GPU arrays, and the arrays are on the CPU")
         first = prepare_input(first)
         self.first = first
-        self.handle = stream_handle(stream) if stream is not None else (
-            default_stream(first, self.dev_id) if self.on_gpu else 0)
+        # Our stream: `stream`, else the framework's current stream (torch, CuPy), else the legacy
+        # default stream. Where it is the framework's current stream, the arrays are ready on it
+        # and their exports ask for no synchronization (the producer's work for that is not free).
+        self.framework = framework_of(first)
+        current = framework_stream(first, self.dev_id) if self.on_gpu else None
+        self.handle = stream_handle(stream) if stream is not None else (current if current is not None else 0)
+        self.dlpack_stream = NO_SYNC if current is not None and self.handle == current else self.handle
         self.first_view = self.read(first, "x")
 
     def read(self, a, name, like=None, writable=False):
@@ -69,7 +74,7 @@ class _Arrays:
         if like is not None:
             dev = dlpack_device(a)
             a = prepare_input(a) if not writable else a
-            v = export(a, dev[0], self.handle)
+            v = export(a, dev[0], self._sync_stream(a))
             if v.on_gpu != like.on_gpu or v.device_id != like.device_id:
                 raise InvalidArgumentError(f"softlight: {name} is on {v.device}, the input on {like.device}")
             if v.dtype != like.dtype:
@@ -77,12 +82,16 @@ class _Arrays:
             if v.shape != like.shape:
                 raise InvalidArgumentError(f"softlight: {name} has shape {v.shape}, the input {like.shape}")
         else:
-            v = export(a, self.dev_type, self.handle)
+            v = export(a, self.dev_type, self._sync_stream(a))
         if writable and v.readonly:
             raise InvalidArgumentError(f"softlight: {name} is read-only")
         if self.on_gpu:
             ready_for_foreign_stream(a)
         return v
+
+    def _sync_stream(self, a):
+        """What `a`'s export asks of its producer (NO_SYNC only for the first array's framework)."""
+        return self.dlpack_stream if framework_of(a) == self.framework else self.handle
 
     def output(self, out, name):
         """(array, View) of the result: `out`, or a new array like the first input."""
@@ -132,7 +141,7 @@ def log_softmax(x, dim=-1, *, out=None, stream=None, temperature=1.0, return_lse
     if return_lse:
         lse_shape = xv.shape[:d] + xv.shape[d + 1:]
         lse = empty_like(arrays.first, xv, shape=lse_shape, dtype="float64" if xv.dtype == "float64" else "float32")
-        lse_ptr = export(lse, arrays.dev_type, arrays.handle).ptr
+        lse_ptr = export(lse, arrays.dev_type, arrays._sync_stream(lse)).ptr
 
     code = _dtypes.code(xv.dtype)
     if arrays.on_gpu:

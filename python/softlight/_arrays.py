@@ -47,12 +47,16 @@ def dlpack_device(a):
     return dev_type, int(dev_id)
 
 
-def export(a, dev_type, stream_handle):
-    """A View of `a`. For CUDA arrays the producer is asked to make `a` ready on our stream."""
+NO_SYNC = -1  # DLPack's stream value for "no synchronization wanted"
+
+
+def export(a, dev_type, stream):
+    """A View of `a`. For CUDA arrays `stream` goes to the producer: the handle of our stream, on
+    which it makes `a` ready, or NO_SYNC where our work follows the producer's own current stream."""
     kwargs = {}
     if dev_type in (CUDA, CUDA_MANAGED):
         # DLPack reserves 0; 1 names the legacy default stream.
-        kwargs["stream"] = 1 if stream_handle == 0 else stream_handle
+        kwargs["stream"] = 1 if stream == 0 else stream
     try:
         cap = a.__dlpack__(max_version=(1, 0), **kwargs)
     except TypeError:  # a producer from before DLPack 1.0
@@ -72,7 +76,7 @@ def export(a, dev_type, stream_handle):
 
 # --- frameworks ----------------------------------------------------------------------------------
 
-def _framework(a):
+def framework_of(a):
     root = type(a).__module__.split(".", 1)[0]
     if root in ("jax", "jaxlib"):
         return "jax"
@@ -81,7 +85,8 @@ def _framework(a):
 
 def _torch_stream(a, device_id):
     torch = sys.modules["torch"]
-    return torch.cuda.current_stream(device_id).cuda_stream
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # the handle alone, without a Stream object
+    return raw(device_id) if raw is not None else torch.cuda.current_stream(device_id).cuda_stream
 
 
 def _cupy_stream(a, device_id):
@@ -90,20 +95,20 @@ def _cupy_stream(a, device_id):
         return cupy.cuda.get_current_stream().ptr
 
 
-def default_stream(a, device_id):
-    """The stream work on `a` should follow by default: the framework's current stream where the
-    framework has one (torch, CuPy), else the legacy default stream (0)."""
-    fw = _framework(a)
+def framework_stream(a, device_id):
+    """The framework's current stream on the device, for frameworks that have one (torch, CuPy),
+    else None."""
+    fw = framework_of(a)
     if fw == "torch":
         return _torch_stream(a, device_id)
     if fw == "cupy":
         return _cupy_stream(a, device_id)
-    return 0
+    return None
 
 
 def prepare_input(a):
     """The array as softlight reads it (torch tensors that require grad are read detached)."""
-    if _framework(a) == "torch" and getattr(a, "requires_grad", False):
+    if framework_of(a) == "torch" and getattr(a, "requires_grad", False):
         return a.detach()
     return a
 
@@ -111,13 +116,15 @@ def prepare_input(a):
 def empty_like(a, view, shape=None, dtype=None):
     """An uninitialised, C-contiguous array of the same kind and device as `a`: by default of the
     same shape and dtype, else of `shape` and the dtype named `dtype` ("float32", ...)."""
-    fw = _framework(a)
+    fw = framework_of(a)
     shape = view.shape if shape is None else tuple(shape)
     if fw == "numpy":
         import numpy as np
         return np.empty(shape, dtype=a.dtype if dtype is None else np.dtype(dtype))
     if fw == "torch":
         torch = sys.modules["torch"]
+        if shape == tuple(a.shape) and dtype is None:
+            return torch.empty_like(a, memory_format=torch.contiguous_format)
         return torch.empty(shape, dtype=a.dtype if dtype is None else getattr(torch, dtype), device=a.device)
     if fw == "cupy":
         cupy = sys.modules["cupy"]
@@ -134,7 +141,7 @@ def empty_like(a, view, shape=None, dtype=None):
 
 def filled(a, value):
     """`a` with every element set to `value` (a new array for JAX, whose arrays are immutable)."""
-    if _framework(a) == "jax":
+    if framework_of(a) == "jax":
         return a.at[...].set(value)
     a[...] = value
     return a
@@ -143,12 +150,12 @@ def filled(a, value):
 def finish(a, view, stream_handle):
     """Framework-specific completion. JAX tracks no foreign streams, so its arrays are handed back
     only after the work is done; the other frameworks follow their stream."""
-    if _framework(a) == "jax" and view.on_gpu:
+    if framework_of(a) == "jax" and view.on_gpu:
         from ._streams import synchronize
         synchronize(stream_handle, view.device_id)
 
 
 def ready_for_foreign_stream(a):
     """JAX arrays are produced on JAX's own streams: wait for them before reading."""
-    if _framework(a) == "jax":
+    if framework_of(a) == "jax":
         a.block_until_ready()
