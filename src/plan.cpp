@@ -279,10 +279,13 @@ Plan plan_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
   const int64_t row_bytes = p.cols * p.elem_bytes;
   // Overrides (experiments): the least packs per thread (1, 2, 4 or 8), and the bound on the row,
   // at most what a group of 1024 threads holds at 8 packs each (128 KB).
-  const int min_iters = per_thread_count(o.iters) ? o.iters : kWarpRowsMinIters;
+  // Long rows in registers take eight packs a thread (see kRegisterRowsWideBytes).
+  const bool wide = p.elem_bytes <= 4 && (p.elem_bytes == 2 ? row_bytes >= kRegisterRowsWideBytes
+                                                             : row_bytes > kRegisterRowsWideBytes);
+  const int min_iters = per_thread_count(o.iters) ? o.iters : wide ? kWarpRowsMaxIters : kWarpRowsMinIters;
   const int64_t register_bytes = o.register_rows_bytes > 0
                                      ? std::min<int64_t>(o.register_rows_bytes, int64_t{16} * kRegisterRowsMaxGroup * kWarpRowsMaxIters + 1)
-                                     : kRegisterRowsMaxBytes;
+                                     : kRegisterRowsMaxBytes + (wide ? 1 : 0);
   // Flat tiles: short rows not in 16-byte packs that lie in one contiguous run (rows of 7 or 100
   // bf16): element loads would leave the load units the limit. Rows of one element have their own
   // path (a flat array of packs without exp or log).

@@ -123,12 +123,19 @@ struct Plan {
 constexpr int kWarpRowsThreads = 128;
 constexpr int kWarpRowsMaxIters = 8;
 constexpr int kWarpRowsMinIters = 4;
-// Rows read in 16-byte packs and shorter than this are held in registers by a group of up to
-// kRegisterRowsMaxGroup threads (past a warp, a CTA per row), four packs per thread; longer rows
+// Rows read in 16-byte packs and shorter than this (up to it with eight packs a thread, below) are
+// held in registers by a group of up to kRegisterRowsMaxGroup threads (past a warp, a CTA per
+// row), four packs per thread; longer rows
 // go to the clusters on Hopper (H200, docs/design.md: 16-bit rows of 128-8192 went from 1.2 x to
-// 0.91-0.97 x a cudaMemcpy of the same bytes, fp32 rows of 4096 from 1.12 x to 1.01 x; at 32 KB the
-// clusters were ahead, 1.06 x against 1.12 x).
+// 0.91-0.97 x a cudaMemcpy of the same bytes, fp32 rows of 4096 from 1.12 x to 1.01 x).
 constexpr int64_t kRegisterRowsMaxBytes = 32 * 1024;
+// From here (16-bit rows) or past it (fp32), rows in registers take eight packs per thread, half
+// the threads, and rows of 32 KB stay in registers. At 32 KB four packs a thread lost to one-CTA
+// clusters (1.12 x against 1.06 x copy); eight beat them. Measured on an H200 (builds alternated,
+// docs/design.md): bf16 rows of 8192 0.553 -> 0.532 ms, fp32 rows of 8192 0.537 -> 0.528, bf16 rows
+// of 16384 0.548 -> 0.531, fp32 rows of 6000 0.672 -> 0.517 (1 GB each). fp32 rows of 16 KB were
+// slower with eight (1.015 x -> 1.052 x), so they keep four.
+constexpr int64_t kRegisterRowsWideBytes = 16 * 1024;
 constexpr int kRegisterRowsMaxGroup = 1024;
 // Short rows in 16-byte packs, several rows a lane: measured on an H200 (docs/design.md), four rows
 // a lane ran rows of 32-128 bytes at 1.03-1.06 x copy where a row a thread ran 1.16-1.46 x; rows of

@@ -386,7 +386,7 @@ def test_claimed_rows_back_to_back():
     two rounds with the outputs poisoned between them, each right in both."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("claimed rows are cluster_rows' (sm_90)")
-    shapes = [(300, 32768, "float32"), (40, 393216, "float32"), (700, 16384, "bfloat16"),
+    shapes = [(300, 32768, "float32"), (40, 393216, "float32"), (700, 32768, "bfloat16"),
               (300, 32768, "float32"), (64, 131072, "float16")]
     xs = [random_rows(*s) for s in shapes]
     ys = [poisoned_like(x) for x in xs]

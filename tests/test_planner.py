@@ -25,7 +25,7 @@ def test_nothing_to_do():
 @pytest.mark.parametrize("cols,group,iters,vec", [
     (1, 1, 1, 1), (3, 1, 4, 1), (36, 4, 4, 4), (100, 8, 4, 4), (128, 8, 4, 4),
     (1000, 64, 4, 4), (1024, 64, 4, 4), (7, 2, 4, 1), (33, 16, 4, 1), (256, 16, 4, 4),
-    (4096, 256, 4, 4), (8188, 512, 4, 4),
+    (4096, 256, 4, 4), (4100, 256, 8, 4), (8188, 256, 8, 4), (8192, 256, 8, 4),
 ])
 def test_short_rows_go_to_warps(cols, group, iters, vec):
     p = plan(1000, cols)
@@ -57,20 +57,24 @@ def test_rows_in_16_byte_packs_under_32_kb_stay_in_registers(dtype):
     e = ELEM[dtype]
     below = 32768 // e - 16 // e  # the longest row under 32 KB
     p = plan(100, below, dtype)
-    assert (p["family"], p["group"], p["iters"], p["vec"]) == ("warp_rows", 512, 4, 16 // e)
+    wide = e <= 4  # fp32 and 16-bit rows past 16 KB: eight packs a thread, and up to 32 KB
+    assert (p["family"], p["group"], p["iters"], p["vec"]) == ("warp_rows", 256 if wide else 512, 8 if wide else 4, 16 // e)
     assert plan(100, below, dtype, iters=8)["group"] == 256  # more packs per thread, fewer threads
-    assert plan(100, 32768 // e, dtype)["family"] == "cluster_rows"  # 32 KB: the clusters
-    assert plan(100, 32768 // e, dtype, dev=A100)["family"] == "block_rows"
+    assert plan(100, below, dtype, iters=4)["group"] == 512
+    assert plan(100, 32768 // e, dtype)["family"] == ("warp_rows" if wide else "cluster_rows")  # 32 KB
+    assert plan(100, 32768 // e + 16 // e, dtype)["family"] == "cluster_rows"  # past it: the clusters
+    assert plan(100, 16384 // e, dtype)["iters"] == (8 if e == 2 else 4)  # 16 KB: 16-bit rows only
+    assert plan(100, 32768 // e + 16 // e, dtype, dev=A100)["family"] == "block_rows"
     assert plan(100, below, dtype, dev=A100)["family"] == "warp_rows"  # no clusters needed
     assert plan(100, below + 1, dtype)["family"] == "block_rows"  # not in 16-byte packs
     assert plan(100, 4096, dtype, cluster=2)["family"] == "cluster_rows"  # a cluster override wins
-    assert plan(100, below, dtype, iters=3)["group"] == 512  # not 1, 2, 4 or 8: ignored
+    assert plan(100, below, dtype, iters=3)["group"] == (256 if wide else 512)  # not 1, 2, 4 or 8: ignored
 
 
 def test_register_rows_bound_override():
     """An experiment's knob: longer rows held in registers, up to 1024 threads of 8 packs (128 KB)."""
-    p = plan(100, 32768, "bfloat16", register_rows_bytes=128 * 1024)  # 64 KB rows
-    assert (p["family"], p["group"], p["iters"], p["threads"]) == ("warp_rows", 1024, 4, 1024)
+    p = plan(100, 32768, "bfloat16", register_rows_bytes=128 * 1024)  # 64 KB rows, eight packs a thread
+    assert (p["family"], p["group"], p["iters"], p["threads"]) == ("warp_rows", 512, 8, 512)
     p = plan(100, 65536, "bfloat16", register_rows_bytes=1 << 40)  # capped: the most that fits
     assert (p["family"], p["group"], p["iters"]) == ("warp_rows", 1024, 8)
     assert plan(100, 65536 + 8, "bfloat16", register_rows_bytes=1 << 40)["family"] == "cluster_rows"
@@ -187,7 +191,7 @@ def test_very_long_rows_stream_through_the_cluster():
 
 
 def test_mid_rows_use_one_cta_clusters():
-    p = plan(1000, 8192)
+    p = plan(1000, 8196)  # past 32 KB
     assert p["family"] == "cluster_rows" and p["cluster"] == 1 and p["resident"]
 
 
@@ -265,7 +269,7 @@ def test_backward_of_long_aligned_rows_keeps_dy_in_a_cluster_ring(dim, dtype, cl
     # Both rings and their barriers fit the CTA's shared memory.
     assert (p["ring_slots"] + p["aux_slots"]) * (p["chunk_bytes"] + 16) + 2048 == p["smem_bytes"] <= 232448
     assert p["aux_slots"] * p["chunk_bytes"] == aux_bytes
-    forward = plan(4096, dim, dtype, chunk_bytes=p["chunk_bytes"])  # the same chunks, one ring
+    forward = plan(4096, dim, dtype, chunk_bytes=p["chunk_bytes"], cluster=cluster)  # the same chunks, one ring
     assert forward["aux_slots"] == 0 and forward["ring_slots"] == p["ring_slots"] + p["aux_slots"]
 
 
