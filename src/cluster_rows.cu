@@ -107,7 +107,7 @@ template <class T, int U, bool Backward, bool Peel> struct ClusterCta {
   uint64_t* table;              // grid groups: packed partials by (row, rank), or null (clusters)
   int group;                    // threads per consumer group
   int gtid, lane;               // thread index within its group, lane
-  int64_t first_chunk, my_chunks, row_bytes, cols;
+  int64_t first_chunk, my_chunks, row_bytes;
   A scale;
 
   // Peeled rows: the ring carries a row's interior, from its first 16-byte boundary
@@ -124,6 +124,14 @@ template <class T, int U, bool Backward, bool Peel> struct ClusterCta {
   __device__ __forceinline__ int64_t writers_chunk(int64_t k) const { return sh.resident ? k : my_chunks - 1 - k; }
   __device__ __forceinline__ uint32_t bytes_of(int64_t k, int64_t interior) const {
     return static_cast<uint32_t>(min(int64_t{sh.chunk_bytes}, interior - (first_chunk + k) * sh.chunk_bytes));
+  }
+  // A peeled row's edges, in elements: the head is [0, h), the tail [t, end).
+  struct Edges {
+    int64_t h, t, end;
+  };
+  __device__ __forceinline__ Edges edges_of(int64_t head, int64_t interior) const {
+    constexpr int64_t e = sizeof(T);
+    return {head / e, (head + interior) / e, row_bytes / e};
   }
   // Elements [from, to) of a row (fewer than a pack) as a pack, the rest -inf.
   __device__ __forceinline__ uint4 edge_pack(const T* xr, int64_t from, int64_t to) const {
@@ -275,8 +283,8 @@ template <class T, int U, bool Backward, bool Peel> struct ClusterCta {
     }
     if (!sh.resident) pos.advance(sh.ring_slots, my_chunks);  // the writers' pass of this row
     if (Peel && rank == 0 && gtid == 0) {
-      const int64_t h = head / int64_t{sizeof(T)}, t = (head + interior) / int64_t{sizeof(T)};
-      const uint4 edges[2] = {edge_pack(xr, 0, h), edge_pack(xr, t, cols)};
+      const Edges g = edges_of(head, interior);
+      const uint4 edges[2] = {edge_pack(xr, 0, g.h), edge_pack(xr, g.t, g.end)};
       fold<2>(edges, part);
     }
     part = block_max_sum(part, scratch, group, kBar, f);
@@ -335,9 +343,9 @@ template <class T, int U, bool Backward, bool Peel> struct ClusterCta {
     if (sh.lse != nullptr && rank == 0 && gtid == 0) static_cast<A*>(sh.lse)[row_index] = row.m * scale + log_sum;
     if (Peel && rank == 0 && gtid < 2 * V) {
       // The edges of a peeled row: thread i < V writes the head's element i, V + i the tail's.
-      const int64_t h = head / int64_t{sizeof(T)}, t = (head + interior) / int64_t{sizeof(T)};
-      const int64_t j = gtid < V ? gtid : t + (gtid - V);
-      if (gtid < V ? j < h : j < cols)
+      const Edges g = edges_of(head, interior);
+      const int64_t j = gtid < V ? gtid : g.t + (gtid - V);
+      if (gtid < V ? j < g.h : j < g.end)
         yr[j] = from_acc<T>(log_softmax_out_scaled(to_acc(xr[j]), row.m, scale, log_sum));
     }
     for (int64_t step = 0; step < my_chunks; ++step) {
@@ -424,7 +432,6 @@ cluster_rows_kernel(const T* __restrict__ x, int64_t xs, const T* __restrict__ a
   cta.gtid = static_cast<int>(threadIdx.x) % cta.group;
   cta.lane = threadIdx.x & 31;
   cta.row_bytes = cols * int64_t{sizeof(T)};
-  cta.cols = cols;
   cta.first_chunk = int64_t{cta.rank} * sh.chunks_per_cta;
   cta.my_chunks = max(int64_t{0}, min(sh.chunks_per_cta, sh.chunks_per_row - cta.first_chunk));
   cta.cluster_id = blockIdx.x / cta.csize;
