@@ -129,7 +129,7 @@ template <class T> struct TileCta {
       const int buf = static_cast<int>(iter % kTileStatsBuffers);
       const uint32_t slot = smem_addr(partials + (buf * csize + rank) * sh.w + gtid);
       const uint32_t bar = smem_addr(stats_bar + buf);
-      for (uint32_t q = 0; q < csize; ++q) send_pair(cluster_map(slot, q), r.m, r.s, cluster_map(bar, q));
+      broadcast_pair(slot, r.m, r.s, bar, csize);
     }
     sync_threads_named(kStatsBar, group);  // `red` is refilled by the next tile
   }

@@ -106,6 +106,24 @@ __device__ __forceinline__ void send_pair(uint32_t raddr, double m, double s, ui
       "d"(m), "d"(s), "r"(rbar)
       : "memory");
 }
+// Sends a (max, sum) pair to `slot` in every CTA of a cluster of `csize`, completing on each one's
+// barrier `bar` (shared::cta addresses of this CTA). A cluster of one CTA stores into its own shared
+// memory and completes the transaction by hand (compute-sanitizer rejects distributed shared
+// memory where a cluster has one CTA); the fence orders the store before the barrier's phase.
+template <class A> __device__ __forceinline__ void broadcast_pair(uint32_t slot, A m, A s, uint32_t bar, uint32_t csize) {
+  if (csize > 1) {
+    for (uint32_t r = 0; r < csize; ++r) send_pair(cluster_map(slot, r), m, s, cluster_map(bar, r));
+    return;
+  }
+  if constexpr (sizeof(A) == 4) {
+    asm volatile("st.shared::cta.v2.f32 [%0], {%1, %2};" ::"r"(slot), "f"(m), "f"(s) : "memory");
+  } else {
+    asm volatile("st.shared::cta.v2.f64 [%0], {%1, %2};" ::"r"(slot), "d"(m), "d"(s) : "memory");
+  }
+  asm volatile("fence.acq_rel.cta;" ::: "memory");
+  asm volatile("mbarrier.complete_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(uint32_t{2 * sizeof(A)})
+               : "memory");
+}
 
 // Single-copy atomic 64-bit messages between CTAs of a cooperative grid, through L2 (past L1).
 __device__ __forceinline__ void store_relaxed_gpu(uint64_t* p, uint64_t v) {
@@ -121,6 +139,14 @@ __device__ __forceinline__ uint64_t load_relaxed_gpu(const uint64_t* p) {
 // (shared::cluster address, see cluster_map) and a load of this CTA's own.
 __device__ __forceinline__ void store_relaxed_cluster(uint32_t addr, uint64_t v) {
   asm volatile("st.relaxed.cluster.shared::cluster.b64 [%0], %1;" ::"r"(addr), "l"(v) : "memory");
+}
+// The same store into every CTA of a cluster of `csize` (one CTA: its own shared memory, as above).
+__device__ __forceinline__ void store_relaxed_all(uint32_t addr, uint64_t v, uint32_t csize) {
+  if (csize == 1) {
+    asm volatile("st.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(addr), "l"(v) : "memory");
+    return;
+  }
+  for (uint32_t r = 0; r < csize; ++r) store_relaxed_cluster(cluster_map(addr, r), v);
 }
 __device__ __forceinline__ uint64_t load_relaxed_cluster(uint32_t addr) {
   uint64_t v;
