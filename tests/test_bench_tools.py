@@ -116,3 +116,33 @@ def test_perf_table_renders_every_result(path):
         out = subprocess.run([sys.executable, str(ROOT / "tools" / "perf_table.py"), str(path)] + extra,
                              capture_output=True, text=True, check=True).stdout
         assert out.count("\n| ") >= 2 and "softlight" in out
+
+
+def test_sass_loops_counts_each_loop_by_class():
+    """tools/sass_loops.py on a made-up listing: two functions, the second with a loop nested in
+    another; only the named function is read."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("sass_loops", ROOT / "tools" / "sass_loops.py")
+    sass = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sass)
+    listing = """
+        Function : _Z5otherv
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   BRA 0x0 ;
+        Function : _Z4hotv
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   LDS.128 R4, [R2] ;
+        /*0020*/                   MUFU.EX2 R5, R5 ;
+        /*0030*/                   FFMA R6, R5, R7, R8 ;
+        /*0040*/               @P0 BRA 0x10 ;
+        /*0050*/                   STG.E.128 desc[UR4][R2.64], R4 ;
+        /*0060*/              @!P1 BRA 0x0 ;
+        /*0070*/                   EXIT ;
+    """.split("\n")
+    (name, code), = [f for f in sass.functions(listing) if "hot" in f[0]]
+    assert name == "_Z4hotv" and len(code) == 8
+    found = list(sass.loops(code))
+    assert [(a, b, len(ops)) for a, b, ops in found] == [(0x10, 0x40, 4), (0x0, 0x60, 7)]
+    inner = found[0][2]
+    assert inner == ["LDS.128", "MUFU.EX2", "FFMA", "BRA"]
+    assert sum(o.startswith("STG") for o in found[1][2]) == 1
