@@ -37,6 +37,13 @@ int ring_slots_for(const DeviceInfo& d, int chunk) {
   return static_cast<int>((d.smem_per_block_optin - kClusterReserveBytes) / (chunk + 16));
 }
 
+// Cluster families: whether a row (tile) may be held once in the rings, where none holds it twice
+// (no overlap of one row's load with the last one's writing): only if asked, or where the rows are
+// too few for the clusters to cover the SMs.
+bool may_hold_once(int64_t rows, const Overrides& o, const DeviceInfo& d, int max_cluster) {
+  return o.exchange == 1 || rows * max_cluster < d.sm_count;
+}
+
 // max_group: 32, or kRegisterRowsMaxGroup where the row is read in 16-byte packs (the forward).
 Plan plan_warp_rows(const Problem& p, int vec, int max_group = 32, int min_iters = kWarpRowsMinIters) {
   Plan plan;
@@ -115,8 +122,7 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
     // `once`); of those, the group size that keeps the most SMs busy (the least CTAs per row where
     // it ties). Other rows go to the clusters, streamed.
     const int limit = o.cluster > 0 ? std::min(o.cluster, d.sm_count) : d.sm_count;
-    // Held once only if asked, or where rows are too few for the clusters to cover the SMs.
-    const bool once = o.exchange == 1 || p.rows * max_cluster < d.sm_count;
+    const bool once = may_hold_once(p.rows, o, d, max_cluster);
     for (int times = 2; times >= (once ? 1 : 2) && !chosen; --times) {
       int64_t best = 0;
       for (int c = o.cluster > 0 ? limit : 1; c <= limit; ++c) {
@@ -185,9 +191,8 @@ Plan plan_cluster_tiles(const AxisProblem& p, const DeviceInfo& d, const Overrid
   // every SM a CTA, else the largest.
   const int64_t tiles = p.outer * ceil_div(p.inner, w);
   int chosen = 0;
+  const bool once = may_hold_once(p.rows, o, d, max_cluster);
   for (int limit : {std::min(8, max_cluster), max_cluster}) {
-    // Held once only if asked, or where rows are too few for the clusters to cover the SMs.
-    const bool once = o.exchange == 1 || p.rows * max_cluster < d.sm_count;
     for (int times = 2; times >= (once ? 1 : 2) && !chosen; --times) {
       for (int c = 1; c <= limit; c *= 2) {
         if ((o.cluster > 0 && c != o.cluster) || times * ceil_div(chunks_per_tile, c) > slots(c)) continue;
