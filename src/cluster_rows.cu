@@ -261,7 +261,7 @@ template <class T, int U, bool Backward, bool Peel> struct ClusterCta {
       edges[1] = edge_pack(xr, g.t, g.end);
     }
     for (int64_t k = 0; k < my_chunks; ++k) {
-      mbar_wait(smem_addr(full + pos.slot), pos.phase);
+      mbar_wait_cta(smem_addr(full + pos.slot), pos.phase);
       const T* c = slot_data(pos.slot);
       const int vectors = static_cast<int>(bytes_of(k, interior) / 16);
       if constexpr (Backward) {
@@ -286,9 +286,10 @@ template <class T, int U, bool Backward, bool Peel> struct ClusterCta {
       // chain of additions per sum keeps very long rows accurate.
       const uint4* src = reinterpret_cast<const uint4*>(c);
       MaxSum<A> cp{neg_inf<A>(), A(0)};
-      const int full_steps = vectors / (U * group);
+      // Full steps while a whole step of the group fits (no division: the bound is a runtime value).
       int base = gtid;
-      for (int st = 0; st < full_steps; ++st, base += U * group) stats_step<true>(src, base, vectors, cp);
+      for (int done = 0; done + U * group <= vectors; done += U * group, base += U * group)
+        stats_step<true>(src, base, vectors, cp);
       if (base < vectors) stats_step<false>(src, base, vectors, cp);
       part = merge_max_sum(part, cp, f);
       if (!sh.resident) release(pos.slot);
@@ -358,12 +359,12 @@ template <class T, int U, bool Backward, bool Peel> struct ClusterCta {
     }
     for (int64_t step = 0; step < my_chunks; ++step) {
       const int64_t k = writers_chunk(step);
-      mbar_wait(smem_addr(full + pos.slot), pos.phase);  // long complete when resident
+      mbar_wait_cta(smem_addr(full + pos.slot), pos.phase);  // long complete when resident
       const T* c = slot_data(pos.slot);
       T* out = dst + k * (sh.chunk_bytes / int64_t{sizeof(T)});
       const int vectors = static_cast<int>(bytes_of(k, interior) / 16);
       if constexpr (Backward) {
-        mbar_wait(smem_addr(aux_full + apos.slot), apos.phase);
+        mbar_wait_cta(smem_addr(aux_full + apos.slot), apos.phase);
         const T* yc = reinterpret_cast<const T*>(aux + size_t(apos.slot) * sh.chunk_bytes);
         for (int base = gtid; base < vectors; base += U * group) {
           A g[U][V], v[U][V];
@@ -391,9 +392,9 @@ template <class T, int U, bool Backward, bool Peel> struct ClusterCta {
       }
       const uint4* src = reinterpret_cast<const uint4*>(c);
       uint4* o = reinterpret_cast<uint4*>(out);
-      const int full_steps = vectors / (U * group);
       int base = gtid;
-      for (int st = 0; st < full_steps; ++st, base += U * group) write_step<true>(src, o, base, vectors, row.m, log_sum);
+      for (int done = 0; done + U * group <= vectors; done += U * group, base += U * group)
+        write_step<true>(src, o, base, vectors, row.m, log_sum);
       if (base < vectors) write_step<false>(src, o, base, vectors, row.m, log_sum);
       release(pos.slot);
       pos.advance(sh.ring_slots);
@@ -481,7 +482,7 @@ cluster_rows_kernel(const T* __restrict__ x, int64_t xs, const T* __restrict__ a
           reinterpret_cast<const unsigned char*>(aux + row * as) + cta.first_chunk * sh.chunk_bytes;
       for (int64_t step = 0; step < cta.my_chunks; ++step) {
         const int64_t k = cta.writers_chunk(step);
-        mbar_wait(smem_addr(cta.aux_empty + pos.slot), pos.phase ^ 1);
+        mbar_wait_cta(smem_addr(cta.aux_empty + pos.slot), pos.phase ^ 1);
         const uint32_t bytes = cta.bytes_of(k, cta.row_bytes);
         mbar_arrive_expect_tx(smem_addr(cta.aux_full + pos.slot), bytes);
         bulk_load(smem_addr(cta.aux + size_t(pos.slot) * sh.chunk_bytes), src + k * sh.chunk_bytes, bytes,
@@ -503,7 +504,7 @@ cluster_rows_kernel(const T* __restrict__ x, int64_t xs, const T* __restrict__ a
       for (int pass = 0; pass < (sh.resident ? 1 : 2); ++pass) {
         for (int64_t step = 0; step < cta.my_chunks; ++step) {
           const int64_t k = pass == 0 ? step : cta.writers_chunk(step);
-          mbar_wait(smem_addr(cta.empty + pos.slot), pos.phase ^ 1);
+          mbar_wait_cta(smem_addr(cta.empty + pos.slot), pos.phase ^ 1);
           const uint32_t bytes = cta.bytes_of(k, interior);
           mbar_arrive_expect_tx(smem_addr(cta.full + pos.slot), bytes);
           const uint32_t dst = smem_addr(cta.ring + size_t(pos.slot) * sh.chunk_bytes);

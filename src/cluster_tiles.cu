@@ -80,7 +80,7 @@ template <class T> struct TileCta {
 #pragma unroll
     for (int j = 0; j < V; ++j) part[j] = {neg_inf<A>(), A(0)};
     for (int64_t k = 0; k < my_chunks; ++k) {
-      mbar_wait(smem_addr(full + pos.slot), pos.phase);
+      mbar_wait_cta(smem_addr(full + pos.slot), pos.phase);
       const T* c = reinterpret_cast<const T*>(ring + size_t(pos.slot) * sh.chunk_bytes);
       const int n = rows_of(k) * vw;
       if (live) {
@@ -170,7 +170,7 @@ template <class T> struct TileCta {
     const int64_t row_step = int64_t{group / vw} * sh.ys_dim;
     T* const col = y + o * sh.ys_outer + c0 + cv * V + int64_t{gtid / vw} * sh.ys_dim;
     for (int64_t k = 0; k < my_chunks; ++k) {
-      mbar_wait(smem_addr(full + pos.slot), pos.phase);
+      mbar_wait_cta(smem_addr(full + pos.slot), pos.phase);
       const T* c = reinterpret_cast<const T*>(ring + size_t(pos.slot) * sh.chunk_bytes);
       const int n = rows_of(k) * vw;
       T* out = col + (first_chunk + k) * sh.rows_per_chunk * sh.ys_dim;
@@ -261,7 +261,7 @@ cluster_tiles_kernel(const __grid_constant__ CUtensorMap xmap, T* __restrict__ y
       for (int64_t k = 0; k < cta.my_chunks; ++k) {
         const int d0 = static_cast<int>((cta.first_chunk + k) * sh.rows_per_chunk);
         const uint32_t full = smem_addr(cta.full + pos.slot);
-        mbar_wait(smem_addr(cta.empty + pos.slot), pos.phase ^ 1);
+        mbar_wait_cta(smem_addr(cta.empty + pos.slot), pos.phase ^ 1);
         mbar_arrive_expect_tx(full, static_cast<uint32_t>(sh.chunk_bytes));
         const uint32_t dst = smem_addr(cta.ring + size_t(pos.slot) * sh.chunk_bytes);
         if (sh.hints & 1) {
