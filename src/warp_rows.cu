@@ -253,19 +253,27 @@ warp_rows_backward_kernel(const T* __restrict__ dy, int64_t dys, const T* __rest
   }
 }
 
+// Calls f(std::integral_constant<int, N>{}) for the count n the planner chose, one of 1, 2, 4, 8
+// (the unroll counts the kernels are built for); any other is an error.
+template <class F> cudaError_t with_count(int n, F&& f) {
+  switch (n) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 8: return f(std::integral_constant<int, 8>{});
+  }
+  return cudaErrorInvalidValue;
+}
+
 template <class T, int V>
 cudaError_t launch_backward_iters(const Plan& p, const AxisCall& a, cudaStream_t stream) {
-  using Kernel = void (*)(const T*, int64_t, const T*, int64_t, T*, int64_t, int64_t, int, int);
-  Kernel k = p.iters == 1   ? warp_rows_backward_kernel<T, V, 1>
-             : p.iters == 2 ? warp_rows_backward_kernel<T, V, 2>
-             : p.iters == 4 ? warp_rows_backward_kernel<T, V, 4>
-             : p.iters == 8 ? warp_rows_backward_kernel<T, V, 8>
-                            : nullptr;
-  if (k == nullptr) return cudaErrorInvalidValue;
-  k<<<static_cast<unsigned>(p.grid), p.threads, 0, stream>>>(
-      static_cast<const T*>(a.in0), a.in0_s[0], static_cast<const T*>(a.in1), a.in1_s[0],
-      static_cast<T*>(a.out), a.out_s[0], a.n[0], static_cast<int>(a.n[1]), p.group);
-  return cudaGetLastError();
+  return with_count(p.iters, [&](auto iters) {
+    constexpr int kIters = decltype(iters)::value;
+    warp_rows_backward_kernel<T, V, kIters><<<static_cast<unsigned>(p.grid), p.threads, 0, stream>>>(
+        static_cast<const T*>(a.in0), a.in0_s[0], static_cast<const T*>(a.in1), a.in1_s[0],
+        static_cast<T*>(a.out), a.out_s[0], a.n[0], static_cast<int>(a.n[1]), p.group);
+    return cudaGetLastError();
+  });
 }
 
 // Rows of one element: the same algebra, eight rows per thread in flight (one row per lane and
@@ -364,19 +372,19 @@ cudaError_t launch_iters(const Plan& p, const RowsArgs& a, cudaStream_t stream) 
   constexpr bool kPacked = sizeof(T) * V == 16;
   using Kernel = void (*)(const T*, int64_t, T*, int64_t, int64_t, int, int, acc_t<T>, acc_t<T>*);
   Kernel k = nullptr;
-  if (kPacked && p.rows_per_lane > 0)
-    k = p.rows_per_lane == 1   ? short_rows_kernel<T, 1>
-        : p.rows_per_lane == 2 ? short_rows_kernel<T, 2>
-        : p.rows_per_lane == 4 ? short_rows_kernel<T, 4>
-        : p.rows_per_lane == 8 ? short_rows_kernel<T, 8>
-                               : nullptr;
-  else
-    k = p.iters == 1   ? (kPacked ? rows_in_registers_kernel<T, 1> : warp_rows_kernel<T, V, 1>)
-        : p.iters == 2 ? (kPacked ? rows_in_registers_kernel<T, 2> : warp_rows_kernel<T, V, 2>)
-        : p.iters == 4 ? (kPacked ? rows_in_registers_kernel<T, 4> : warp_rows_kernel<T, V, 4>)
-        : p.iters == 8 ? (kPacked ? rows_in_registers_kernel<T, 8> : warp_rows_kernel<T, V, 8>)
-                       : nullptr;
-  if (k == nullptr) return cudaErrorInvalidValue;
+  const cudaError_t chosen =
+      kPacked && p.rows_per_lane > 0
+          ? with_count(p.rows_per_lane, [&](auto n) {
+              k = short_rows_kernel<T, decltype(n)::value>;
+              return cudaSuccess;
+            })
+          : with_count(p.iters, [&](auto n) {
+              constexpr int kIters = decltype(n)::value;
+              if constexpr (kPacked) k = rows_in_registers_kernel<T, kIters>;
+              else k = warp_rows_kernel<T, V, kIters>;
+              return cudaSuccess;
+            });
+  if (chosen != cudaSuccess) return chosen;
   const int length = static_cast<int>(kPacked ? a.cols / V : a.cols);
   k<<<static_cast<unsigned>(p.grid), p.threads, 0, stream>>>(static_cast<const T*>(a.x), a.x_stride,
                                                              static_cast<T*>(a.y), a.y_stride, a.rows, length,
