@@ -12,8 +12,9 @@
 // So the DRAM sees reads and writes all the time, and the cluster exchange of a row is hidden
 // behind the writing of the row before it. Resident: the slice fits the ring and is read once
 // (the planner prefers clusters wide enough for two slices). Streamed: the slice outgrows the
-// ring and the producer sends each chunk twice, once to each group, the second time from the
-// slice's end backwards (writers_chunk).
+// ring; the statistics pass leaves its last ring's worth of chunks in the ring for the writers,
+// and the producer sends the slice's other chunks a second time, for the writers, from the last
+// backwards (kept, writers_chunk).
 //
 // Grid groups: where `exchange` is set, the C CTAs of a row are consecutive CTAs of a cooperative
 // grid (every CTA resident at once), not a cluster: any group size, so every SM can take part (7
@@ -108,6 +109,11 @@ template <class T, int U, bool Backward, bool Peel> struct ClusterCta {
   int group;                    // threads per consumer group
   int gtid, lane;               // thread index within its group, lane
   int64_t first_chunk, my_chunks, row_bytes;
+  // Streamed: the statistics pass's last `kept` chunks (a ring's worth) stay in the ring for the
+  // writers, who take them first, in the ring's order, and then the others, sent again, from the
+  // last backwards. Only those are read twice, and from L2 the likelier for it (rows of 1 M fp32
+  // in 16-CTA clusters: 1.24 -> 1.16 x copy; docs/design.md).
+  int64_t kept;
   A scale;
 
   // Peeled rows: the ring carries a row's interior, from its first 16-byte boundary
@@ -122,7 +128,9 @@ template <class T, int U, bool Backward, bool Peel> struct ClusterCta {
   }
   // The chunk that the writers' pass takes at its k-th step. Streamed, it walks the slice
   // backwards: the chunks the statistics pass read last are the likeliest to be in L2 still.
-  __device__ __forceinline__ int64_t writers_chunk(int64_t k) const { return sh.resident ? k : my_chunks - 1 - k; }
+  __device__ __forceinline__ int64_t writers_chunk(int64_t k) const {
+    return sh.resident ? k : k < kept ? my_chunks - kept + k : my_chunks - 1 - k;
+  }
   __device__ __forceinline__ uint32_t bytes_of(int64_t k, int64_t interior) const {
     return static_cast<uint32_t>(min(int64_t{sh.chunk_bytes}, interior - (first_chunk + k) * sh.chunk_bytes));
   }
@@ -278,7 +286,7 @@ template <class T, int U, bool Backward, bool Peel> struct ClusterCta {
           }
         }
         part.s += s;
-        if (!sh.resident) release(pos.slot);
+        if (!sh.resident && k < my_chunks - kept) release(pos.slot);
         pos.advance(sh.ring_slots);
         continue;
       }
@@ -292,10 +300,10 @@ template <class T, int U, bool Backward, bool Peel> struct ClusterCta {
         stats_step<true>(src, base, vectors, cp);
       if (base < vectors) stats_step<false>(src, base, vectors, cp);
       part = merge_max_sum(part, cp, f);
-      if (!sh.resident) release(pos.slot);
+      if (!sh.resident && k < my_chunks - kept) release(pos.slot);
       pos.advance(sh.ring_slots);
     }
-    if (!sh.resident) pos.advance(sh.ring_slots, my_chunks);  // the writers' pass of this row
+    if (!sh.resident) pos.advance(sh.ring_slots, my_chunks - kept);  // the writers' sends of this row
     if (edge_thread) fold<2>(edges, part);
     part = block_max_sum(part, scratch, group, kBar, f);
     if (table != nullptr) {
@@ -317,7 +325,7 @@ template <class T, int U, bool Backward, bool Peel> struct ClusterCta {
                                         const T* xr, T* yr) const {
     const int64_t head = head_bytes(xr), interior = interior_bytes(head);
     T* dst = reinterpret_cast<T*>(reinterpret_cast<unsigned char*>(yr) + head + first_chunk * sh.chunk_bytes);
-    if (!sh.resident) pos.advance(sh.ring_slots, my_chunks);  // the statistics pass of this row
+    if (!sh.resident) pos.advance(sh.ring_slots, my_chunks - kept);  // the statistics pass, but what it kept
     // Lane r takes the partials of CTAs r, r + 32, ...; five shuffle steps merge the lanes' (a
     // serial merge of 16 is long enough to show at the founding shape, and the writers wait on it
     // once per row).
@@ -443,6 +451,7 @@ cluster_rows_kernel(const T* __restrict__ x, int64_t xs, const T* __restrict__ a
   cta.row_bytes = cols * int64_t{sizeof(T)};
   cta.first_chunk = int64_t{cta.rank} * sh.chunks_per_cta;
   cta.my_chunks = max(int64_t{0}, min(sh.chunks_per_cta, sh.chunks_per_row - cta.first_chunk));
+  cta.kept = sh.resident ? 0 : min(cta.my_chunks, int64_t{sh.ring_slots});
   cta.cluster_id = blockIdx.x / cta.csize;
   cta.clusters = gridDim.x / cta.csize;
 
@@ -502,7 +511,7 @@ cluster_rows_kernel(const T* __restrict__ x, int64_t xs, const T* __restrict__ a
       const unsigned char* src =
           reinterpret_cast<const unsigned char*>(x + row * xs) + head + cta.first_chunk * sh.chunk_bytes;
       for (int pass = 0; pass < (sh.resident ? 1 : 2); ++pass) {
-        for (int64_t step = 0; step < cta.my_chunks; ++step) {
+        for (int64_t step = pass == 0 ? 0 : cta.kept; step < cta.my_chunks; ++step) {
           const int64_t k = pass == 0 ? step : cta.writers_chunk(step);
           mbar_wait_cta(smem_addr(cta.empty + pos.slot), pos.phase ^ 1);
           const uint32_t bytes = cta.bytes_of(k, interior);

@@ -549,6 +549,29 @@ def test_many_streamed_rows_per_cluster(monkeypatch, dtype):
     run_and_check(x, dtype, f"{p}")
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("extra", [1, 9])
+@pytest.mark.parametrize("peeled", [False, True])
+def test_streamed_slices_keep_a_ring_for_the_writers(monkeypatch, dtype, extra, peeled):
+    """Streamed rows: the statistics pass leaves its last ring's worth of chunks for the writers,
+    and the slice's other chunks are sent again. Slices of one chunk more than the ring, and of
+    several more, in 16-CTA clusters; rows on 16 bytes and rows whose edges are peeled."""
+    monkeypatch.setenv("SOFTLIGHT_EXCHANGE", "0")
+    monkeypatch.setenv("SOFTLIGHT_CLUSTER", "16")
+    e = ELEM[dtype]
+    p0 = planned(8, 4_194_304, dtype)
+    cols = 16 * (p0["ring_slots"] + extra) * p0["chunk_bytes"] // e - (3 if peeled else 0)
+    x = random_rows(12, cols, dtype)
+    x[0, 5] = float("nan")
+    x[1, -2] = float("inf")
+    x[2, :] = float("-inf")
+    # (x and y from torch's allocator: rows off 16 bytes are off alike, so the library peels them)
+    p = _C.plan(12, cols, e, not peeled, **device_plan_args(), cluster=16, exchange=0, peelable=peeled)
+    assert p["family"] == "cluster_rows" and p["cluster"] == 16 and not p["resident"], p
+    assert p["chunks_per_cta"] == p0["ring_slots"] + extra and p["peel"] == peeled, p
+    run_and_check(x, dtype, f"{p}")
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("cols", [1, 7, 1000, 4096, 8192, 50257, 393216, 1048576, 4194304])
 def test_temperature_and_lse(cols, dtype):
