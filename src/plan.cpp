@@ -113,9 +113,15 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
   // clusters where those hold the row twice (the founding shape), slower for 16-bit rows, whose
   // shorter rows expose the exchange through L2, equal for the backward, and slower than streamed
   // clusters where a group of every SM holds the row only once (4 M fp32, 64 rows: 1.77 x against
-  // 1.62 x), unless the rows are too few for the clusters to keep every SM busy.
+  // 1.62 x), unless the rows are too few for the clusters to keep every SM busy. Nor (rows enough)
+  // where the widest clusters stream rows keeping at least 3/4 of each slice in the ring, so that
+  // only the rest is read twice: rows of 1 M fp32 1.16 x copy there against 1.23 x in groups; at
+  // 5/8 of the slice kept and below the groups were ahead (docs/design.md).
   // Partials are traded as fp32 pairs: never for float64.
-  const bool grid_default = p.elem_bytes == 4 && !backward && cluster_twice == 0;
+  const int64_t widest = slice(max_cluster);
+  const bool streamed_keeps_most = widest > plan.ring_slots && 4 * int64_t{plan.ring_slots} >= 3 * widest;
+  const bool grid_default = p.elem_bytes == 4 && !backward && cluster_twice == 0 &&
+                            (!streamed_keeps_most || may_hold_once(p.rows, o, d, max_cluster));
   plan.grid_exchange = (o.exchange >= 0 ? o.exchange == 1 : grid_default) && d.sm_count > 0 && p.elem_bytes <= 4;
   if (plan.grid_exchange) {
     // Groups of a cooperative grid, one CTA per SM: a slice that fits twice, else once (see

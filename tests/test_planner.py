@@ -134,7 +134,8 @@ def test_founding_shape_on_h200():
     assert q["grid_exchange"] and q["cluster"] == 22 and q["chunks_per_cta"] == 5 and q["double_buffered"]
 
 
-@pytest.mark.parametrize("rows,cols,group,per_cta,twice", [(4096, 1048576, 44, 6, True), (4, 4194304, 132, 8, False)])
+@pytest.mark.parametrize("rows,cols,group,per_cta,twice", [(4096, 1572864, 66, 6, True), (4096, 1245184, 44, 7, True),
+                                                      (4, 4194304, 132, 8, False)])
 def test_grid_groups_for_fp32_rows_no_cluster_holds_twice(rows, cols, group, per_cta, twice):
     p = plan(rows, cols)
     assert (p["grid_exchange"], p["cluster"], p["chunks_per_cta"], p["double_buffered"]) == (True, group, per_cta, twice)
@@ -142,6 +143,18 @@ def test_grid_groups_for_fp32_rows_no_cluster_holds_twice(rows, cols, group, per
     assert (132 // group) * group == 132  # every SM busy
     # Fewer rows than groups: the group widens so that the rows still cover the SMs.
     assert plan(2, 1048576)["cluster"] == 66
+
+
+def test_streamed_clusters_where_they_keep_most_of_each_slice():
+    # Rows whose 16-CTA slices outgrow the ring by at most a third: the clusters keep 3/4 of each
+    # slice in the ring and read the rest twice, which beat grid groups (fp32, 1 M columns: 16
+    # chunks a CTA, 14 kept). One chunk more a CTA (under 3/4 kept) and the groups take them again.
+    p = plan(4096, 1048576)
+    assert p["family"] == "cluster_rows" and not p["grid_exchange"] and p["cluster"] == 16
+    assert not p["resident"] and p["chunks_per_cta"] == 16 and p["ring_slots"] == 14 and p["claim_rows"]
+    assert plan(4096, 16 * 18 * 4096)["chunks_per_cta"] == 18 and not plan(4096, 16 * 18 * 4096)["grid_exchange"]
+    assert plan(4096, 16 * 19 * 4096)["grid_exchange"]
+    assert plan(2, 1048576)["grid_exchange"]  # too few rows for the clusters to cover the SMs
 
 
 def test_clusters_claim_their_rows():
@@ -152,7 +165,7 @@ def test_clusters_claim_their_rows():
         p = plan(4096, cols, dtype)
         assert p["family"] == "cluster_rows" and not p["grid_exchange"] and p["claim_rows"]
         assert not plan(4096, cols, dtype, claim=0)["claim_rows"]  # the knob turns it off
-    assert not plan(4096, 1048576)["claim_rows"]  # grid groups
+    assert not plan(4096, 1572864)["claim_rows"]  # grid groups
     assert plan_axis(4096, 393216, backward=True)["claim_rows"]
     assert not plan(4096, 1000)["claim_rows"]  # other families
 
