@@ -109,10 +109,11 @@ template <class T, int U, bool Backward, bool Peel> struct ClusterCta {
   int group;                    // threads per consumer group
   int gtid, lane;               // thread index within its group, lane
   int64_t first_chunk, my_chunks, row_bytes;
-  // Streamed: the statistics pass's last `kept` chunks (a ring's worth) stay in the ring for the
-  // writers, who take them first, in the ring's order, and then the others, sent again, from the
-  // last backwards. Only those are read twice, and from L2 the likelier for it (rows of 1 M fp32
-  // in 16-CTA clusters: 1.24 -> 1.16 x copy; docs/design.md).
+  // Streamed forward: the statistics pass's last `kept` chunks (a ring's worth) stay in the ring
+  // for the writers, who take them first, in the ring's order, and then the others, sent again,
+  // from the last backwards. Only those are read twice, and from L2 the likelier for it (rows of
+  // 1 M fp32 in 16-CTA clusters: 1.24 -> 1.16 x copy; docs/design.md). The backward keeps none: it
+  // measured 1-3 % slower keeping them (rows of 4 M, fp32 and bf16).
   int64_t kept;
   A scale;
 
@@ -451,7 +452,7 @@ cluster_rows_kernel(const T* __restrict__ x, int64_t xs, const T* __restrict__ a
   cta.row_bytes = cols * int64_t{sizeof(T)};
   cta.first_chunk = int64_t{cta.rank} * sh.chunks_per_cta;
   cta.my_chunks = max(int64_t{0}, min(sh.chunks_per_cta, sh.chunks_per_row - cta.first_chunk));
-  cta.kept = sh.resident ? 0 : min(cta.my_chunks, int64_t{sh.ring_slots});
+  cta.kept = sh.resident || Backward ? 0 : min(cta.my_chunks, int64_t{sh.ring_slots});
   cta.cluster_id = blockIdx.x / cta.csize;
   cta.clusters = gridDim.x / cta.csize;
 
