@@ -61,31 +61,25 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t byt
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
                : "memory");
 }
-// Acquires at cluster scope: a barrier may complete on writes from other CTAs (st.async).
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+// Waits for the phase of `parity` to complete, acquiring at the scope `kScope` names: "cluster"
+// where a barrier may complete on writes from other CTAs (st.async); "cta" for a ring's barriers,
+// which only this CTA's threads and its own bulk copies complete (cluster scope also invalidates
+// L1 after each wait).
+#define SOFTLIGHT_TRY_WAIT(scope)                                                         \
+  "{ .reg .pred p; mbarrier.try_wait.parity.acquire." scope ".shared::cta.b64 p, [%1], %2; " \
+  "selp.u32 %0, 1, 0, p; }"
+template <bool kCta> __device__ __forceinline__ void mbar_wait_at(uint32_t bar, uint32_t parity) {
   uint32_t done;
   do {
-    asm volatile(
-        "{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2; "
-        "selp.u32 %0, 1, 0, p; }"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
+    if constexpr (kCta)
+      asm volatile(SOFTLIGHT_TRY_WAIT("cta") : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    else
+      asm volatile(SOFTLIGHT_TRY_WAIT("cluster") : "=r"(done) : "r"(bar), "r"(parity) : "memory");
   } while (!done);
 }
-// Acquires at CTA scope: for a ring's barriers, which only this CTA's threads and its own bulk
-// copies complete (cluster scope also invalidates L1 after each wait).
-__device__ __forceinline__ void mbar_wait_cta(uint32_t bar, uint32_t parity) {
-  uint32_t done;
-  do {
-    asm volatile(
-        "{ .reg .pred p; mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2; "
-        "selp.u32 %0, 1, 0, p; }"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-}
+#undef SOFTLIGHT_TRY_WAIT
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) { mbar_wait_at<false>(bar, parity); }
+__device__ __forceinline__ void mbar_wait_cta(uint32_t bar, uint32_t parity) { mbar_wait_at<true>(bar, parity); }
 __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes,
                                           uint32_t bar) {
   asm volatile(
