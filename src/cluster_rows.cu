@@ -127,8 +127,9 @@ template <class T, int U, bool Backward, bool Peel> struct ClusterCta {
   __device__ __forceinline__ int64_t interior_bytes(int64_t head) const {
     return Peel ? (row_bytes - head) & ~int64_t{15} : row_bytes;
   }
-  // The chunk that the writers' pass takes at its k-th step. Streamed, it walks the slice
-  // backwards: the chunks the statistics pass read last are the likeliest to be in L2 still.
+  // The chunk that the writers' pass takes at its k-th step. Streamed: first the `kept` ones, in
+  // the ring's order, then the others from the last backwards (the chunks the statistics pass
+  // read last are the likeliest to be in L2 still).
   __device__ __forceinline__ int64_t writers_chunk(int64_t k) const {
     return sh.resident ? k : k < kept ? my_chunks - kept + k : my_chunks - 1 - k;
   }
