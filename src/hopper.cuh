@@ -61,10 +61,10 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t byt
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
                : "memory");
 }
-// Waits for the phase of `parity` to complete, acquiring at the scope `kScope` names: "cluster"
-// where a barrier may complete on writes from other CTAs (st.async); "cta" for a ring's barriers,
-// which only this CTA's threads and its own bulk copies complete (cluster scope also invalidates
-// L1 after each wait).
+// Waits for the phase of `parity` to complete, acquiring at cluster scope (mbar_wait) where a
+// barrier may complete on writes from other CTAs (st.async), at CTA scope (kCta, mbar_wait_cta)
+// for a ring's barriers, which only this CTA's threads and its own bulk copies complete (cluster
+// scope also invalidates L1 after each wait).
 #define SOFTLIGHT_TRY_WAIT(scope)                                                         \
   "{ .reg .pred p; mbarrier.try_wait.parity.acquire." scope ".shared::cta.b64 p, [%1], %2; " \
   "selp.u32 %0, 1, 0, p; }"
