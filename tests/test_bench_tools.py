@@ -146,3 +146,29 @@ def test_sass_loops_counts_each_loop_by_class():
     inner = found[0][2]
     assert inner == ["LDS.128", "MUFU.EX2", "FFMA", "BRA"]
     assert sum(o.startswith("STG") for o in found[1][2]) == 1
+
+
+def test_ab_builds_summary_takes_medians_over_rounds(tmp_path, capsys):
+    """tools/ab_builds.py summary: per shape and build, the median time over the rounds, its ratio
+    to the median floor of the same build, the largest error of any round; a build missing at a
+    shape shows '-'; lines other than RESULT are skipped."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("ab_builds", ROOT / "tools" / "ab_builds.py")
+    ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ab)
+    f = tmp_path / "ab.txt"
+    rounds = [("old", {"8x4096:float32": [0.5, 0.60, 1e-6], "8x4096:float32:backward": [0.8, 1.2, 2e-6]}),
+              ("new", {"8x4096:float32": [0.5, 0.55, 3e-6]}),
+              ("old", {"8x4096:float32": [0.4, 0.50, 4e-6], "8x4096:float32:backward": [0.8, 1.0, 1e-6]}),
+              ("new", {"8x4096:float32": [0.5, 0.52, 1e-6]}),
+              ("old", {"8x4096:float32": [0.9, 0.95, 1e-6], "8x4096:float32:backward": [0.8, 1.6, 1e-6]})]
+    f.write_text("build rc 0\n" + "".join(f"RESULT {label} {json.dumps(r)}\n" for label, r in rounds))
+    ab.summary(str(f))
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:3] == ["shape", "new", "old"]
+    fwd, = [line.split() for line in lines if line.startswith("8x4096:float32 ")]
+    # new: times 0.55, 0.52 -> 0.535 over floors 0.5 -> 1.070; old: times 0.60, 0.50, 0.95 -> 0.60 over
+    # floors 0.5, 0.4, 0.9 -> 0.5 (means would give 0.683 and 0.6), largest error 4e-06
+    assert fwd[1:] == ["0.5350", "1.070x", "3e-06", "0.6000", "1.200x", "4e-06"]
+    bwd, = [line.split() for line in lines if line.startswith("8x4096:float32:backward")]
+    assert bwd[1:] == ["-", "1.2000", "1.500x", "2e-06"]

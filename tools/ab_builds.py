@@ -1,4 +1,4 @@
-"""Builds of softlight against each other, one process per build and round, each timing a copy and
+"""Builds of softlight against each other, one process per build and round, each timing a floor and
 softlight at every shape (a few rows spot-checked against float64 first):
 
     PYTHONPATH=/tmp/b_old python tools/ab_builds.py time old "3906250x128:bfloat16,61035x4096:float32" >> ab.txt
@@ -6,8 +6,12 @@ softlight at every shape (a few rows spot-checked against float64 first):
     (repeat the pair over rounds)
     python tools/ab_builds.py summary ab.txt
 
-`time` prints one RESULT line: label and {shape: [copy ms, softlight ms, largest spot-check error]};
-`summary` prints, per shape and build, the median over rounds and its ratio to the copy of the same
+A shape is rows x cols:dtype, the forward, whose floor is a copy of the same bytes; or
+rows x cols:dtype:backward (dx from dy and y), whose floor is torch.add(dy, y, out=dx): two
+tensors read and one written, as the backward moves.
+
+`time` prints one RESULT line: label and {shape: [floor ms, softlight ms, largest spot-check error]};
+`summary` prints, per shape and build, the median over rounds and its ratio to the floor of the same
 process. Needs torch for the inputs; times with cuda.core events.
 """
 import collections
@@ -26,25 +30,42 @@ def time_builds(label, spec):
     ext = torch.cuda.ExternalStream(gpu.handle)
     out = {}
     for item in spec.split(","):
-        shape, dtype = item.split(":")
+        shape, dtype, *op = item.split(":")
+        backward = op == ["backward"]
         rows, cols = map(int, shape.split("x"))
         with torch.cuda.stream(ext):
             x = (torch.randn(rows, cols, device="cuda") * 3).to(getattr(torch, dtype))
             y = torch.full_like(x, float("nan"))
+            # backward: x is dy, fwd the forward's output; y receives dx
+            fwd = torch.log_softmax(torch.randn_like(x, dtype=torch.float32) * 3, 1).to(x.dtype) if backward else None
         ext.synchronize()
-        nbytes = x.numel() * x.element_size()
 
-        def run():
-            softlight.log_softmax_raw(x.data_ptr(), y.data_ptr(), rows, cols, dtype=dtype, stream=gpu.handle)
+        if backward:
+            def run():
+                softlight.log_softmax_backward(x, fwd, grad_in=y, stream=gpu.handle)
+
+            def floor():
+                torch.add(x, fwd, out=y)
+        else:
+            def run():
+                softlight.log_softmax_raw(x.data_ptr(), y.data_ptr(), rows, cols, dtype=dtype, stream=gpu.handle)
+
+            def floor():
+                gpu.copy(y.data_ptr(), x.data_ptr(), x.numel() * x.element_size())
         run()
         gpu.sync()
         idx = torch.randint(0, rows, (64,), device="cuda")
-        err = float((y[idx].double() - torch.log_softmax(x[idx].double(), 1)).abs().max())
+        if backward:
+            dy, f = x[idx].double(), fwd[idx].double()
+            ref = dy - f.exp() * dy.sum(1, keepdim=True)
+        else:
+            ref = torch.log_softmax(x[idx].double(), 1)
+        err = float((y[idx].double() - ref).abs().max())
         with torch.cuda.stream(ext):
-            copy_ms = gpu.time_ms(lambda: gpu.copy(y.data_ptr(), x.data_ptr(), nbytes), 2, 10)
+            floor_ms = gpu.time_ms(floor, 2, 10)
             ms = gpu.time_ms(run, 2, 10)
-        out[item] = (copy_ms, ms, err)
-        del x, y
+        out[item] = (floor_ms, ms, err)
+        del x, y, fwd
         torch.cuda.empty_cache()
     print("RESULT", label, json.dumps(out), flush=True)
 
@@ -57,7 +78,7 @@ def summary(path):
             for k, v in json.loads(js).items():
                 res[k][label].append(v)
     labels = sorted({label for k in res for label in res[k]})
-    print(f"{'shape':28s}" + "".join(f"{label:>22s}" for label in labels) + "   (ms, x copy, largest error)")
+    print(f"{'shape':28s}" + "".join(f"{label:>22s}" for label in labels) + "   (ms, x floor, largest error)")
     for k, by in res.items():
         row = f"{k:28s}"
         for label in labels:
