@@ -27,6 +27,25 @@ def set_knobs(setting):
         os.environ["SOFTLIGHT_" + k] = v
 
 
+def problem(rows, cols, dtype, op, gpu, ext):
+    """One problem on `gpu`'s stream (`ext`, torch's view of it): x (dy for the backward), y (the
+    forward's output from x, backward only), out (all NaN), softlight's call and its floor (forward: a copy
+    of the same bytes; backward: torch.add(dy, y, out=dx), two tensors read and one written)."""
+    with torch.cuda.stream(ext):
+        x = (torch.randn(rows, cols, device="cuda") * 3).to(getattr(torch, dtype))
+        y = torch.log_softmax(x.float(), -1).to(x.dtype) if op == "backward" else None
+        out = torch.full_like(x, float("nan"))  # poisoned: a call that writes nothing shows
+    ext.synchronize()
+    if op == "backward":
+        run = lambda: softlight.log_softmax_backward(x, y, grad_in=out, stream=gpu.handle)  # noqa: E731
+        floor = lambda: torch.add(x, y, out=out)  # noqa: E731
+    else:
+        run = lambda: softlight.log_softmax_raw(x.data_ptr(), out.data_ptr(), rows, cols,  # noqa: E731
+                                                dtype=dtype, stream=gpu.handle)
+        floor = lambda: gpu.copy(out.data_ptr(), x.data_ptr(), x.numel() * x.element_size())  # noqa: E731
+    return x, y, out, run, floor
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("shape")
@@ -39,18 +58,7 @@ def main():
     rows, cols = map(int, a.shape.split("x"))
     gpu = Gpu(0)
     ext = torch.cuda.ExternalStream(gpu.handle)
-    with torch.cuda.stream(ext):
-        x = (torch.randn(rows, cols, device="cuda") * 3).to(getattr(torch, a.dtype))
-        y = torch.log_softmax(x.float(), -1).to(x.dtype) if a.op == "backward" else None
-        out = torch.empty_like(x)
-    ext.synchronize()
-    if a.op == "backward":
-        run = lambda: softlight.log_softmax_backward(x, y, grad_in=out, stream=gpu.handle)  # noqa: E731
-        floor = lambda: torch.add(x, y, out=out)  # noqa: E731
-    else:
-        run = lambda: softlight.log_softmax_raw(x.data_ptr(), out.data_ptr(), rows, cols,  # noqa: E731
-                                                dtype=a.dtype, stream=gpu.handle)
-        floor = lambda: gpu.copy(out.data_ptr(), x.data_ptr(), x.numel() * x.element_size())  # noqa: E731
+    x, y, out, run, floor = problem(rows, cols, a.dtype, a.op, gpu, ext)
     times = {s: [] for s in a.settings}
     floors = []
     for _ in range(a.rounds):

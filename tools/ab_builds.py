@@ -24,48 +24,30 @@ import numpy as np
 def time_builds(label, spec):
     import torch
 
-    import softlight
+    from ab import problem  # tools/ab.py: the problem and its floor
     from softlight._device import Gpu
     gpu = Gpu(0)
     ext = torch.cuda.ExternalStream(gpu.handle)
     out = {}
     for item in spec.split(","):
         shape, dtype, *op = item.split(":")
-        backward = op == ["backward"]
+        op = op[0] if op else "forward"
         rows, cols = map(int, shape.split("x"))
-        with torch.cuda.stream(ext):
-            x = (torch.randn(rows, cols, device="cuda") * 3).to(getattr(torch, dtype))
-            y = torch.full_like(x, float("nan"))
-            # backward: x is dy, fwd the forward's output; y receives dx
-            fwd = torch.log_softmax(torch.randn_like(x, dtype=torch.float32) * 3, 1).to(x.dtype) if backward else None
-        ext.synchronize()
-
-        if backward:
-            def run():
-                softlight.log_softmax_backward(x, fwd, grad_in=y, stream=gpu.handle)
-
-            def floor():
-                torch.add(x, fwd, out=y)
-        else:
-            def run():
-                softlight.log_softmax_raw(x.data_ptr(), y.data_ptr(), rows, cols, dtype=dtype, stream=gpu.handle)
-
-            def floor():
-                gpu.copy(y.data_ptr(), x.data_ptr(), x.numel() * x.element_size())
+        x, y, result, run, floor = problem(rows, cols, dtype, op, gpu, ext)
         run()
         gpu.sync()
         idx = torch.randint(0, rows, (64,), device="cuda")
-        if backward:
-            dy, f = x[idx].double(), fwd[idx].double()
+        if op == "backward":
+            dy, f = x[idx].double(), y[idx].double()
             ref = dy - f.exp() * dy.sum(1, keepdim=True)
         else:
             ref = torch.log_softmax(x[idx].double(), 1)
-        err = float((y[idx].double() - ref).abs().max())
+        err = float((result[idx].double() - ref).abs().max())
         with torch.cuda.stream(ext):
             floor_ms = gpu.time_ms(floor, 2, 10)
             ms = gpu.time_ms(run, 2, 10)
         out[item] = (floor_ms, ms, err)
-        del x, y, fwd
+        del x, y, result, run, floor
         torch.cuda.empty_cache()
     print("RESULT", label, json.dumps(out), flush=True)
 
