@@ -124,19 +124,38 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
                             (!streamed_keeps_most || may_hold_once(p.rows, o, d, max_cluster));
   plan.grid_exchange = (o.exchange >= 0 ? o.exchange == 1 : grid_default) && d.sm_count > 0 && p.elem_bytes <= 4;
   if (plan.grid_exchange) {
-    // Groups of a cooperative grid, one CTA per SM: a slice that fits twice, else once (see
-    // `once`); of those, the group size that keeps the most SMs busy (the least CTAs per row where
-    // it ties). Other rows go to the clusters, streamed.
+    // Groups of a cooperative grid, one CTA per SM. Of the sizes whose slice fits as wanted, the
+    // one that keeps the most SMs busy (the least CTAs per row where it ties).
     const int limit = o.cluster > 0 ? std::min(o.cluster, d.sm_count) : d.sm_count;
-    const bool once = may_hold_once(p.rows, o, d, max_cluster);
-    for (int times = 2; times >= (once ? 1 : 2) && !chosen; --times) {
+    auto group_where = [&](auto fits) {
+      int best_c = 0;
       int64_t best = 0;
       for (int c = o.cluster > 0 ? limit : 1; c <= limit; ++c) {
-        if (times * slice(c) > plan.ring_slots) continue;
         const int64_t busy = std::min<int64_t>(p.rows, d.sm_count / c) * c;
-        if (busy > best) best = busy, chosen = c;
+        if (fits(slice(c)) && busy > best) best = busy, best_c = c;
       }
+      return best_c;
+    };
+    // A slice held twice, so the next row loads while this one is written; else, with rows
+    // enough, a slice streamed through the ring that keeps 7/8 of it there (the rest is read
+    // twice), the slice longer than a held one; else (few rows, or asked) one held once. Streamed
+    // groups also take the place of held slices under kGroupMinHeldChunks, whose exchange each row
+    // (a barrier through L2) outweighs their work. Measured on an H200 (docs/design.md): rows of
+    // 4 M fp32 1.52 x -> 1.44 x copy (streamed clusters -> 2 streamed groups of 66, 14 of 16 chunks
+    // kept); 2 M 1.42 x -> 1.35 x (one group holding 4 chunks twice -> 4 streamed groups of 33);
+    // but 1.27-1.38 x where held slices of 5-6 chunks ran 1.26-1.27 x (rows of 1.3-1.6 M).
+    const bool once = may_hold_once(p.rows, o, d, max_cluster);
+    const int twice = group_where([&](int64_t s) { return 2 * s <= plan.ring_slots; });
+    const int streamed = group_where([&](int64_t s) { return s > plan.ring_slots && 8 * plan.ring_slots >= 7 * s; });
+    if (twice && (once || !streamed || slice(twice) >= kGroupMinHeldChunks)) {
+      chosen = twice;
+    } else if (once) {
+      chosen = group_where([&](int64_t s) { return s <= plan.ring_slots; });
+    } else {
+      chosen = streamed;
     }
+    // Both knobs set: that group size even where its slice keeps less of itself in the ring.
+    if (!chosen && o.exchange == 1 && o.cluster > 0) chosen = limit;
     plan.grid_exchange = chosen > 0;
   }
   if (!chosen && o.cluster > 0) {

@@ -159,6 +159,8 @@ constexpr int kClusterDefaultHints = 0;
 constexpr int kClusterReserveBytes = 2048;  // stats barriers, cluster partials, scratch
 // Backward: chunks in flight of y, which only the writers read (32 KB of fp32 per CTA).
 constexpr int kClusterAuxSlots = 4;
+// Grid groups: a slice held twice of fewer chunks gives way to a streamed one (plan.cpp).
+constexpr int kGroupMinHeldChunks = 5;
 constexpr int kBlockRowsReserveBytes = 1024;
 constexpr int kMaxCluster = 16;
 

@@ -486,7 +486,8 @@ def test_grid_groups_forced(monkeypatch, group, dtype):
     """cluster_rows with each row's CTAs a group of a cooperative grid, trading partials through
     global memory: group sizes off the powers of two, wider than a cluster and than a warp (each
     writer lane merges several partials); rows that leave CTAs without a chunk, rows held once and
-    twice, more rows than groups; special values, temperature and LSE."""
+    twice, rows streamed (slices longer than the ring), more rows than groups; special values,
+    temperature and LSE."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("grid groups use cluster_rows' bulk copies (sm_90)")
     monkeypatch.setenv("SOFTLIGHT_EXCHANGE", "1")
@@ -496,11 +497,7 @@ def test_grid_groups_forced(monkeypatch, group, dtype):
         rows = min(3 * max(1, sms // group) + 5, max(1, (1 << 26) // (cols * ELEM[dtype])))
         x = random_rows(rows, cols, dtype)
         p = planned(*x.shape, dtype)
-        assert p["family"] == "cluster_rows", p
-        if p["grid_exchange"]:
-            assert p["cluster"] == min(group, sms), p
-        else:  # a slice too long for a CTA's ring goes to the clusters, streamed
-            assert -(-p["chunks_per_row"] // min(group, sms)) > p["ring_slots"], p
+        assert p["family"] == "cluster_rows" and p["grid_exchange"] and p["cluster"] == min(group, sms), p
         run_and_check(x, dtype, f"group={group} {rows}x{cols} {p}")
     x = torch.from_numpy(special_matrix(np.random.default_rng(), 393216, np.float64)).to(device="cuda",
                                                                                        dtype=tdtype(dtype))
@@ -570,6 +567,28 @@ def test_streamed_slices_keep_a_ring_for_the_writers(monkeypatch, dtype, extra, 
     assert p["family"] == "cluster_rows" and p["cluster"] == 16 and not p["resident"], p
     assert p["chunks_per_cta"] == p0["ring_slots"] + extra and p["peel"] == peeled, p
     run_and_check(x, dtype, f"{p}")
+
+
+@pytest.mark.parametrize("peeled", [False, True])
+def test_streamed_grid_groups(peeled):
+    """Rows of 4 M fp32 as the planner sends them on a Hopper GPU of 132 SMs: grid groups whose
+    slices stream through the ring, keeping 7/8 of each, more rows than groups; rows on 16 bytes
+    and peeled; special values; temperature and LSE."""
+    cols, rows = 4_194_304 - (3 if peeled else 0), 11
+    p = _C.plan(rows, cols, 4, not peeled, **device_plan_args(), peelable=peeled)
+    if not (p["family"] == "cluster_rows" and p["grid_exchange"] and not p["resident"]):
+        pytest.skip(f"this GPU plans no streamed grid groups for {rows}x{cols} float32: {p}")
+    assert p["chunks_per_cta"] > p["ring_slots"] and p["peel"] == peeled, p
+    x = random_rows(rows, cols, "float32")
+    x[0, 5] = float("nan")
+    x[1, -2] = float("inf")
+    x[2, :] = float("-inf")
+    x[3, 7] = float("-inf")
+    run_and_check(x, "float32", f"{p}")
+    y, lse = softlight.log_softmax(x, temperature=0.7, return_lse=True)
+    torch.cuda.synchronize()
+    assert_close_to_float64(y, x, "float32", f"temperature {p}", transform=lambda v: v / 0.7)
+    assert_lse_close(lse, x, 0.7, "float32")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -157,6 +157,26 @@ def test_streamed_clusters_where_they_keep_most_of_each_slice():
     assert plan(2, 1048576)["grid_exchange"]  # too few rows for the clusters to cover the SMs
 
 
+def test_streamed_grid_groups():
+    # Rows that no group holds twice in slices of 5 chunks, with rows enough: groups that stream
+    # their slices through the ring keeping 7/8 of each (14 of 16 chunks), every SM busy.
+    for rows, cols, group in [(64, 4194304, 66), (9, 4194304, 66), (128, 2097152, 33), (32, 8388608, 132)]:
+        p = plan(rows, cols)
+        assert p["grid_exchange"] and p["cluster"] == group and not p["resident"], (rows, cols, p)
+        assert p["ring_slots"] == 14 and p["chunks_per_cta"] == 16 and not p["claim_rows"]
+        assert (132 // group) * group == 132
+    # A slice of 4 chunks held twice (one group of 132) gives way to them; one of 5 does not.
+    assert plan(4, 2097152)["chunks_per_cta"] == 4 and plan(4, 2097152)["resident"]  # few rows: held
+    p = plan(200, 1310720)
+    assert p["grid_exchange"] and p["resident"] and p["double_buffered"] and p["chunks_per_cta"] == 5
+    # 16-bit rows stay in streamed clusters (rows past any group's 7/8: test_grid_groups_elsewhere).
+    assert not plan(128, 4194304, "bfloat16")["grid_exchange"]
+    # The knobs force a group of any size, the slice streamed however much of it the ring keeps.
+    p = plan(64, 4194304, exchange=1, cluster=33)
+    assert p["grid_exchange"] and p["cluster"] == 33 and p["chunks_per_cta"] == 32
+    assert not plan(64, 4194304, exchange=0)["grid_exchange"]
+
+
 def test_clusters_claim_their_rows():
     # Clusters take their next row from a counter (faster SMs take more rows); grid groups, whose
     # CTAs share no shared memory to pass a claimed row on, keep rows dealt in turn.
@@ -171,11 +191,12 @@ def test_clusters_claim_their_rows():
 
 
 def test_grid_groups_elsewhere():
-    # Rows a group of every SM holds only once: streamed clusters, unless the rows are too few for
-    # the clusters to cover the SMs (7 of 16 CTAs on 132 SMs), or grid groups are asked for.
-    p = plan(64, 4194304)
-    assert not p["grid_exchange"] and p["cluster"] == 16 and not p["resident"]
-    assert plan(6, 4194304)["grid_exchange"] and not plan(9, 4194304)["grid_exchange"]
+    # Rows a group of every SM holds only once: held once only where the rows are too few for the
+    # clusters to cover the SMs (7 of 16 CTAs on 132 SMs), or grid groups are asked for; else
+    # streamed (test_streamed_grid_groups).
+    p = plan(6, 4194304)
+    assert p["grid_exchange"] and p["cluster"] == 132 and p["resident"] and p["chunks_per_cta"] == 8
+    assert not plan(9, 4194304)["resident"]
     assert plan(64, 4194304, exchange=1)["cluster"] == 132
     assert not plan(4096, 262144)["grid_exchange"]  # 16-CTA clusters hold it twice
     assert not plan(4096, 393216, "bfloat16")["grid_exchange"]  # measured slower in 16 bits
