@@ -132,25 +132,29 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
       int64_t best = 0;
       for (int c = o.cluster > 0 ? limit : 1; c <= limit; ++c) {
         const int64_t busy = std::min<int64_t>(p.rows, d.sm_count / c) * c;
-        if (fits(slice(c)) && busy > best) best = busy, best_c = c;
+        if (fits(c, slice(c)) && busy > best) best = busy, best_c = c;
       }
       return best_c;
     };
     // A slice held twice, so the next row loads while this one is written; else, with rows
     // enough, a slice streamed through the ring that keeps 7/8 of it there (the rest is read
-    // twice), the slice longer than a held one; else (few rows, or asked) one held once. Streamed
-    // groups also take the place of held slices under kGroupMinHeldChunks, whose exchange each row
-    // (a barrier through L2) outweighs their work. Measured on an H200 (docs/design.md): rows of
-    // 4 M fp32 1.52 x -> 1.44 x copy (streamed clusters -> 2 streamed groups of 66, 14 of 16 chunks
-    // kept); 2 M 1.42 x -> 1.35 x (one group holding 4 chunks twice -> 4 streamed groups of 33);
-    // but 1.27-1.38 x where held slices of 5-6 chunks ran 1.26-1.27 x (rows of 1.3-1.6 M).
+    // twice), in two groups or more; else (few rows, or asked) one held once. Streamed groups also
+    // take the place of held slices under kGroupMinHeldChunks, whose exchange each row (a barrier
+    // through L2) outweighs their work. Measured on an H200 (docs/design.md): rows of 4 M fp32
+    // 1.55 x -> 1.46 x copy (streamed clusters -> 2 streamed groups of 66, 14 of 16 chunks kept);
+    // 2 M 1.29 x -> 1.22 x (one group holding 4 chunks twice -> 4 streamed groups of 33); but
+    // 1.27-1.38 x where held slices of 5-6 chunks ran 1.26-1.27 x (rows of 1.3-1.6 M), and 1.84 x
+    // against streamed clusters' 1.70 x as one group of every SM (rows of 8 M), whose exchange
+    // stalls every SM at once.
     const bool once = may_hold_once(p.rows, o, d, max_cluster);
-    const int twice = group_where([&](int64_t s) { return 2 * s <= plan.ring_slots; });
-    const int streamed = group_where([&](int64_t s) { return s > plan.ring_slots && 8 * plan.ring_slots >= 7 * s; });
+    const int twice = group_where([&](int, int64_t s) { return 2 * s <= plan.ring_slots; });
+    const int streamed = group_where([&](int c, int64_t s) {
+      return 2 * c <= d.sm_count && s > plan.ring_slots && 8 * plan.ring_slots >= 7 * s;
+    });
     if (twice && (once || !streamed || slice(twice) >= kGroupMinHeldChunks)) {
       chosen = twice;
     } else if (once) {
-      chosen = group_where([&](int64_t s) { return s <= plan.ring_slots; });
+      chosen = group_where([&](int, int64_t s) { return s <= plan.ring_slots; });
     } else {
       chosen = streamed;
     }
@@ -364,6 +368,11 @@ Plan plan_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
   if (has_clusters(d) && !p.aligned16 && p.peelable && p.elem_bytes < 16 && o.peel_clusters != 0 &&
       (row_bytes >= kClusterMinRowBytes || o.cluster > 0)) {
     Plan plan = plan_cluster_rows(p, d, o);
+    if (plan.grid_exchange && o.exchange != 1) {  // grid groups peel nothing: clusters take the rows
+      Overrides in_clusters = o;
+      in_clusters.exchange = 0;
+      plan = plan_cluster_rows(p, d, in_clusters);
+    }
     const int64_t last = row_bytes % plan.chunk_bytes;
     if (!plan.grid_exchange && (last == 0 || last > 32)) {
       plan.peel = true;

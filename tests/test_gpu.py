@@ -569,16 +569,15 @@ def test_streamed_slices_keep_a_ring_for_the_writers(monkeypatch, dtype, extra, 
     run_and_check(x, dtype, f"{p}")
 
 
-@pytest.mark.parametrize("peeled", [False, True])
-def test_streamed_grid_groups(peeled):
-    """Rows of 4 M fp32 as the planner sends them on a Hopper GPU of 132 SMs: grid groups whose
-    slices stream through the ring, keeping 7/8 of each, more rows than groups; rows on 16 bytes
-    and peeled; special values; temperature and LSE."""
-    cols, rows = 4_194_304 - (3 if peeled else 0), 11
-    p = _C.plan(rows, cols, 4, not peeled, **device_plan_args(), peelable=peeled)
+@pytest.mark.parametrize("rows,cols", [(11, 4_194_304), (13, 2_097_152)])
+def test_streamed_grid_groups(rows, cols):
+    """Rows of 2 M and 4 M fp32 as the planner sends them on a Hopper GPU of 132 SMs: grid groups
+    whose slices stream through the ring, keeping 7/8 of each, more rows than groups; special
+    values; temperature and LSE. (Rows off 16 bytes never go to grid groups: plan_rows.)"""
+    p = _C.plan(rows, cols, 4, True, **device_plan_args())
     if not (p["family"] == "cluster_rows" and p["grid_exchange"] and not p["resident"]):
         pytest.skip(f"this GPU plans no streamed grid groups for {rows}x{cols} float32: {p}")
-    assert p["chunks_per_cta"] > p["ring_slots"] and p["peel"] == peeled, p
+    assert p["chunks_per_cta"] > p["ring_slots"] and 2 * p["cluster"] <= device_plan_args()["sm_count"], p
     x = random_rows(rows, cols, "float32")
     x[0, 5] = float("nan")
     x[1, -2] = float("inf")
@@ -589,6 +588,20 @@ def test_streamed_grid_groups(peeled):
     torch.cuda.synchronize()
     assert_close_to_float64(y, x, "float32", f"temperature {p}", transform=lambda v: v / 0.7)
     assert_lse_close(lse, x, 0.7, "float32")
+
+
+def test_misaligned_rows_grid_groups_would_take_go_to_clusters_peeled():
+    """Rows of 2 M fp32 less 1 (torch's allocator leaves x and y off 16 bytes alike): grid groups
+    peel nothing, so 16-CTA clusters carry them, streamed; special values."""
+    cols = 2_097_151
+    x = random_rows(13, cols, "float32")
+    x[0, 3] = float("nan")
+    x[1, :] = float("-inf")
+    p = _C.plan(13, cols, 4, False, **device_plan_args(), peelable=True)
+    if not (p["family"] == "cluster_rows" and p["peel"]):
+        pytest.skip(f"this GPU peels no rows into clusters: {p}")
+    assert not p["grid_exchange"] and not p["resident"], p
+    run_and_check(x, "float32", f"{p}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -158,9 +158,9 @@ def test_streamed_clusters_where_they_keep_most_of_each_slice():
 
 
 def test_streamed_grid_groups():
-    # Rows that no group holds twice in slices of 5 chunks, with rows enough: groups that stream
-    # their slices through the ring keeping 7/8 of each (14 of 16 chunks), every SM busy.
-    for rows, cols, group in [(64, 4194304, 66), (9, 4194304, 66), (128, 2097152, 33), (32, 8388608, 132)]:
+    # Rows that no group holds twice in slices of 5 chunks, with rows enough: two groups or more
+    # that stream their slices through the ring keeping 7/8 of each (14 of 16 chunks), every SM busy.
+    for rows, cols, group in [(64, 4194304, 66), (9, 4194304, 66), (128, 2097152, 33)]:
         p = plan(rows, cols)
         assert p["grid_exchange"] and p["cluster"] == group and not p["resident"], (rows, cols, p)
         assert p["ring_slots"] == 14 and p["chunks_per_cta"] == 16 and not p["claim_rows"]
@@ -169,7 +169,11 @@ def test_streamed_grid_groups():
     assert plan(4, 2097152)["chunks_per_cta"] == 4 and plan(4, 2097152)["resident"]  # few rows: held
     p = plan(200, 1310720)
     assert p["grid_exchange"] and p["resident"] and p["double_buffered"] and p["chunks_per_cta"] == 5
-    # 16-bit rows stay in streamed clusters (rows past any group's 7/8: test_grid_groups_elsewhere).
+    # Never one streamed group of every SM (rows of 8 M): 16-CTA clusters stream those, as they do
+    # 16-bit rows and rows past any group's 7/8 (test_grid_groups_elsewhere).
+    p = plan(32, 8388608)
+    assert not p["grid_exchange"] and p["cluster"] == 16 and not p["resident"]
+    assert plan(1024, 3145728)["cluster"] == 132 and plan(1024, 3145728)["chunks_per_cta"] == 6  # held twice
     assert not plan(128, 4194304, "bfloat16")["grid_exchange"]
     # The knobs force a group of any size, the slice streamed however much of it the ring keeps.
     p = plan(64, 4194304, exchange=1, cluster=33)
@@ -428,6 +432,16 @@ def test_equally_misaligned_long_rows_go_to_clusters_peeled(cols, dtype):
     assert math.ceil(cols * e / p["chunk_bytes"]) == p["chunks_per_row"]
     assert _C.plan(100, cols, e, False, **H200)["family"] == "block_rows"  # x and y misaligned differently
     assert _C.plan(100, cols, e, False, **A100, peelable=True)["family"] == "block_rows"  # no clusters
+
+
+@pytest.mark.parametrize("rows,cols", [(64, 4194301), (100, 1572863), (4, 2097151)])
+def test_equally_misaligned_rows_grid_groups_would_take_go_to_clusters_peeled(rows, cols):
+    # Grid groups peel nothing: such rows (which aligned would go to groups) go to the clusters,
+    # streamed or held, not to block_rows; unless grid groups are asked for.
+    assert plan(rows, cols + -cols % 4)["grid_exchange"]  # the aligned rows
+    p = _C.plan(rows, cols, 4, False, **H200, peelable=True)
+    assert (p["family"], p["peel"], p["grid_exchange"], p["cluster"]) == ("cluster_rows", True, False, 16), p
+    assert _C.plan(rows, cols, 4, False, **H200, peelable=True, exchange=1)["family"] == "block_rows"
 
 
 def test_peeled_clusters_leave_rows_whose_last_chunk_is_the_peel():
