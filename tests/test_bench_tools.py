@@ -86,6 +86,43 @@ def test_timing_passes_take_turns_and_report_medians():
     assert "ms_passes" not in one and one["ms"] > 1.0
 
 
+def test_wrong_results_are_timed_but_never_counted(capsys, tmp_path):
+    """A provider whose output fails the float64 check is still timed (its speed is worth knowing)
+    but keeps its status: the KernelBench line, the plot and the tables never count it."""
+    calls = []
+
+    class FakeGpu:
+        def time_ms(self, fn, warmup, reps):
+            calls.append(fn())
+            return {"copy": 3.0, "softlight": 3.1, "torch": 2.0}[calls[-1]]
+
+    class Data:
+        @staticmethod
+        def on_stream():
+            import contextlib
+            return contextlib.nullcontext()
+
+    rows = [{"op": "forward", "provider": p, "shape": [4096, 393216], "dtype": "float32", "status": st, "ms": None}
+            for p, st in (("copy", "ok"), ("softlight", "ok"), ("torch", "wrong (max |error| 2.20e-05)"))]
+    args = type("Args", (), {"passes": 1, "warmup": 0, "reps": 1})
+    bench.time_passes(FakeGpu(), Data(), [(r, (lambda p=r["provider"]: p)) for r in rows], args)
+    assert calls == ["copy", "softlight", "torch"] and rows[2]["ms"] == 2.0
+    assert [bench.counted(r) for r in rows] == [True, True, False]
+    for r in rows:
+        r["copy_ms"] = 3.0
+    bench.print_table(rows)
+    out = capsys.readouterr().out
+    assert "wrong (max |error| 2.20e-05)" in out and "faster than Model" not in out  # torch's time is not a result
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({"meta": {"gpu": "G", "commit": "c", "date": "d", "torch": "t",
+                                         "command": "python -m softlight bench --out-dir /x"}, "rows": rows}))
+    def table(*extra):
+        return subprocess.run([sys.executable, str(ROOT / "tools" / "perf_table.py"), str(path), *extra],
+                              capture_output=True, text=True, check=True).stdout
+    assert "| 3.000 | 3.100 (1.03) | wrong (2.000) |" in table("--compact")
+    assert "| torch | wrong (2.000) | |  |" in table()
+
+
 RESULTS = sorted(PERF.glob("*.json"))
 
 
@@ -101,8 +138,8 @@ def test_committed_results_follow_the_schema(path):
         assert r["dtype"] in ("float32", "float16", "bfloat16", "float64")
         assert all(isinstance(v, int) and v > 0 for v in r["shape"])
         assert "copy_ms" in r and "status" in r
-        if r["status"] == "ok":
-            assert r["ms"] > 0 and math.isfinite(r["ms"])
+        if r["status"] == "ok" or (r["status"].startswith("wrong") and r["ms"] is not None):
+            assert r["ms"] > 0 and math.isfinite(r["ms"])  # wrong results are timed, in newer files
         else:
             assert r["ms"] is None
     # Every case has the floor measured in the same run.

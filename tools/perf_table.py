@@ -9,7 +9,7 @@ import json
 import re
 import sys
 
-from softlight.bench import moved_bytes as moved
+from softlight.bench import counted, moved_bytes as moved
 
 
 def shape_of(r):
@@ -25,8 +25,10 @@ def main(path, compact=False):
         print("| op | shape | dtype | provider | ms | GB/s | × copy |")
         print("|---|---|---|---|---|---|---|")
         for r in rows:
-            if r.get("ms"):
+            if counted(r):
                 cells = f"{r['ms']:.3f} | {moved(r) / r['ms'] / 1e6:.0f} | {r['ms'] / r['copy_ms']:.3f}"
+            elif r.get("ms"):  # wrong, timed all the same
+                cells = f"wrong ({r['ms']:.3f}) | | "
             else:
                 cells = f"{r['status'].split(':')[0]} | | "
             print(f"| {r['op']} | {shape_of(r)} | {r['dtype']} | {r['provider']} | {cells} |")
@@ -42,9 +44,12 @@ def main(path, compact=False):
             r = by.get(p)
             if r is None:
                 return "–"
-            return f"{r['ms']:.3f}" if r.get("ms") else r["status"].split(":")[0].split(" (")[0]
+            if counted(r):
+                return f"{r['ms']:.3f}"
+            status = r["status"].split(":")[0].split(" (")[0]
+            return f"{status} ({r['ms']:.3f})" if r.get("ms") else status
         sl = by.get("softlight", {})
-        sl_cell = f"{sl['ms']:.3f} ({sl['ms'] / sl['copy_ms']:.2f})" if sl.get("ms") and sl.get("copy_ms") else ms("softlight")
+        sl_cell = f"{sl['ms']:.3f} ({sl['ms'] / sl['copy_ms']:.2f})" if sl and counted(sl) and sl.get("copy_ms") else ms("softlight")
         print(f"| {op} | {shape} | {dtype} | {ms('copy')} | {sl_cell} | " + " | ".join(ms(p) for p in provs) + " |")
 
 

@@ -2,7 +2,7 @@
 side by side in one run, timed with CUDA events through cuda.core.
 
 Every provider's output is checked against a float64 reference before it is timed; a provider that
-is wrong is reported as wrong and not timed. Results go to docs/perf/<gpu>-<date>.json and a PNG.
+is wrong is reported as wrong (its time is recorded, but no table or plot counts it). Results go to docs/perf/<gpu>-<date>.json and a PNG.
 """
 import argparse
 import contextlib
@@ -296,7 +296,7 @@ def time_passes(gpu, data, ready, args):
         if args.passes > 1:
             print(f"# timing pass {k + 1}/{args.passes}", file=sys.stderr, flush=True)
         for row, fn in ready:
-            if row["status"] != "ok":
+            if row["status"].startswith("failed"):
                 continue
             try:
                 with data.on_stream():
@@ -304,7 +304,7 @@ def time_passes(gpu, data, ready, args):
             except Exception as e:  # noqa: BLE001 - one failing anchor must not end the run
                 row.update(status=f"failed: {type(e).__name__}: {str(e)[:160]}", ms=None)
     for row, _ in ready:
-        if row["status"] == "ok":
+        if not row["status"].startswith("failed"):
             row["ms"] = float(np.median(row["ms_passes"]))
             if args.passes == 1:
                 del row["ms_passes"]
@@ -376,21 +376,21 @@ def main(argv=None):
             try:
                 fn = make(case)
                 result = run_once(fn, data, out)
+                ok = True
                 if kind is not None:
                     ok, err = data.check(result, inp, dtype, kind, dim)
                     row["max_abs_err"] = err
-                    if not ok:
-                        row.update(status=f"wrong (max |error| {err:.2e})", ms=None)
-                        continue
                 del result
-                row.update(status="ok", ms=None)
+                # A wrong result is timed all the same (its speed is worth knowing), but it keeps
+                # its status: no table or plot counts it as a result.
+                row.update(status="ok" if ok else f"wrong (max |error| {err:.2e})", ms=None)
                 ready.append((row, fn))
             except Exception as e:  # noqa: BLE001 - one failing anchor must not end the run
                 row.update(status=f"failed: {type(e).__name__}: {str(e)[:160]}", ms=None)
             if torch is not None:
                 torch.cuda.empty_cache()
         time_passes(gpu, data, ready, args)
-        copy_ms = next((r["ms"] for r in these if r["provider"] == "copy"), None)
+        copy_ms = next((r["ms"] for r in these if r["provider"] == "copy" and counted(r)), None)
         for r in these:
             r["copy_ms"] = copy_ms
         rows_out += these
@@ -424,7 +424,7 @@ def print_table(rows):
         t = (f"{ms:8.3f} {moved_bytes(r) / ms / 1e6:6.0f} {ms / copy_ms:7.3f}" if ms and copy_ms
              else f"{'-':>8s} {'-':>6s} {'-':>7s}")
         print(f"{r['provider']:14s} {r['op']:8s} {shape:>16s} {r['dtype']:9s} {t}  {r['status']}")
-    by = {(r["provider"], tuple(r["shape"]), r["dtype"], r["op"]): r.get("ms") for r in rows}
+    by = {(r["provider"], tuple(r["shape"]), r["dtype"], r["op"]): r.get("ms") for r in rows if r["status"] == "ok"}
     sl, tm = by.get(("softlight", FOUNDING, "float32", "forward")), by.get(("torch", FOUNDING, "float32", "forward"))
     if sl and tm:
         print(f"KernelBench level 1 #24 (LogSoftmax, 4096x393216 float32): ModelNew (softlight) is "
@@ -444,6 +444,11 @@ def write_results(meta, rows, out_dir, name=""):
         print("# matplotlib not installed: no plot", file=sys.stderr)
 
 
+def counted(r):
+    """A row's time counts as a result: timed, and checked right."""
+    return r["status"] == "ok" and bool(r.get("ms"))
+
+
 def plot(meta, rows, path):
     import matplotlib
     matplotlib.use("Agg")
@@ -455,7 +460,7 @@ def plot(meta, rows, path):
             cases.append(key)
     provs = []  # providers with at least one timed result, in the order they ran
     for r in rows:
-        if r["provider"] not in provs and r.get("ms"):
+        if r["provider"] not in provs and counted(r):
             provs.append(r["provider"])
     fig, ax = plt.subplots(figsize=(min(36, max(6, 1.6 * len(cases) * max(1, len(provs)) / 3)), 4.5))
     width = 0.8 / max(1, len(provs))
@@ -463,7 +468,7 @@ def plot(meta, rows, path):
         xs, ys = [], []
         for j, (shape, dtype, op) in enumerate(cases):
             for r in rows:
-                if r["provider"] == p and tuple(r["shape"]) == shape and r["dtype"] == dtype and r.get("ms"):
+                if r["provider"] == p and tuple(r["shape"]) == shape and r["dtype"] == dtype and counted(r):
                     xs.append(j + i * width)
                     ys.append(moved_bytes(r) / r["ms"] / 1e6)
         ax.bar(xs, ys, width, label=p, color=plt.get_cmap("tab10")(i % 10))
