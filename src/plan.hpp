@@ -161,6 +161,8 @@ constexpr int kClusterReserveBytes = 2048;  // stats barriers, cluster partials,
 constexpr int kClusterAuxSlots = 4;
 // Grid groups: a slice held twice of fewer chunks gives way to a streamed one (plan.cpp).
 constexpr int kGroupMinHeldChunks = 5;
+// cluster_rows, fp32 forward: the widest cluster that slices of 4 chunks are halved into (plan.cpp).
+constexpr int kHalfSliceMaxCluster = 8;
 constexpr int kBlockRowsReserveBytes = 1024;
 constexpr int kMaxCluster = 16;
 
