@@ -107,11 +107,12 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
   };
   int cluster_twice = smallest_cluster(2);
   // fp32 forward: where that cluster gives each CTA 4 chunks a row, twice as many CTAs with 2 each
-  // (32 KB), up to clusters of 8 (16 would leave 20 SMs idle). Measured on an H200 in one build
-  // (docs/design.md, "Slices of 32 KB"): rows of 32 768 fp32 1.07-1.09 x -> 1.05-1.07 x copy,
-  // 65 536 1.06-1.08 x -> 1.04-1.06 x; 1 chunk a CTA was 1.5-1.6 x.
+  // (32 KB), up to clusters of 8 (16 would leave 20 SMs idle), and only where every CTA gets 2.
+  // Measured on an H200 (docs/design.md, "Slices of 32 KB"): rows of 32 000 fp32 1.069 -> 1.050 x
+  // copy, 65 536 1.078 -> 1.052 x; rows of 15 chunks (61 440), one CTA of 8 with a single chunk,
+  // 1.064 -> 1.100 x; 1 chunk a CTA everywhere 1.5-1.6 x.
   if (p.elem_bytes == 4 && !backward && o.chunk_bytes <= 0 && cluster_twice >= 2 &&
-      2 * cluster_twice <= kHalfSliceMaxCluster && slice(cluster_twice) == 4 && slice(2 * cluster_twice) == 2)
+      2 * cluster_twice <= kHalfSliceMaxCluster && plan.chunks_per_row == 4 * cluster_twice)
     cluster_twice *= 2;
   int chosen = 0;
   // Grid groups for the forward of fp32 rows that no cluster holds twice (which clusters would

@@ -183,11 +183,12 @@ def test_streamed_grid_groups():
 
 def test_fp32_slices_of_4_chunks_halve_into_wider_clusters():
     # fp32 forward rows whose smallest twice-holding cluster (2 or 4 CTAs) gives 4 chunks a CTA:
-    # twice the CTAs, 2 chunks (32 KB) each. Not past clusters of 8, nor for other types, the
-    # backward, or a chunk size asked for.
-    for cols, cluster in [(32000, 4), (32768, 4), (61440, 8), (65536, 8)]:
+    # twice the CTAs, 2 chunks (32 KB) each. Only where every CTA gets 2 (not rows of 15 chunks);
+    # not past clusters of 8, nor for other types, the backward, or a chunk size asked for.
+    for cols, cluster in [(32000, 4), (32768, 4), (65536, 8)]:
         p = plan(8192, cols)
         assert (p["cluster"], p["chunks_per_cta"], p["double_buffered"]) == (cluster, 2, True), (cols, p)
+    assert (plan(4096, 61440)["cluster"], plan(4096, 61440)["chunks_per_cta"]) == (4, 4)
     assert (plan(4096, 131072)["cluster"], plan(4096, 131072)["chunks_per_cta"]) == (8, 4)
     assert plan(4096, 16384)["cluster"] == 1 and plan(4096, 24576)["cluster"] == 1
     assert plan(8192, 65536, "bfloat16")["cluster"] == 2
