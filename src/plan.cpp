@@ -116,7 +116,8 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
     cluster_twice *= 2;
   int chosen = 0;
   // Grid groups for the forward of fp32 rows that no cluster holds twice (which clusters would
-  // stream, or hold once without overlapping rows), where a group holds them twice. Measured on an
+  // stream, or hold once without overlapping rows), where a group holds them twice (or streams
+  // them keeping most of each slice, below). Measured on an
   // H200 (docs/design.md): rows of 1 M fp32 1.68 x -> 1.17 x copy; but 2-3 % slower than 16-CTA
   // clusters where those hold the row twice (the founding shape), slower for 16-bit rows, whose
   // shorter rows expose the exchange through L2, equal for the backward, and slower than streamed
@@ -149,11 +150,11 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
     // twice), in two groups or more; else (few rows, or asked) one held once. Streamed groups also
     // take the place of held slices under kGroupMinHeldChunks, whose exchange each row (a barrier
     // through L2) outweighs their work. Measured on an H200 (docs/design.md): rows of 4 M fp32
-    // 1.55 x -> 1.46 x copy (streamed clusters -> 2 streamed groups of 66, 14 of 16 chunks kept);
-    // 2 M 1.29 x -> 1.22 x (one group holding 4 chunks twice -> 4 streamed groups of 33); but
-    // 1.27-1.38 x where held slices of 5-6 chunks ran 1.26-1.27 x (rows of 1.3-1.6 M), and 1.84 x
-    // against streamed clusters' 1.70 x as one group of every SM (rows of 8 M), whose exchange
-    // stalls every SM at once.
+    // 1.53-1.55 x -> 1.44-1.46 x copy (streamed clusters -> 2 streamed groups of 66, 14 of 16
+    // chunks kept); 2 M 1.28-1.29 x -> 1.20-1.22 x (one group holding 4 chunks twice -> 4 streamed
+    // groups of 33); but 1.31-1.38 x where held slices of 5-6 chunks ran 1.26-1.27 x (rows of
+    // 1.3-1.6 M), and 1.84 x against streamed clusters' 1.70 x as one group of every SM (rows of
+    // 8 M), whose exchange stalls every SM at once.
     const bool once = may_hold_once(p.rows, o, d, max_cluster);
     const int twice = group_where([&](int, int64_t s) { return 2 * s <= plan.ring_slots; });
     const int streamed = group_where([&](int c, int64_t s) {

@@ -2,7 +2,8 @@
 side by side in one run, timed with CUDA events through cuda.core.
 
 Every provider's output is checked against a float64 reference before it is timed; a provider that
-is wrong is reported as wrong (its time is recorded, but no table or plot counts it). Results go to docs/perf/<gpu>-<date>.json and a PNG.
+is wrong is reported as wrong (its time is recorded, but no table or plot counts it). Results go to
+docs/perf/<gpu>-<date>.json and a PNG.
 """
 import argparse
 import contextlib
