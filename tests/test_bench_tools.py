@@ -209,3 +209,29 @@ def test_ab_builds_summary_takes_medians_over_rounds(tmp_path, capsys):
     assert fwd[1:] == ["0.5350", "1.070x", "3e-06", "0.6000", "1.200x", "4e-06"]
     bwd, = [line.split() for line in lines if line.startswith("8x4096:float32:backward")]
     assert bwd[1:] == ["-", "1.2000", "1.500x", "2e-06"]
+
+
+def test_sweep_targets_counts_only_checked_results(tmp_path):
+    """tools/sweep_targets.py: a point is ahead where softlight's time is no more than every counted
+    anchor's; the copy bound (1.05 x) holds from rows of 1024 elements; a wrong anchor, timed all the
+    same, is not counted, and a point without any anchor is ahead."""
+    def point(cols, dtype, copy, sl, **anchors):
+        rows = [dict(provider="copy", ms=copy), dict(provider="softlight", ms=sl)]
+        for p, ms in anchors.items():
+            rows.append(dict(provider=p, ms=abs(ms), status="ok" if ms > 0 else "wrong (max |error| 1e-2)"))
+        return [dict(op="forward", shape=[1 << 20, cols], dtype=dtype, status=r.pop("status", "ok"), **r)
+                for r in rows]
+    rows = (point(128, "float32", 0.50, 0.55, torch=0.60)  # ahead; 1.1 x copy, but under 1024 elements
+            + point(1024, "float32", 0.50, 0.52, quack=0.51, torch=0.70)  # behind quack by 2 %
+            + point(4096, "bfloat16", 0.50, 0.53, quack=0.60)  # ahead, over the bound (1.06 x)
+            + point(32768, "float16", 0.50, 0.51, quack=-0.40)  # the wrong anchor does not count
+            + point(7, "float16", 0.50, 0.70))  # no anchor ran
+    rows.append(dict(op="backward", provider="softlight", shape=[8, 8], dtype="float32", status="ok", ms=9.0))
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"meta": {}, "rows": rows}))
+    out = subprocess.run([sys.executable, str(ROOT / "tools" / "sweep_targets.py"), str(path), "--points"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "ahead of every anchor at 4 of 5 points; both targets at 3" in out
+    assert "behind: float32 1024 (quack by 2.0 %)" in out
+    assert "from 1024 elements: bfloat16 4096 (1.060 x)\n" in out
+    assert "float16      32768  1.020 x copy  no anchor" in out
