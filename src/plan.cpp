@@ -126,10 +126,11 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
   // where the widest clusters stream rows keeping at least 3/4 of each slice in the ring, so that
   // only the rest is read twice: rows of 1 M fp32 1.16 x copy there against 1.23 x in groups; at
   // 5/8 of the slice kept and below the groups were ahead (docs/design.md).
-  // Partials are traded as fp32 pairs: never for float64.
+  // Partials are traded as fp32 pairs: never for float64. Grid groups peel nothing, so rows off 16
+  // bytes stay in the clusters, peeled (plan_rows).
   const int64_t widest = slice(max_cluster);
   const bool streamed_keeps_most = widest > plan.ring_slots && 4 * int64_t{plan.ring_slots} >= 3 * widest;
-  const bool grid_default = p.elem_bytes == 4 && !backward && cluster_twice == 0 &&
+  const bool grid_default = p.elem_bytes == 4 && !backward && p.aligned16 && cluster_twice == 0 &&
                             (!streamed_keeps_most || may_hold_once(p.rows, o, d, max_cluster));
   plan.grid_exchange = (o.exchange >= 0 ? o.exchange == 1 : grid_default) && d.sm_count > 0 && p.elem_bytes <= 4;
   if (plan.grid_exchange) {
@@ -377,11 +378,6 @@ Plan plan_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
   if (has_clusters(d) && !p.aligned16 && p.peelable && p.elem_bytes < 16 && o.peel_clusters != 0 &&
       (row_bytes >= kClusterMinRowBytes || o.cluster > 0)) {
     Plan plan = plan_cluster_rows(p, d, o);
-    if (plan.grid_exchange && o.exchange != 1) {  // grid groups peel nothing: clusters take the rows
-      Overrides in_clusters = o;
-      in_clusters.exchange = 0;
-      plan = plan_cluster_rows(p, d, in_clusters);
-    }
     const int64_t last = row_bytes % plan.chunk_bytes;
     if (!plan.grid_exchange && (last == 0 || last > 32)) {
       plan.peel = true;
