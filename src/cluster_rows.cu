@@ -56,7 +56,8 @@ struct ClusterShape {
   int resident;  // the slice stays in the ring: one read
   double scale;  // x is multiplied by this on load (1 / temperature)
   void* lse;     // optional per-row log-sum-exp (accumulation type)
-  int hints;     // bit 0: loads evict-first in L2; bit 1: stores streaming (tuning, see plan.hpp)
+  int hints;     // bit 0: loads evict-first in L2; bit 1: stores streaming; bit 2: chunks read twice
+                 // held in L2 (kHintReadTwiceInL2, plan.hpp)
   int aux_slots; // backward: chunks of the y ring
   int grid_group; // grid groups: CTAs per row
   void* exchange; // grid groups: the partials table (rows x C packed pairs, see above)
@@ -519,8 +520,14 @@ cluster_rows_kernel(const T* __restrict__ x, int64_t xs, const T* __restrict__ a
           const uint32_t bytes = cta.bytes_of(k, interior);
           mbar_arrive_expect_tx(smem_addr(cta.full + pos.slot), bytes);
           const uint32_t dst = smem_addr(cta.ring + size_t(pos.slot) * sh.chunk_bytes);
-          if (sh.hints & 1) {
-            bulk_load_evict_first(dst, src + k * sh.chunk_bytes, bytes, smem_addr(cta.full + pos.slot));
+          // Forward, streamed: chunks read twice go evict-last the first time, evict-first the
+          // second (kHintReadTwiceInL2), so that the second read finds them in L2.
+          const bool again = !Backward && (sh.hints & kHintReadTwiceInL2) && !sh.resident &&
+                             (pass == 1 || step < cta.my_chunks - cta.kept);
+          if (again && pass == 0) {
+            bulk_load_policy<true>(dst, src + k * sh.chunk_bytes, bytes, smem_addr(cta.full + pos.slot));
+          } else if ((sh.hints & 1) || again) {
+            bulk_load_policy<false>(dst, src + k * sh.chunk_bytes, bytes, smem_addr(cta.full + pos.slot));
           } else {
             bulk_load(dst, src + k * sh.chunk_bytes, bytes, smem_addr(cta.full + pos.slot));
           }

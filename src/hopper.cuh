@@ -87,11 +87,15 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_
           "r"(dst), "l"(src), "r"(bytes), "r"(bar)
       : "memory");
 }
-// The same with an L2 eviction policy: evict-first, since every input byte is read exactly once.
-__device__ __forceinline__ void bulk_load_evict_first(uint32_t dst, const void* src, uint32_t bytes,
-                                                      uint32_t bar) {
+// The same with an L2 eviction policy (createpolicy.fractional.L2::evict_first or ::evict_last).
+template <bool Last>
+__device__ __forceinline__ void bulk_load_policy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
   uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  if constexpr (Last) {
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  } else {
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  }
   asm volatile(
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], "
       "%2, [%3], %4;" ::"r"(dst),

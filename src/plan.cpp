@@ -95,7 +95,7 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
   plan.ring_slots = ring_slots_for(d, plan.chunk_bytes) - plan.aux_slots;
   plan.smem_bytes = int64_t{plan.ring_slots + plan.aux_slots} * (plan.chunk_bytes + 16) + kClusterReserveBytes;
   plan.chunks_per_row = ceil_div(p.cols * p.elem_bytes, plan.chunk_bytes);
-  plan.hints = o.hints >= 0 ? o.hints & 3 : kClusterDefaultHints;
+  plan.hints = o.hints >= 0 ? o.hints & 7 : kClusterDefaultHints;  // 3 bits, see Overrides
   const int max_cluster = std::min(d.max_cluster, kMaxCluster);
 
   auto slice = [&](int c) { return ceil_div(plan.chunks_per_row, c); };
@@ -114,6 +114,13 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
   if (p.elem_bytes == 4 && !backward && o.chunk_bytes <= 0 && cluster_twice >= 2 &&
       2 * cluster_twice <= kHalfSliceMaxCluster && plan.chunks_per_row == 4 * cluster_twice)
     cluster_twice *= 2;
+  // 16-bit forward: rows of two 32 KB chunks, which one CTA holds twice, go to two CTAs of one
+  // chunk each (32 KB slices again). Measured on an H200 (docs/design.md, "Slices of 32 KB"), in
+  // four runs: rows of 32 768 bf16 and fp16 0.7-3 % faster, 32 000 0.7-0.9 %; but rows of 4 chunks
+  // (65 536) ran 6 % slower in four CTAs of one chunk than in two of two, so only from one CTA.
+  if (p.elem_bytes == 2 && !backward && o.chunk_bytes <= 0 && plan.chunk_bytes == kClusterChunk16 && cluster_twice == 1 &&
+      plan.chunks_per_row == 2)
+    cluster_twice = 2;
   int chosen = 0;
   // Grid groups for the forward of fp32 rows that no cluster holds twice (which clusters would
   // stream, or hold once without overlapping rows), where a group holds them twice (or streams
@@ -187,6 +194,16 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
   plan.chunks_per_cta = slice(chosen);
   plan.resident = plan.chunks_per_cta <= plan.ring_slots;
   plan.double_buffered = 2 * plan.chunks_per_cta <= plan.ring_slots;
+  // Streamed forward slices read the chunks the ring does not keep twice: from L2 the second time,
+  // where the first read marks them evict-last (and the second evict-first), if they are few. Each
+  // CTA then holds those of its slice in L2, about (read twice / kept) x all the rings' 30 MB on an
+  // H200, and the L2 has 50 MB. Measured on an H200 (docs/design.md, "Chunks read twice, from L2"),
+  // 2 of 16 chunks read twice: rows of 1 M fp32 1.157 -> 1.117 x copy (DRAM reads 1.20 -> 1.08 GB
+  // for 1.07 GB of rows), 2 M 1.343 -> 1.318 x, 4 M 1.418 -> 1.408 x; 9 of 16 (4 M bf16) and 18 of
+  // 32 (2 M fp32 peeled) 1.4-1.7 % slower. So where at most a quarter as many as kept.
+  const int64_t kept = std::min<int64_t>(plan.chunks_per_cta, plan.ring_slots);
+  if (!backward && !plan.resident && o.hints < 0 && 4 * (plan.chunks_per_cta - kept) <= kept)
+    plan.hints |= kHintReadTwiceInL2;
   // Rows dealt in turn left the fastest SMs idle for up to a third of a copy-like kernel's time
   // (H200, docs/design.md); claimed rows keep every cluster busy to the end: fp32 rows 1.08-1.10 x
   // -> 1.04-1.05 x copy, 16-bit rows 1.10-1.13 x -> 1.04-1.06 x. Grid groups keep the fixed deal

@@ -65,7 +65,8 @@ struct Overrides {
   int cluster = 0;
   int chunk_bytes = 0;
   int threads = 0;  // cluster_rows: threads per CTA (consumer warps plus the producer warp)
-  int hints = -1;   // cluster_rows: cache hints, bit 0 loads evict-first, bit 1 streaming stores
+  int hints = -1;   // cluster_rows: cache hints, bit 0 loads evict-first, bit 1 streaming stores,
+                   // bit 2 a streamed forward's chunks read twice held in L2 (kHintReadTwiceInL2)
   int tile_bytes = 0;  // cluster_tiles: tile width in bytes (a power of two, 64 to 512)
   int exchange = -1;   // cluster_rows: 0 partials over DSMEM in clusters, 1 through global memory
   int groups = 0;      // cluster_rows: at most this many clusters (or grid groups) at once
@@ -156,6 +157,9 @@ constexpr int kClusterChunk64 = 8 * 1024;
 // The backward's second ring holds kClusterAuxSlots chunks: 16 KB keeps room for dy's ring.
 constexpr int kClusterBackwardChunk16 = 16 * 1024;
 constexpr int kClusterDefaultHints = 0;
+// cluster_rows hint: where a streamed forward slice's chunks are read twice, the first read loads
+// them evict-last in L2 and the second evict-first, so that the second finds them there (plan.cpp).
+constexpr int kHintReadTwiceInL2 = 4;
 constexpr int kClusterReserveBytes = 2048;  // stats barriers, cluster partials, scratch
 // Backward: chunks in flight of y, which only the writers read (32 KB of fp32 per CTA).
 constexpr int kClusterAuxSlots = 4;

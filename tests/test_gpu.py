@@ -551,8 +551,9 @@ def test_many_streamed_rows_per_cluster(monkeypatch, dtype):
 @pytest.mark.parametrize("peeled", [False, True])
 def test_streamed_slices_keep_a_ring_for_the_writers(monkeypatch, dtype, extra, peeled):
     """Streamed rows: the statistics pass leaves its last ring's worth of chunks for the writers,
-    and the slice's other chunks are sent again. Slices of one chunk more than the ring, and of
-    several more, in 16-CTA clusters; rows on 16 bytes and rows whose edges are peeled."""
+    and the slice's other chunks are sent again. Slices of one chunk more than the ring (held in
+    L2 between its two reads), and of several more, in 16-CTA clusters; rows on 16 bytes and rows
+    whose edges are peeled."""
     monkeypatch.setenv("SOFTLIGHT_EXCHANGE", "0")
     monkeypatch.setenv("SOFTLIGHT_CLUSTER", "16")
     e = ELEM[dtype]
@@ -566,6 +567,8 @@ def test_streamed_slices_keep_a_ring_for_the_writers(monkeypatch, dtype, extra, 
     p = _C.plan(12, cols, e, not peeled, **device_plan_args(), cluster=16, exchange=0, peelable=peeled)
     assert p["family"] == "cluster_rows" and p["cluster"] == 16 and not p["resident"], p
     assert p["chunks_per_cta"] == p0["ring_slots"] + extra and p["peel"] == peeled, p
+    # One chunk read twice is held in L2 between its reads (the hint), nine are not.
+    assert bool(p["hints"] & 4) == (4 * extra <= p0["ring_slots"]), p
     run_and_check(x, dtype, f"{p}")
 
 

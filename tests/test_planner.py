@@ -196,6 +196,40 @@ def test_fp32_slices_of_4_chunks_halve_into_wider_clusters():
     assert plan_axis(8192, 32768, backward=True)["cluster"] != 4
 
 
+def test_16bit_rows_of_two_chunks_go_to_two_ctas():
+    # 16-bit forward rows of two 32 KB chunks, which one CTA would hold twice: two CTAs of a chunk
+    # each. Not rows of 4 chunks (two CTAs of two stay), nor rows of 3 (one CTA), 16 KB chunks
+    # (rows of 50 257), the backward, or a chunk size asked for.
+    for cols in (32000, 32768):
+        for dtype in ("bfloat16", "float16"):
+            p = plan(15625, cols, dtype)
+            assert (p["cluster"], p["chunks_per_cta"], p["double_buffered"]) == (2, 1, True), (cols, dtype, p)
+    assert (plan(7629, 65536, "bfloat16")["cluster"], plan(7629, 65536, "bfloat16")["chunks_per_cta"]) == (2, 2)
+    assert plan(8192, 49152, "bfloat16")["cluster"] == 1
+    assert plan(9950, 50257, "bfloat16", peelable=True)["cluster"] == 1
+    assert plan(15625, 32768, "bfloat16", chunk_bytes=32768)["cluster"] == 1
+    assert plan_axis(15625, 32768, dtype="bfloat16", backward=True)["cluster"] == 1
+
+
+def test_chunks_read_twice_are_held_in_l2_where_few():
+    # Streamed forward slices: the chunks the ring does not keep are loaded evict-last (hint bit 2)
+    # where they are at most a quarter of the kept ones; not for held slices, the backward, many
+    # chunks read twice, or where the hints are asked for.
+    read_twice_in_l2 = 4
+    for rows, cols in [(256, 1048576), (128, 2097152), (64, 4194304)]:  # 2 of 16 chunks read twice
+        p = plan(rows, cols)
+        assert not p["resident"] and p["chunks_per_cta"] - min(p["chunks_per_cta"], p["ring_slots"]) == 2, p
+        assert p["hints"] & read_twice_in_l2, (rows, cols, p)
+    p = plan(128, 4194304, "bfloat16")  # 9 of 16
+    assert not p["resident"] and not p["hints"] & read_twice_in_l2
+    p = plan(128, 2097151, peelable=True)  # peeled clusters, 18 of 32
+    assert p["peel"] and not p["resident"] and not p["hints"] & read_twice_in_l2
+    assert plan(4096, 393216)["hints"] == 0  # held
+    assert plan(256, 1048576, hints=0)["hints"] == 0
+    b = plan_axis(256, 1048576, backward=True)
+    assert not b["resident"] and not b["hints"] & read_twice_in_l2
+
+
 def test_clusters_claim_their_rows():
     # Clusters take their next row from a counter (faster SMs take more rows); grid groups, whose
     # CTAs share no shared memory to pass a claimed row on, keep rows dealt in turn.
