@@ -45,7 +45,9 @@ bool may_hold_once(int64_t rows, const Overrides& o, const DeviceInfo& d, int ma
 }
 
 // max_group: 32, or kRegisterRowsMaxGroup where the row is read in 16-byte packs (the forward).
-Plan plan_warp_rows(const Problem& p, int vec, int max_group = 32, int min_iters = kWarpRowsMinIters) {
+// warp_threads: the CTA's threads where a group is at most a warp.
+Plan plan_warp_rows(const Problem& p, int vec, int max_group = 32, int min_iters = kWarpRowsMinIters,
+                    int warp_threads = kWarpRowsThreads) {
   Plan plan;
   plan.family = Family::warp_rows;
   plan.vec = vec;
@@ -54,7 +56,7 @@ Plan plan_warp_rows(const Problem& p, int vec, int max_group = 32, int min_iters
   const int64_t vectors = ceil_div(p.cols, vec);
   plan.group = static_cast<int>(std::min<int64_t>(max_group, pow2_ceil(ceil_div(vectors, min_iters))));
   plan.iters = static_cast<int>(pow2_ceil(ceil_div(vectors, plan.group)));
-  plan.threads = plan.group > 32 ? plan.group : kWarpRowsThreads;  // past a warp, the CTA is the group
+  plan.threads = plan.group > 32 ? plan.group : warp_threads;  // past a warp, the CTA is the group
   const int64_t rows_per_cta = plan.threads / plan.group;
   plan.grid = std::min<int64_t>(ceil_div(p.rows, rows_per_cta), int64_t{1} << 30);
   return plan;
@@ -385,7 +387,7 @@ Plan plan_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
     return plan;
   }
   if (p.aligned16 && row_bytes < register_bytes && o.cluster <= 0)
-    return plan_warp_rows(p, vec, kRegisterRowsMaxGroup, min_iters);
+    return plan_warp_rows(p, vec, kRegisterRowsMaxGroup, min_iters, kRegisterRowsWarpThreads);
   if (ceil_div(p.cols, short_vec) <= int64_t{32} * kWarpRowsMaxIters) return plan_warp_rows(p, short_vec);
   if (has_clusters(d) && p.aligned16 && (row_bytes >= kClusterMinRowBytes || o.cluster > 0))
     return plan_cluster_rows(p, d, o);

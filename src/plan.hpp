@@ -138,6 +138,11 @@ constexpr int64_t kRegisterRowsMaxBytes = 32 * 1024;
 // slower with eight (1.015 x -> 1.052 x), so they keep four.
 constexpr int64_t kRegisterRowsWideBytes = 16 * 1024;
 constexpr int kRegisterRowsMaxGroup = 1024;
+// Rows in registers of up to a warp a row: CTAs of two warps, not four. Each CTA's registers and
+// slot come free when its last warp is done, so smaller CTAs keep more warps resident (54 registers
+// a thread leave room for 9 CTAs of four warps). Measured on an H200 (docs/design.md, "CTAs of two
+// warps"): rows of 128 fp32 1.030 -> 1.008 x copy, GPU time alone (torch 1.002 x).
+constexpr int kRegisterRowsWarpThreads = 64;
 // Short rows in 16-byte packs, several rows a lane: measured on an H200 (docs/design.md), four rows
 // a lane ran rows of 32-128 bytes at 1.03-1.06 x copy where a row a thread ran 1.16-1.46 x; rows of
 // 256 bytes ran faster as rows in registers (1.02 x against 1.17 x).

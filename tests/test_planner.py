@@ -32,8 +32,9 @@ def test_short_rows_go_to_warps(cols, group, iters, vec):
     assert (p["family"], p["group"], p["iters"], p["vec"]) == ("warp_rows", group, iters, vec)
     assert p["group"] * p["iters"] * p["vec"] >= cols  # the row fits the group's registers
     assert p["iters"] >= min(4, math.ceil(cols / p["vec"]))  # and each lane has loads in flight
-    # Up to a warp, 128-thread CTAs of several rows; past it, the CTA is the group.
-    assert p["threads"] == (p["group"] if p["group"] > 32 else 128)
+    # Up to a warp, CTAs of several rows: two warps for rows in 16-byte packs (rows in registers),
+    # four for the others; past a warp, the CTA is the group.
+    assert p["threads"] == (p["group"] if p["group"] > 32 else 64 if p["vec"] == 4 else 128)
     assert p["grid"] == math.ceil(1000 / (p["threads"] // p["group"]))
 
 
