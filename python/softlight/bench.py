@@ -290,18 +290,22 @@ def run_once(fn, data, out):
 
 
 def time_passes(gpu, data, ready, args):
-    """Times each ready provider: `passes` rounds over all of them (so that drift of the GPU over
-    the run reaches every provider alike), each a median over `reps` calls; the row's ms is the
-    median of its passes (all of them under ms_passes when there are several)."""
-    for k in range(args.passes):
-        if args.passes > 1:
+    """Times each ready provider: one untimed pass over all of them, then `passes` rounds over all
+    of them (so that drift of the GPU over the run reaches every provider alike), each a median over
+    `reps` calls; the row's ms is the median of its passes (all of them under ms_passes when there
+    are several). The untimed pass: the providers timed first after the checks ran about 10 % slow
+    in every sweep, and the others not (docs/design.md, "The first pass, untimed")."""
+    for k in range(-1, args.passes):
+        if k >= 0 and args.passes > 1:
             print(f"# timing pass {k + 1}/{args.passes}", file=sys.stderr, flush=True)
         for row, fn in ready:
             if row["status"].startswith("failed"):
                 continue
             try:
                 with data.on_stream():
-                    row.setdefault("ms_passes", []).append(gpu.time_ms(fn, args.warmup, args.reps))
+                    ms = gpu.time_ms(fn, args.warmup, args.reps)
+                if k >= 0:
+                    row.setdefault("ms_passes", []).append(ms)
             except Exception as e:  # noqa: BLE001 - one failing anchor must not end the run
                 row.update(status=f"failed: {type(e).__name__}: {str(e)[:160]}", ms=None)
     for row, _ in ready:
