@@ -120,8 +120,8 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
   // chunk each (32 KB slices again). Measured on an H200 (docs/design.md, "Slices of 32 KB"), in
   // four runs: rows of 32 768 bf16 and fp16 0.7-3 % faster, 32 000 0.7-0.9 %; but rows of 4 chunks
   // (65 536) ran 6 % slower in four CTAs of one chunk than in two of two, so only from one CTA.
-  if (p.elem_bytes == 2 && !backward && o.chunk_bytes <= 0 && plan.chunk_bytes == kClusterChunk16 && cluster_twice == 1 &&
-      plan.chunks_per_row == 2)
+  if (p.elem_bytes == 2 && !backward && o.chunk_bytes <= 0 && plan.chunk_bytes == kClusterChunk16 &&
+      cluster_twice == 1 && plan.chunks_per_row == 2)
     cluster_twice = 2;
   int chosen = 0;
   // Grid groups for the forward of fp32 rows that no cluster holds twice (which clusters would
