@@ -429,7 +429,7 @@ def print_table(rows):
         t = (f"{ms:8.3f} {moved_bytes(r) / ms / 1e6:6.0f} {ms / copy_ms:7.3f}" if ms and copy_ms
              else f"{'-':>8s} {'-':>6s} {'-':>7s}")
         print(f"{r['provider']:14s} {r['op']:8s} {shape:>16s} {r['dtype']:9s} {t}  {r['status']}")
-    by = {(r["provider"], tuple(r["shape"]), r["dtype"], r["op"]): r.get("ms") for r in rows if r["status"] == "ok"}
+    by = {(r["provider"], tuple(r["shape"]), r["dtype"], r["op"]): r["ms"] for r in rows if counted(r)}
     sl, tm = by.get(("softlight", FOUNDING, "float32", "forward")), by.get(("torch", FOUNDING, "float32", "forward"))
     if sl and tm:
         print(f"KernelBench level 1 #24 (LogSoftmax, 4096x393216 float32): ModelNew (softlight) is "
