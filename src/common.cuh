@@ -253,18 +253,26 @@ template <class T, int N> __device__ __forceinline__ acc_t<T> packs_max(const ui
 // exp((x - shift) * scale) for the elements x of a row whose max is m (shift = m, or 0 where m is
 // -inf: see exp_shifted), as exp_base(fma(x, f, -hi)) * exp_base(-lo) where hi + lo is shift * f
 // exactly: one fused multiply-add per element, whose only rounding is that of its result, and one
-// correction per sum. Where shift * f overflows (shift finite), every x < shift is at least
-// ulp(shift) * f > 2^100 below it, so each term is exactly 0 or 1; a power of two that brings
-// shift * f near 2^110 (exactly) keeps those terms and is used in place of f. lo is NaN where
-// shift is +inf or NaN: the row's sum is then NaN.
+// correction per sum. That holds while |hi| < split_limit (2^31 for float, 2^60 for double): lo,
+// at most half an ulp of hi, stays within 64, so neither exp_base(lo) (the term at the max) nor
+// exp_base(-lo) leaves the type's range (for a row of max 1e10, lo is near -440, and the sum would
+// come out 0 * inf = NaN). From there on (and where shift * f overflows), every x < shift lies at
+// least |shift| * 2^-24 below it (2^-53 for double), so (shift - x) * f >= 2^7 and its term is
+// below 2^-127 (float; e^-128 for double): negligible next to the max's 1, and the row's sum is
+// the count of x equal to the max. A power of two that brings shift * f near 2^110 (2^1000 for double), exactly, gives
+// those terms as exactly 0 and 1 and is used in place of f. lo is NaN where shift is +inf or NaN:
+// the row's sum is then NaN.
 template <class A> struct ShiftedExp {
   A f, hi, lo;
 };
+template <class A> __device__ __forceinline__ A split_limit();
+template <> __device__ __forceinline__ float split_limit<float>() { return 2147483648.0f; }     // 2^31
+template <> __device__ __forceinline__ double split_limit<double>() { return 1152921504606846976.0; }  // 2^60
 template <class A> __device__ __forceinline__ ShiftedExp<A> shifted_exp(A m, A scale) {
   const A shift = m == neg_inf<A>() ? A(0) : m;
   A f = exp_factor(scale);
   A hi = shift * f;
-  if (!isfinite(hi) && isfinite(shift)) {
+  if (!(fabs(hi) < split_limit<A>()) && isfinite(shift)) {
     f = pow2_near_inverse(shift);
     hi = shift * f;
   }

@@ -480,6 +480,40 @@ def test_rows_near_the_float_max(dtype, temperature, cols, family):
     assert bool(((lse.double() - ref).abs()[fin] <= 1e-5 * ref.abs()[fin] + 1e-5).all())
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.75])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cols", [7, 32, 128, 4096, 50257, 393216, 1048576])
+def test_rows_of_large_finite_max(dtype, temperature, cols):
+    """Rows whose max is large but finite (1e10 to 1e30, either sign; float16 up to 3e4): the
+    statistics of rows in 16-byte packs split max * log2(e) / temperature into a float and a
+    remainder of up to half its ulp (shifted_exp), which must stay small enough to exponentiate
+    (a max of 1e10 gave NaN rows before). Every family those statistics run in: flat tiles (7),
+    short rows (32), rows in registers within a warp (128) and past it (4096), clusters peeled
+    (50 257), resident (393 216) and streamed (1 M fp32); LSE alongside."""
+    if cols > 4096 and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("clusters need sm_90")
+    # (float16: (x - max) / temperature stays within its range, as a finite reference needs)
+    big = [2e4, 3e4, 1e4, 2.5e4] if dtype == "float16" else [1e10, 1e20, 1e30, 3e9]
+    rows = 8
+    x = random_rows(rows, cols, dtype)
+    x[0, 3 % cols] = big[0]
+    x[1, 1 % cols] = x[1, cols - 2] = big[1]                 # two at the max: -log 2 there
+    x[2] = -big[2] * (1 + 0.05 * torch.rand(cols, device="cuda")).to(x.dtype)  # a large negative max
+    x[3, cols - 1] = big[2]
+    x[4, cols // 2] = big[3]
+    x[4, 0] = float("nan")                                    # NaN still wins
+    x[5, :] = big[1]                                          # all at the max: -log(cols)
+    y, lse = softlight.log_softmax(x, temperature=temperature, return_lse=True)
+    torch.cuda.synchronize()
+    what = f"large max, {planned(rows, cols, dtype)['family']}, T={temperature}"
+    # The reference shifts by the row's max before dividing: x / T alone rounds 1e30 by 1e14 in
+    # float64, more than its tolerance on the differences of (x - max) / T (shifting changes nothing
+    # in exact arithmetic, and x - max is exact where x is near the max).
+    assert_close_to_float64(y, x, dtype, what,
+                            transform=lambda v: (v - v.amax(-1, keepdim=True)) / temperature)
+    assert_lse_close(torch.as_tensor(lse), x, temperature, dtype)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("group", [1, 3, 22, 40, 132])
 def test_grid_groups_forced(monkeypatch, group, dtype):
