@@ -99,21 +99,23 @@ template <class A, class F> double row_sum(int64_t n, F f) {
   return total;
 }
 
-// One row, in the order the GPU kernels and torch use: max, sum of exp(x - max), (x - max) - log.
-// Returns the row's log-sum-exp, m + log(s).
+// One row, in the order the GPU kernels use: m = max of x, s = sum of exp((x - m) * scale),
+// y = (x - m) * scale - log(s) (the difference taken before the scale, so that elements next to a
+// large max keep theirs: x * scale - m * scale would round them away). Returns the row's
+// log-sum-exp, m * scale + log(s).
 template <class T>
 typename Traits<T>::A log_softmax_row(const T* x, T* y, int64_t cols, typename Traits<T>::A scale,
                                       typename Traits<T>::A* tmp) {
   using A = typename Traits<T>::A;
   const A neg_inf = -std::numeric_limits<A>::infinity();
-  for (int64_t j = 0; j < cols; ++j) tmp[j] = Traits<T>::load(x[j]) * scale;
+  for (int64_t j = 0; j < cols; ++j) tmp[j] = Traits<T>::load(x[j]);
   A m = neg_inf;
   for (int64_t j = 0; j < cols; ++j) m = tmp[j] > m ? tmp[j] : m;  // NaN never wins the max
   const A shift = m == neg_inf ? A(0) : m;  // see the (max, sum) notes in common.cuh
-  const double total = row_sum<A>(cols, [&](int64_t j) { return std::exp(tmp[j] - shift); });
+  const double total = row_sum<A>(cols, [&](int64_t j) { return std::exp((tmp[j] - shift) * scale); });
   const A log_sum = std::log(static_cast<A>(total));
-  for (int64_t j = 0; j < cols; ++j) y[j] = Traits<T>::store((tmp[j] - m) - log_sum);
-  return m + log_sum;
+  for (int64_t j = 0; j < cols; ++j) y[j] = Traits<T>::store((tmp[j] - m) * scale - log_sum);
+  return m * scale + log_sum;
 }
 
 // One row of the backward: dx = dy - exp(y) * sum(dy). dx may be dy or y (read before written).

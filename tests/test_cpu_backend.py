@@ -134,6 +134,26 @@ def test_temperature_and_lse(rng, shape, dtype, temperature):
     assert_matches(lse, logsumexp_ref(x64), "float64" if dtype == "float64" else "float32")
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.75])
+@pytest.mark.parametrize("dtype", list(NP_DTYPES))
+def test_rows_of_large_finite_max(rng, dtype, temperature):
+    """Rows whose max is large but finite, either sign: y is (x - max) / T - log(sum), as on the GPU,
+    so that elements near the max keep their differences (x / T - max / T rounds them away: 3 %
+    off at a max of 1e20 in float32 with T = 0.75). The reference shifts before it divides, too."""
+    big = [2e4, 3e4, 1e4] if dtype == "float16" else [1e10, 1e20, 1e30]
+    x = rng.standard_normal((5, 3000)) * 3
+    x[0, 3] = big[0]
+    x[1] = big[1] * (1 + 0.01 * rng.random(3000))   # many elements a few ulps below the max
+    x[2] = -big[2] * (1 + 0.05 * rng.random(3000))  # a large negative max
+    x[3, :] = big[1]                                # all at the max: -log(cols)
+    x[4, 1] = x[4, 2] = big[2]                      # two at the max: -log 2 there
+    x = x.astype(NP_DTYPES[dtype])
+    y, lse = softlight.log_softmax(x, temperature=temperature, return_lse=True)
+    x64 = x.astype(np.float64)
+    assert_matches(y, log_softmax_ref((x64 - x64.max(-1, keepdims=True)) / temperature), dtype)
+    assert_matches(lse, logsumexp_ref(x64 / temperature), "float64" if dtype == "float64" else "float32")
+
+
 def test_lse_special_values_and_empty_rows(rng):
     x = special_matrix(rng, 333, np.float32)
     y, lse = softlight.log_softmax(x, return_lse=True)
