@@ -24,6 +24,8 @@ block_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_
   __shared__ A scratch[32];
   T* buf = reinterpret_cast<T*>(smem);
   const int threads = blockDim.x;
+  // The max is of x and the sums are of exp((x - max) * scale) (see exp_shifted).
+  const A f = exp_factor(scale);
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const T* xr = x + row * xs;
     T* yr = y + row * ys;
@@ -37,7 +39,7 @@ block_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_
     // This thread's element of the head or the tail, if any, and its value.
     const int t = threadIdx.x;
     const int64_t edge = t < head ? t : (t >= V && tail + (t - V) < cols && t < 2 * V) ? tail + (t - V) : -1;
-    const A ev = edge >= 0 ? to_acc(xr[edge]) * scale : neg_inf<A>();
+    const A ev = edge >= 0 ? to_acc(xr[edge]) : neg_inf<A>();
     const T* xv = xr + head;
     T* yv = yr + head;
     MaxSum<A> part{neg_inf<A>(), A(0)};
@@ -48,45 +50,43 @@ block_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_
         A v[V];
         copy_pack<T, V>(buf + i * V, xv + i * V, v);
 #pragma unroll
-        for (int j = 0; j < V; ++j) m = max_acc(m, v[j] * scale);
+        for (int j = 0; j < V; ++j) m = max_acc(m, v[j]);
       }
       m = block_max(m, scratch, threads, kBar);
-      A s = edge >= 0 ? exp_shifted(ev, m) : A(0);
+      A s = edge >= 0 ? exp_shifted(ev, m, f) : A(0);
       for (int64_t i = threadIdx.x; i < vectors; i += threads) {
         A v[V];
         load_pack<T, V>(buf + i * V, v);
 #pragma unroll
-        for (int j = 0; j < V; ++j) s += exp_shifted(v[j] * scale, m);
+        for (int j = 0; j < V; ++j) s += exp_shifted(v[j], m, f);
       }
       part = {m, block_sum(s, scratch, threads, kBar)};
     } else {
-      if (edge >= 0) part = {ev, exp_shifted(ev, ev)};
+      if (edge >= 0) part = {ev, exp_shifted(ev, ev, f)};
 #pragma unroll 4
       for (int64_t i = threadIdx.x; i < vectors; i += threads) {
         A v[V];
         load_pack<T, V>(xv + i * V, v);
-#pragma unroll
-        for (int j = 0; j < V; ++j) v[j] *= scale;
         A pm = part.m;
 #pragma unroll
         for (int j = 0; j < V; ++j) pm = max_acc(pm, v[j]);
-        A s = part.s * rescale(part.m, pm);
+        A s = part.s * rescale(part.m, pm, f);
 #pragma unroll
-        for (int j = 0; j < V; ++j) s += exp_shifted(v[j], pm);
+        for (int j = 0; j < V; ++j) s += exp_shifted(v[j], pm, f);
         part = {pm, s};
       }
-      part = block_max_sum(part, scratch, threads, kBar);
+      part = block_max_sum(part, scratch, threads, kBar, f);
     }
     const A log_sum = log_acc(part.s);
-    if (lse != nullptr && threadIdx.x == 0) lse[row] = part.m + log_sum;
-    if (edge >= 0) yr[edge] = from_acc<T>(log_softmax_out(ev, part.m, log_sum));
+    if (lse != nullptr && threadIdx.x == 0) lse[row] = part.m * scale + log_sum;
+    if (edge >= 0) yr[edge] = from_acc<T>(log_softmax_out_scaled(ev, part.m, scale, log_sum));
     const T* src = resident ? buf : xv;
 #pragma unroll 4
     for (int64_t i = threadIdx.x; i < vectors; i += threads) {
       A v[V];
       load_pack<T, V>(src + i * V, v);
 #pragma unroll
-      for (int j = 0; j < V; ++j) v[j] = log_softmax_out(v[j] * scale, part.m, log_sum);
+      for (int j = 0; j < V; ++j) v[j] = log_softmax_out_scaled(v[j], part.m, scale, log_sum);
       store_pack<T, V>(yv + i * V, v);
     }
     __syncthreads();  // the buffer is refilled by the next row

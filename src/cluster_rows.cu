@@ -54,7 +54,7 @@ struct ClusterShape {
   int64_t chunks_per_row;
   int64_t chunks_per_cta;
   int resident;  // the slice stays in the ring: one read
-  double scale;  // x is multiplied by this on load (1 / temperature)
+  double scale;  // 1 / temperature: y = (x - max) * scale - log(sum of exp((x - max) * scale))
   void* lse;     // optional per-row log-sum-exp (accumulation type)
   int hints;     // bit 0: loads evict-first in L2; bit 1: stores streaming; bit 2: chunks read twice
                  // held in L2 (kHintReadTwiceInL2, plan.hpp)

@@ -33,7 +33,7 @@ struct TileShape {
   int rows_per_chunk;
   int chunk_bytes;                             // rows_per_chunk * w * sizeof(T)
   int ring_slots;
-  double scale;                                // x is multiplied by this on load (1 / temperature)
+  double scale;                                // 1 / temperature (see RowsArgs)
   int hints;                                   // as cluster_rows': bit 0 loads evict-first, bit 1 streaming stores
   void* lse;                                   // optional (outer, inner) log-sum-exp, accumulation type
 };
@@ -76,6 +76,7 @@ template <class T> struct TileCta {
   __device__ __forceinline__ void stats(RingPos& pos, int64_t iter, int64_t tile) const {
     while (iter >= 1 && *tiles_started < iter) __nanosleep(64);
     const bool live = cv * V < valid_cols(tile);
+    const A f = exp_factor(scale);  // the maxima are of x, the sums of exp((x - max) * scale)
     P part[V];
 #pragma unroll
     for (int j = 0; j < V; ++j) part[j] = {neg_inf<A>(), A(0)};
@@ -91,8 +92,6 @@ template <class T> struct TileCta {
           for (int u = 0; u < U; ++u) {
             if (i + u * group < n) {
               load_pack<T, V>(c + (i + u * group) * V, v[u]);
-#pragma unroll
-              for (int j = 0; j < V; ++j) v[u][j] *= scale;
             } else {
 #pragma unroll
               for (int j = 0; j < V; ++j) v[u][j] = neg_inf<A>();
@@ -103,9 +102,9 @@ template <class T> struct TileCta {
             A m = part[j].m;
 #pragma unroll
             for (int u = 0; u < U; ++u) m = max_acc(m, v[u][j]);
-            A s = part[j].s * rescale(part[j].m, m);
+            A s = part[j].s * rescale(part[j].m, m, f);
 #pragma unroll
-            for (int u = 0; u < U; ++u) s += exp_shifted(v[u][j], m);
+            for (int u = 0; u < U; ++u) s += exp_shifted(v[u][j], m, f);
             part[j] = {m, s};
           }
         }
@@ -117,7 +116,7 @@ template <class T> struct TileCta {
     for (int j = 0; j < V; ++j)
       for (int o = 16; o >= vw; o /= 2)
         part[j] = merge_max_sum(part[j], P{__shfl_xor_sync(0xffffffffu, part[j].m, o),
-                                           __shfl_xor_sync(0xffffffffu, part[j].s, o)});
+                                           __shfl_xor_sync(0xffffffffu, part[j].s, o)}, f);
     const int warp = gtid >> 5, warps = group >> 5;
     if (lane < vw)
 #pragma unroll
@@ -125,7 +124,7 @@ template <class T> struct TileCta {
     sync_threads_named(kStatsBar, group);
     if (gtid < sh.w) {
       P r = red[gtid];
-      for (int w = 1; w < warps; ++w) r = merge_max_sum(r, red[w * sh.w + gtid]);
+      for (int w = 1; w < warps; ++w) r = merge_max_sum(r, red[w * sh.w + gtid], f);
       const int buf = static_cast<int>(iter % kTileStatsBuffers);
       const uint32_t slot = smem_addr(partials + (buf * csize + rank) * sh.w + gtid);
       const uint32_t bar = smem_addr(stats_bar + buf);
@@ -147,10 +146,11 @@ template <class T> struct TileCta {
       A m = neg_inf<A>();
       for (uint32_t q = 0; q < csize; ++q) m = max_acc(m, p[q * sh.w].m);
       A s = 0;
-      for (uint32_t q = 0; q < csize; ++q) s += p[q * sh.w].s * rescale(p[q * sh.w].m, m);
+      for (uint32_t q = 0; q < csize; ++q) s += p[q * sh.w].s * rescale(p[q * sh.w].m, m, exp_factor(scale));
       const A log_sum = log_acc(s);
       f[gtid] = {m, log_sum};
-      if (sh.lse != nullptr && rank == 0 && gtid < valid) static_cast<A*>(sh.lse)[o * sh.inner + c0 + gtid] = m + log_sum;
+      if (sh.lse != nullptr && rank == 0 && gtid < valid)
+        static_cast<A*>(sh.lse)[o * sh.inner + c0 + gtid] = m * scale + log_sum;
     }
     sync_threads_named(kWriteBar, group);
     if (gtid == 0) {
@@ -180,7 +180,7 @@ template <class T> struct TileCta {
           A v[V];
           load_pack<T, V>(c + i * V, v);
 #pragma unroll
-          for (int j = 0; j < V; ++j) v[j] = log_softmax_out(v[j] * scale, m[j], ls[j]);
+          for (int j = 0; j < V; ++j) v[j] = log_softmax_out_scaled(v[j], m[j], scale, ls[j]);
           store_pack<T, V>(out, v, (sh.hints & 2) != 0);
         }
       }

@@ -62,9 +62,11 @@ __device__ __forceinline__ double max_acc(double a, double b) { return fmax(a, b
 // would be NaN and would poison rows that are finite elsewhere. A NaN element still makes s NaN,
 // and +inf makes it NaN through inf - inf, which is what torch gives for such rows.
 
-// exp(v - m), with the shift taken as 0 when m is -inf.
-template <class A> __device__ __forceinline__ A exp_shifted(A v, A m) {
-  return exp_acc(v - (m == neg_inf<A>() ? A(0) : m));
+// exp((v - m) * scale) as exp_base((v - m) * f), f = exp_factor(scale) (by default scale 1), with
+// the shift taken as 0 when m is -inf. The difference comes first, so that elements next to a large
+// max keep theirs (v * scale - m * scale would round them away).
+template <class A> __device__ __forceinline__ A exp_shifted(A v, A m, A f = exp_factor(A(1))) {
+  return exp_base((v - (m == neg_inf<A>() ? A(0) : m)) * f);
 }
 // The factor that moves a sum taken relative to m_old onto m_new >= m_old. With a factor f =
 // exp_factor(scale), the maxima are those of x and the sums are of exp((x - m) * scale).

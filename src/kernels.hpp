@@ -20,7 +20,7 @@ struct RowsArgs {
   int64_t rows;
   int64_t cols;
   softlight_dtype dtype;
-  double scale;  // x is multiplied by this on load (1 / temperature)
+  double scale;  // 1 / temperature: y = (x - max) * scale - log(sum of exp((x - max) * scale))
   void* lse;     // optional per-row log-sum-exp, accumulation type
 };
 

@@ -36,7 +36,8 @@ struct SplitShape {
 template <class A, bool Backward> struct Part;
 template <class A> struct Part<A, false> {
   MaxSum<A> v{neg_inf<A>(), A(0)};
-  __device__ __forceinline__ void merge(const Part& o) { v = merge_max_sum(v, o.v); }
+  // f = exp_factor(scale): the maxima are of x, the sums of exp((x - max) * scale).
+  __device__ __forceinline__ void merge(const Part& o, A f) { v = merge_max_sum(v, o.v, f); }
   __device__ __forceinline__ Part shfl_xor(int offset) const {
     Part r;
     r.v = {__shfl_xor_sync(0xffffffffu, v.m, offset), __shfl_xor_sync(0xffffffffu, v.s, offset)};
@@ -53,7 +54,7 @@ template <class A> struct Part<A, false> {
 };
 template <class A> struct Part<A, true> {
   A v = 0;
-  __device__ __forceinline__ void merge(const Part& o) { v += o.v; }
+  __device__ __forceinline__ void merge(const Part& o, A) { v += o.v; }
   __device__ __forceinline__ Part shfl_xor(int offset) const {
     Part r;
     r.v = __shfl_xor_sync(0xffffffffu, v, offset);
@@ -74,6 +75,7 @@ split_rows_kernel(const T* __restrict__ in0, Strides s0, const T* __restrict__ i
                   T* out, Strides so, SplitShape sh, acc_t<T> scale, acc_t<T>* __restrict__ lse) {
   using A = acc_t<T>;
   using P = Part<A, Backward>;
+  const A f = exp_factor(scale);  // forward: the maxima are of x, the sums of exp((x - max) * scale)
   constexpr int U = V == 1 ? 8 : V >= 8 || (Backward && V >= 4) ? 2 : 4;  // units in flight per thread and step
   // Dynamic shared memory: [red: one per thread][mine: L][total: L].
   extern __shared__ __align__(16) unsigned char smem[];
@@ -127,19 +129,19 @@ split_rows_kernel(const T* __restrict__ in0, Strides s0, const T* __restrict__ i
 #pragma unroll
           for (int k = 0; k < U; ++k)
 #pragma unroll
-            for (int j = 0; j < V; ++j) m = max_acc(m, v[k][j] * scale);
-          A s = part.v.s * rescale(part.v.m, m);
+            for (int j = 0; j < V; ++j) m = max_acc(m, v[k][j]);
+          A s = part.v.s * rescale(part.v.m, m, f);
 #pragma unroll
           for (int k = 0; k < U; ++k)
 #pragma unroll
-            for (int j = 0; j < V; ++j) s += exp_shifted(v[k][j] * scale, m);
+            for (int j = 0; j < V; ++j) s += exp_shifted(v[k][j], m, f);
           part.v = {m, s};
         }
       }
     }
     // Threads of one inner lane differ by multiples of L: within a warp first (L < 32), then
     // through shared memory.
-    for (int offset = 16; offset >= L; offset /= 2) part.merge(part.shfl_xor(offset));
+    for (int offset = 16; offset >= L; offset /= 2) part.merge(part.shfl_xor(offset), f);
     if (L >= 32) {
       red[tid] = part;
     } else if (lane < L) {
@@ -151,7 +153,7 @@ split_rows_kernel(const T* __restrict__ in0, Strides s0, const T* __restrict__ i
     __syncthreads();
     if (tid < L) {
       P r;
-      for (int k = 0; k < per_lane; ++k) r.merge(red[k * L + tid]);
+      for (int k = 0; k < per_lane; ++k) r.merge(red[k * L + tid], f);
       mine[tid] = r;
       total[tid] = r;
     }
@@ -160,7 +162,7 @@ split_rows_kernel(const T* __restrict__ in0, Strides s0, const T* __restrict__ i
       cluster_sync();  // every CTA's `mine` is written
       if (tid < L) {
         P r;
-        for (int q = 0; q < C; ++q) r.merge(P::remote(&mine[tid], q));
+        for (int q = 0; q < C; ++q) r.merge(P::remote(&mine[tid], q), f);
         total[tid] = r;
       }
       cluster_arrive();  // done reading the others' `mine`
@@ -175,7 +177,7 @@ split_rows_kernel(const T* __restrict__ in0, Strides s0, const T* __restrict__ i
     A log_sum = 0;
     if constexpr (!Backward) {
       log_sum = log_acc(fin.v.s);
-      if (lse != nullptr && rank == 0 && along == 0) lse[o * sh.inner + c] = fin.v.m + log_sum;
+      if (lse != nullptr && rank == 0 && along == 0) lse[o * sh.inner + c] = fin.v.m * scale + log_sum;
     }
     for (int64_t u0 = begin + along; u0 < end; u0 += int64_t{stride} * U) {
       A v[U][V];
@@ -197,7 +199,7 @@ split_rows_kernel(const T* __restrict__ in0, Strides s0, const T* __restrict__ i
             if constexpr (Backward) {
               v[k][j] = log_softmax_grad(v[k][j], g[k][j], fin.v);
             } else {
-              v[k][j] = log_softmax_out(v[k][j] * scale, fin.v.m, log_sum);
+              v[k][j] = log_softmax_out_scaled(v[k][j], fin.v.m, scale, log_sum);
             }
           }
           store_pack<T, V>(d + u * step_o, v[k]);

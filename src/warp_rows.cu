@@ -26,6 +26,7 @@ warp_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t
   const int rows_per_warp = 32 / group;
   const int64_t warps = int64_t{gridDim.x} * (blockDim.x / 32);
   const int64_t warp = int64_t{blockIdx.x} * (blockDim.x / 32) + (threadIdx.x >> 5);
+  const A f = exp_factor(scale);  // the max is of x, the sum of exp((x - max) * scale)
   for (int64_t base = warp * rows_per_warp; base < rows; base += warps * rows_per_warp) {
     const int64_t row = base + lane / group;
     const bool live = row < rows;
@@ -37,8 +38,6 @@ warp_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t
       const int e = (i * group + sub) * V;
       if (live && e < cols) {
         load_pack<T, V>(xr + e, v[i]);
-#pragma unroll
-        for (int j = 0; j < V; ++j) v[i][j] *= scale;
       } else {
 #pragma unroll
         for (int j = 0; j < V; ++j) v[i][j] = neg_inf<A>();
@@ -51,17 +50,17 @@ warp_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t
 #pragma unroll
     for (int i = 0; i < ITERS; ++i)
 #pragma unroll
-      for (int j = 0; j < V; ++j) s += exp_shifted(v[i][j], m);
+      for (int j = 0; j < V; ++j) s += exp_shifted(v[i][j], m, f);
     s = group_sum(s, group);
     const A log_sum = log_acc(s);
-    if (lse != nullptr && live && sub == 0) lse[row] = m + log_sum;
+    if (lse != nullptr && live && sub == 0) lse[row] = m * scale + log_sum;
     T* yr = y + row * ys;
 #pragma unroll
     for (int i = 0; i < ITERS; ++i) {
       const int e = (i * group + sub) * V;
       if (live && e < cols) {
 #pragma unroll
-        for (int j = 0; j < V; ++j) v[i][j] = log_softmax_out(v[i][j], m, log_sum);
+        for (int j = 0; j < V; ++j) v[i][j] = log_softmax_out_scaled(v[i][j], m, scale, log_sum);
         store_pack<T, V>(yr + e, v[i]);
       }
     }

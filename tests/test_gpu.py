@@ -514,6 +514,47 @@ def test_rows_of_large_finite_max(dtype, temperature, cols):
     assert_lse_close(torch.as_tensor(lse), x, temperature, dtype)
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.75])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16"])
+@pytest.mark.parametrize("case,cols,family", [
+    ("unaligned", 100, "warp_rows"), ("unaligned", 5000, "block_rows"), ("contiguous", 50257, None),
+    ("axis", 4096, "cluster_tiles"), ("axis-narrow", 4096, "split_rows")])
+def test_elements_next_to_a_large_max(dtype, temperature, case, cols, family):
+    """Rows whose elements lie a few ulps below a large max, with and without a temperature, through
+    the families that read element by element: rows off 16 bytes (warp_rows' element path,
+    block_rows), rows of 50 257 (block_rows for float32 and float64), and a non-last axis (cluster_tiles
+    on Hopper, split_rows for a narrow inner extent). Every family takes x - max before the scale:
+    x / T - max / T would round the differences away."""
+    rows = 64 if case == "axis" else 6
+    x = (torch.randn(rows, cols, device="cuda", dtype=torch.float64) * 3)
+    r = torch.rand(cols, device="cuda", dtype=torch.float64)
+    x[0] = 1e20 * (1 + 0.01 * r)      # many elements a few ulps below the max
+    x[1] = -1e20 * (1 + 0.01 * r)     # a large negative max
+    x[2, 5] = 1e30
+    x = x.to(tdtype(dtype))
+    if case == "unaligned":
+        base = torch.empty(rows, cols + 1, device="cuda", dtype=x.dtype)
+        base[:, 1:] = x
+        assert planned(rows, cols, dtype, aligned=False)["family"] == family
+        y, lse = softlight.log_softmax(base[:, 1:], temperature=temperature, return_lse=True)
+    elif case == "contiguous":
+        y, lse = softlight.log_softmax(x, temperature=temperature, return_lse=True)
+        family = planned(rows, cols, dtype)["family"]
+    else:
+        xt = x.t().contiguous()  # the rows of x along axis 0: inner = rows
+        if torch.cuda.get_device_capability()[0] >= 9 or family == "split_rows":
+            dev = {k: v for k, v in device_plan_args().items() if k != "cc_minor"}
+            e = ELEM[dtype]
+            p = _C.plan_axis(1, cols, rows, e, False, False, False, **dev, tiles_aligned=rows * e % 16 == 0)
+            assert p["family"] == family, p
+        yt, lse = softlight.log_softmax(xt, dim=0, temperature=temperature, return_lse=True)
+        y = yt.t()
+    torch.cuda.synchronize()
+    what = f"next to a large max, {case} ({family}), {dtype}, T={temperature}"
+    assert_close_to_float64(y, x, dtype, what, transform=lambda v: (v - v.amax(-1, keepdim=True)) / temperature)
+    assert_lse_close(torch.as_tensor(lse).reshape(-1), x, temperature, dtype)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("group", [1, 3, 22, 40, 132])
 def test_grid_groups_forced(monkeypatch, group, dtype):
