@@ -522,9 +522,9 @@ def test_rows_of_large_finite_max(dtype, temperature, cols):
 def test_elements_next_to_a_large_max(dtype, temperature, case, cols, family):
     """Rows whose elements lie a few ulps below a large max, with and without a temperature, through
     the families that read element by element: rows off 16 bytes (warp_rows' element path,
-    block_rows), rows of 50 257 (block_rows for float32 and float64), and a non-last axis (cluster_tiles
-    on Hopper, split_rows for a narrow inner extent). Every family takes x - max before the scale:
-    x / T - max / T would round the differences away."""
+    block_rows) and a non-last axis (cluster_tiles on Hopper, split_rows for a narrow inner extent);
+    and rows of 50 257, peeled into cluster_rows on Hopper (block_rows elsewhere). Every family takes
+    x - max before the scale: x / T - max / T would round the differences away."""
     rows = 64 if case == "axis" else 6
     x = (torch.randn(rows, cols, device="cuda", dtype=torch.float64) * 3)
     r = torch.rand(cols, device="cuda", dtype=torch.float64)
@@ -539,7 +539,8 @@ def test_elements_next_to_a_large_max(dtype, temperature, case, cols, family):
         y, lse = softlight.log_softmax(base[:, 1:], temperature=temperature, return_lse=True)
     elif case == "contiguous":
         y, lse = softlight.log_softmax(x, temperature=temperature, return_lse=True)
-        family = planned(rows, cols, dtype)["family"]
+        # (the rows of a contiguous array are misaligned alike in x and y: peelable)
+        family = _C.plan(rows, cols, ELEM[dtype], False, **device_plan_args(), peelable=True)["family"]
     else:
         xt = x.t().contiguous()  # the rows of x along axis 0: inner = rows
         if torch.cuda.get_device_capability()[0] >= 9 or family == "split_rows":
