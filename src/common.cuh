@@ -48,8 +48,6 @@ __device__ __forceinline__ float exp_base(float t) {
   return r;
 }
 __device__ __forceinline__ double exp_base(double t) { return exp(t); }
-// exp(v) in the accumulation type.
-template <class A> __device__ __forceinline__ A exp_acc(A v) { return exp_base(v * exp_factor(A(1))); }
 __device__ __forceinline__ float log_acc(float v) { return logf(v); }
 __device__ __forceinline__ double log_acc(double v) { return log(v); }
 // fmax ignores a NaN operand; a NaN still reaches the result through the sum (see exp_shifted).
@@ -261,9 +259,9 @@ template <class T, int N> __device__ __forceinline__ acc_t<T> packs_max(const ui
 // come out 0 * inf = NaN). From there on (and where shift * f overflows), every x < shift lies at
 // least |shift| * 2^-24 below it (2^-53 for double), so (shift - x) * f >= 2^7 and its term is
 // below 2^-127 (float; e^-128 for double): negligible next to the max's 1, and the row's sum is
-// the count of x equal to the max. A power of two that brings shift * f near 2^110 (2^1000 for double), exactly, gives
-// those terms as exactly 0 and 1 and is used in place of f. lo is NaN where shift is +inf or NaN:
-// the row's sum is then NaN.
+// the count of x equal to the max. A power of two that brings shift * f near 2^110 (2^1000 for
+// double), exactly, gives those terms as exactly 0 and 1 and is used in place of f. lo is NaN where
+// shift is +inf or NaN: the row's sum is then NaN.
 template <class A> struct ShiftedExp {
   A f, hi, lo;
 };
