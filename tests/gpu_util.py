@@ -1,8 +1,12 @@
-"""Helpers for the GPU tests: skipping where there is no GPU, checking on the device."""
+"""Helpers for the GPU tests: skipping where there is no GPU, checking on the device, the plans the
+library makes."""
+import math
+
 import pytest
 
 from reference import POISON, TOL
 
+from softlight import _C
 from softlight._device import gpu_count
 
 try:
@@ -32,6 +36,16 @@ def device_plan_args():
     optin = getattr(p, "shared_memory_per_block_optin", 232448 if p.major >= 9 else 166912)
     return dict(cc_major=p.major, cc_minor=p.minor, sm_count=p.multi_processor_count, smem_optin=optin,
                 max_cluster=16 if p.major >= 9 else 0)
+
+
+def axis_plan(x, d, **kw):
+    """The library's plan for the forward of contiguous x along d on this GPU."""
+    outer = math.prod(x.shape[:d])
+    inner = math.prod(x.shape[d + 1:])
+    e = x.element_size()
+    dev = {k: v for k, v in device_plan_args().items() if k != "cc_minor"}
+    aligned = inner > 1 and inner * e % 16 == 0 and x.data_ptr() % 16 == 0
+    return _C.plan_axis(outer, x.shape[d], inner, e, inner == 1, False, False, **dev, tiles_aligned=aligned, **kw)
 
 
 def random_rows(rows, cols, dtype, scale=3.0, gen=None):

@@ -8,8 +8,8 @@ import pytest
 
 import softlight
 from softlight import _C
-from gpu_util import (DTYPES, HAVE_GPU, assert_close_to_float64, assert_lse_close, device_plan_args, needs_gpu,
-                      poisoned_like, random_rows, tdtype, torch)
+from gpu_util import (DTYPES, HAVE_GPU, assert_close_to_float64, assert_lse_close, axis_plan, device_plan_args,
+                      needs_gpu, poisoned_like, random_rows, tdtype, torch)
 from reference import POISON, SPECIAL_ROWS, TOL, special_matrix
 
 pytestmark = needs_gpu
@@ -26,8 +26,9 @@ def rows_for(cols, dtype, budget=1 << 24):
     return int(max(1, min(129, budget // (cols * ELEM[dtype]))))
 
 
-def planned(rows, cols, dtype, aligned=True):
-    """The plan the library makes for this problem on this GPU (tuning knobs included)."""
+def planned(rows, cols, dtype, aligned=True, peelable=False):
+    """The plan the library makes for this problem on this GPU (tuning knobs included). peelable:
+    x and y rows misaligned alike (the rows of contiguous arrays)."""
     import os
     knobs = {k: int(os.environ.get(f"SOFTLIGHT_{k.upper()}", "0"))
              for k in ("cluster", "chunk_bytes", "threads")}
@@ -39,7 +40,7 @@ def planned(rows, cols, dtype, aligned=True):
     e = ELEM[dtype]
     # aligned: a contiguous array from torch's allocator (its base on 16 bytes and more).
     return _C.plan(rows, cols, e, aligned and cols * e % 16 == 0, **device_plan_args(), **knobs,
-                   aligned8=aligned and cols * e % 8 == 0, flat16=aligned)
+                   aligned8=aligned and cols * e % 8 == 0, flat16=aligned, peelable=peelable)
 
 
 def run_and_check(x, dtype, what, out=None):
@@ -505,10 +506,7 @@ def test_rows_of_large_finite_max(dtype, temperature, cols):
     x[5, :] = big[1]                                          # all at the max: -log(cols)
     y, lse = softlight.log_softmax(x, temperature=temperature, return_lse=True)
     torch.cuda.synchronize()
-    # (contiguous rows are misaligned alike in x and y: peelable)
-    family = _C.plan(rows, cols, ELEM[dtype], cols * ELEM[dtype] % 16 == 0, **device_plan_args(), peelable=True,
-                     flat16=True)["family"]
-    what = f"large max, {family}, T={temperature}"
+    what = f"large max, {planned(rows, cols, dtype, peelable=True)['family']}, T={temperature}"
     # The reference shifts by the row's max before dividing: x / T alone rounds 1e30 by 1e14 in
     # float64, more than its tolerance on the differences of (x - max) / T (shifting changes nothing
     # in exact arithmetic, and x - max is exact where x is near the max).
@@ -542,14 +540,11 @@ def test_elements_next_to_a_large_max(dtype, temperature, case, cols, family):
         y, lse = softlight.log_softmax(base[:, 1:], temperature=temperature, return_lse=True)
     elif case == "contiguous":
         y, lse = softlight.log_softmax(x, temperature=temperature, return_lse=True)
-        # (the rows of a contiguous array are misaligned alike in x and y: peelable)
-        family = _C.plan(rows, cols, ELEM[dtype], False, **device_plan_args(), peelable=True)["family"]
+        family = planned(rows, cols, dtype, peelable=True)["family"]
     else:
         xt = x.t().contiguous()  # the rows of x along axis 0: inner = rows
         if torch.cuda.get_device_capability()[0] >= 9 or family == "split_rows":
-            dev = {k: v for k, v in device_plan_args().items() if k != "cc_minor"}
-            e = ELEM[dtype]
-            p = _C.plan_axis(1, cols, rows, e, False, False, False, **dev, tiles_aligned=rows * e % 16 == 0)
+            p = axis_plan(xt, 0)
             assert p["family"] == family, p
         yt, lse = softlight.log_softmax(xt, dim=0, temperature=temperature, return_lse=True)
         y = yt.t()

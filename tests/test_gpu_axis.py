@@ -1,13 +1,12 @@
 """GPU tests of any axis, strided views and the backward: every layout the split_rows family and
 the warp_rows backward take, all four dtypes, against float64; outputs poisoned first, special
 values included. Skipped without a GPU."""
-import math
 
 import pytest
 
 import softlight
 from softlight import _C
-from gpu_util import DTYPES, assert_lse_close, device_plan_args, needs_gpu, tdtype, torch
+from gpu_util import DTYPES, assert_lse_close, axis_plan, device_plan_args, needs_gpu, tdtype, torch
 from reference import POISON, TOL
 
 pytestmark = needs_gpu
@@ -106,16 +105,6 @@ def test_forward_in_place_along_an_axis():
 
 
 # --- non-last axes through cluster_tiles (Hopper; split_rows elsewhere) ------------------------------
-
-def axis_plan(x, d, **kw):
-    """The library's plan for the forward of contiguous x along d on this GPU."""
-    outer = math.prod(x.shape[:d])
-    inner = math.prod(x.shape[d + 1:])
-    e = x.element_size()
-    dev = {k: v for k, v in device_plan_args().items() if k != "cc_minor"}
-    aligned = inner > 1 and inner * e % 16 == 0 and x.data_ptr() % 16 == 0
-    return _C.plan_axis(outer, x.shape[d], inner, e, inner == 1, False, False, **dev, tiles_aligned=aligned, **kw)
-
 
 TILE_SHAPES = [((64, 2048, 256), 1), ((3, 1000, 100), 1), ((5, 777, 48), 1), ((4, 10000, 64), 1),
                ((2, 300, 32), 1), ((1000, 64, 256), 1), ((8, 12288), 0), ((2, 5, 70000), 1)]
