@@ -181,3 +181,17 @@ def test_3d_entry_checks():
     assert call(xp=x.ctypes.data, ys=(12, 0, 1)) == 3
     assert (y == POISON).all()
     assert call() == 0 and np.allclose(y, -np.log(3))
+
+
+def test_contiguous_layout_shortcut_equals_the_general_rule(rng):
+    """_axis_layout's shortcut for C-contiguous arrays gives what the general rule gives them, for
+    every axis, with and without axes of extent 1."""
+    from softlight._api import _axis_layout, _c_strides, _strided_layout
+    from softlight._arrays import View
+    for _ in range(300):
+        shape = tuple(int(v) for v in rng.choice([1, 1, 2, 3, 7], size=int(rng.integers(1, 6))))
+        strides = _c_strides(shape)
+        assert strides == tuple(s // 4 for s in np.empty(shape, np.float32).strides)
+        v = View(ptr=0, shape=shape, strides=strides, dtype="float32", on_gpu=False, device_id=0, readonly=False)
+        for d in range(len(shape)):
+            assert _axis_layout(v, d, "x") == _strided_layout(shape, strides, d, "x"), (shape, d)

@@ -211,6 +211,52 @@ def test_torch_in_torch_out_and_framework_stream():
     assert_close_to_float64(y, x, "float32")
 
 
+def test_torch_tensors_read_from_their_attributes_as_dlpack_reads_them(monkeypatch):
+    """torch tensors are read from their attributes, not through __dlpack__, where the export would
+    ask nothing of torch (CPU tensors; CUDA tensors when our stream is torch's current one): the two
+    readings agree in every field and in the layout taken along each axis (or refuse it alike).
+    Tensors the attributes cannot stand for, and CUDA tensors for another stream (whose export makes
+    that stream wait for torch's), go through DLPack."""
+    from softlight import _arrays
+    from softlight._api import _axis_layout
+    from softlight._arrays import CPU, CUDA, NO_SYNC, export, read_view, torch_view
+    base = torch.randn(6, 5, 8, device="cuda")
+    cases = [base, base[:, 1:4], base.transpose(0, 2), base[::2, :, 3:], base[:, :1], base[0, 0, 0],
+             base[:0], torch.randn(3, 1, 4, device="cuda").expand(3, 2, 4),
+             torch.randn(100, device="cuda", dtype=torch.bfloat16)[1:],
+             torch.randn(4, 7, dtype=torch.float16, device="cuda"), torch.randn(4, 7, dtype=torch.float64),
+             torch.randn(3, 9)[:, ::2]]
+    for t in cases:
+        fast, slow = torch_view(t), export(t, CUDA if t.is_cuda else CPU, NO_SYNC)
+        assert fast is not None
+        assert (fast.ptr, fast.shape, fast.dtype, fast.on_gpu, fast.device_id, fast.readonly) == \
+            (slow.ptr, slow.shape, slow.dtype, slow.on_gpu, slow.device_id, slow.readonly), (t.shape, t.stride())
+        for d in range(t.dim()):
+            got = []
+            for v in (fast, slow):
+                try:
+                    got.append(_axis_layout(v, d, "x"))
+                except softlight.InvalidArgumentError as e:
+                    got.append(str(e).split(" (shape")[0])
+            assert got[0] == got[1], (t.shape, t.stride(), d)
+    negative = torch.randn(3, dtype=torch.cfloat, device="cuda").conj().imag  # the negative bit, where set
+    for t in [base.detach().requires_grad_(True), base.to(torch.int32), base.to_sparse(),
+              torch.nn.Parameter(base, requires_grad=False)] + ([negative] if negative.is_neg() else []):
+        assert torch_view(t) is None
+    exports = []
+
+    def spy(*args):
+        exports.append(args[2])
+        return export(*args)
+    monkeypatch.setattr(_arrays, "export", spy)
+    other = torch.cuda.Stream()
+    assert read_view(base, "torch", NO_SYNC) == torch_view(base) and not exports
+    on_cpu = base.cpu()
+    assert read_view(on_cpu, "torch", other.cuda_stream) == torch_view(on_cpu) and not exports
+    assert read_view(base, "torch", other.cuda_stream).ptr == base.data_ptr()
+    assert exports == [other.cuda_stream]  # another stream: the export makes it wait for torch's
+
+
 def test_explicit_stream_waits_for_the_framework_stream():
     """stream= other than torch's current stream: the inputs, still being written on the current
     stream (behind a kernel that spins for ~50 ms), are read only once they are ready there."""

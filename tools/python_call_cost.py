@@ -13,7 +13,7 @@ import torch
 
 import softlight
 from softlight import _C
-from softlight._arrays import NO_SYNC, export
+from softlight._arrays import NO_SYNC, empty_like, export, torch_view
 
 
 def per_call_us(fn, n=3000):
@@ -41,7 +41,10 @@ def main():
         "_C.forward_3d": lambda: _C.forward_3d(xv.ptr, (1000, 1, 0), y.data_ptr(), (1000, 1, 0), 4, 1000, 1, 0, h),
         "export, no synchronization": lambda: export(x, 2, NO_SYNC),
         "export, stream given": lambda: export(x, 2, 1 if h == 0 else h),
+        "torch_view (attributes)": lambda: torch_view(x),
         "torch.empty_like": lambda: torch.empty_like(x),
+        "torch.empty_like, contiguous": lambda: torch.empty_like(x, memory_format=torch.contiguous_format),
+        "empty_like (softlight's)": lambda: empty_like(x, xv),
         "torch.log_softmax": lambda: torch.log_softmax(x, -1),
     }
     for name, fn in cases.items():

@@ -3,8 +3,8 @@ import math
 
 from . import _C
 from . import _dtypes
-from ._arrays import (CUDA, CUDA_MANAGED, NO_SYNC, dlpack_device, empty_like, export, filled, finish, framework_of,
-                      framework_stream, prepare_input, ready_for_foreign_stream)
+from ._arrays import (CPU, CUDA, CUDA_MANAGED, NO_SYNC, dlpack_device, empty_like, filled, finish, framework_of,
+                      framework_stream, prepare_input, read_view, ready_for_foreign_stream, torch_view)
 from ._errors import InvalidArgumentError, check
 from ._streams import stream_handle
 
@@ -30,9 +30,27 @@ def _merge(shape, strides):
     return math.prod(n for n, _ in axes), axes[-1][1]
 
 
+def _c_strides(shape):
+    out, step = [0] * len(shape), 1
+    for i in range(len(shape) - 1, -1, -1):
+        out[i] = step
+        step *= shape[i]
+    return tuple(out)
+
+
 def _axis_layout(view, d, name):
     """(outer, dim, inner) and the (outer, dim, inner) strides of an array taken along axis d."""
     shape, strides = view.shape, view.strides
+    if shape and 0 not in shape and strides == _c_strides(shape):
+        # C-contiguous (most calls): what _strided_layout gives such arrays, in fewer steps.
+        outer, inner = math.prod(shape[:d]), math.prod(shape[d + 1:])
+        return (outer, shape[d], inner), (shape[d] * inner if outer != 1 else 0, inner if shape[d] != 1 else 0,
+                                          1 if inner != 1 else 0)
+    return _strided_layout(shape, strides, d, name)
+
+
+def _strided_layout(shape, strides, d, name):
+    """_axis_layout of any layout."""
     if not shape:
         return (1, 1, 1), (0, 0, 0)
     if 0 in shape:  # nothing is read or written: any layout will do
@@ -50,48 +68,55 @@ def _axis_layout(view, d, name):
     return (before[0], shape[d], after[0]), (before[1], strides[d] if shape[d] != 1 else 0, after[1])
 
 
+def _layout_like(view, first, first_strides, d, name):
+    """The (outer, dim, inner) strides of `view`, an array of `first`'s shape: first_strides where
+    the two are laid out alike."""
+    return first_strides if view.strides == first.strides else _axis_layout(view, d, name)[1]
+
+
 class _Arrays:
     """The arrays of one call, read through DLPack on one device and stream."""
 
     def __init__(self, first, stream):
-        self.dev_type, self.dev_id = dlpack_device(first)
+        self.framework = framework_of(first)
+        first = prepare_input(first, self.framework)
+        self.first = first
+        attrs = torch_view(first) if self.framework == "torch" else None
+        if attrs is not None:
+            self.dev_type, self.dev_id = (CUDA if attrs.on_gpu else CPU), attrs.device_id
+        else:
+            self.dev_type, self.dev_id = dlpack_device(first)
         self.on_gpu = self.dev_type in (CUDA, CUDA_MANAGED)
         if stream is not None and not self.on_gpu:
             raise TypeError("softlight: stream= applies to GPU arrays, and the arrays are on the CPU")
-        first = prepare_input(first)
-        self.first = first
         # Our stream: `stream`, else the framework's current stream (torch, CuPy), else the legacy
         # default stream. Where it is the framework's current stream, the arrays are ready on it
         # and their exports ask for no synchronization (the producer's work for that is not free).
-        self.framework = framework_of(first)
-        current = framework_stream(first, self.dev_id) if self.on_gpu else None
+        current = framework_stream(first, self.dev_id, self.framework) if self.on_gpu else None
         self.handle = stream_handle(stream) if stream is not None else (current if current is not None else 0)
         self.dlpack_stream = NO_SYNC if current is not None and self.handle == current else self.handle
-        self.first_view = self.read(first, "x")
+        self.first_view = self.read(first, "x", framework=self.framework, attrs=attrs)
 
-    def read(self, a, name, like=None, writable=False):
+    def read(self, a, name, like=None, writable=False, framework=None, attrs=None):
         """The View of `a`; with `like`, checked to match it in device, dtype and shape."""
+        fw = framework_of(a) if framework is None else framework
+        # What a's export asks of its producer: NO_SYNC only for the first array's framework.
+        sync = self.dlpack_stream if fw == self.framework else self.handle
+        if like is not None and not writable:
+            a = prepare_input(a, fw)
+        v = read_view(a, fw, sync, attrs)
         if like is not None:
-            dev = dlpack_device(a)
-            a = prepare_input(a) if not writable else a
-            v = export(a, dev[0], self._sync_stream(a))
             if v.on_gpu != like.on_gpu or v.device_id != like.device_id:
                 raise InvalidArgumentError(f"softlight: {name} is on {v.device}, the input on {like.device}")
             if v.dtype != like.dtype:
                 raise InvalidArgumentError(f"softlight: {name} has dtype {v.dtype}, the input {like.dtype}")
             if v.shape != like.shape:
                 raise InvalidArgumentError(f"softlight: {name} has shape {v.shape}, the input {like.shape}")
-        else:
-            v = export(a, self.dev_type, self._sync_stream(a))
         if writable and v.readonly:
             raise InvalidArgumentError(f"softlight: {name} is read-only")
         if self.on_gpu:
-            ready_for_foreign_stream(a)
+            ready_for_foreign_stream(a, fw)
         return v
-
-    def _sync_stream(self, a):
-        """What `a`'s export asks of its producer (NO_SYNC only for the first array's framework)."""
-        return self.dlpack_stream if framework_of(a) == self.framework else self.handle
 
     def output(self, out, name):
         """(array, View) of the result: `out`, or a new array like the first input."""
@@ -135,13 +160,13 @@ def log_softmax(x, dim=-1, *, out=None, stream=None, temperature=1.0, return_lse
     d = _normalize_dim(dim, len(xv.shape))
     n, x_strides = _axis_layout(xv, d, "x")
     out, ov = arrays.output(out, "out")
-    _, y_strides = _axis_layout(ov, d, "out")
+    y_strides = _layout_like(ov, xv, x_strides, d, "out")
 
     lse, lse_ptr = None, 0
     if return_lse:
         lse_shape = xv.shape[:d] + xv.shape[d + 1:]
         lse = empty_like(arrays.first, xv, shape=lse_shape, dtype="float64" if xv.dtype == "float64" else "float32")
-        lse_ptr = export(lse, arrays.dev_type, arrays._sync_stream(lse)).ptr
+        lse_ptr = arrays.read(lse, "lse").ptr
 
     code = _dtypes.code(xv.dtype)
     if arrays.on_gpu:
@@ -149,7 +174,7 @@ def log_softmax(x, dim=-1, *, out=None, stream=None, temperature=1.0, return_lse
     else:
         status = _C.forward_3d_cpu(xv.ptr, x_strides, ov.ptr, y_strides, *n, code, 0, temperature, lse_ptr)
     check(status)
-    finish(arrays.first, xv, arrays.handle)
+    finish(arrays.first, xv, arrays.handle, arrays.framework)
     if return_lse and n[1] == 0 and n[0] * n[2] > 0:
         lse = filled(lse, -math.inf)  # the log-sum-exp of an empty axis; the library wrote nothing
     return (out, lse) if return_lse else out
@@ -170,16 +195,16 @@ def log_softmax_backward(grad_out, out, dim=-1, *, grad_in=None, stream=None):
     yv = arrays.read(out, "out", like=gv)
     d = _normalize_dim(dim, len(gv.shape))
     n, g_strides = _axis_layout(gv, d, "grad_out")
-    _, y_strides = _axis_layout(yv, d, "out")
+    y_strides = _layout_like(yv, gv, g_strides, d, "out")
     grad_in, dv = arrays.output(grad_in, "grad_in")
-    _, d_strides = _axis_layout(dv, d, "grad_in")
+    d_strides = _layout_like(dv, gv, g_strides, d, "grad_in")
     code = _dtypes.code(gv.dtype)
     if arrays.on_gpu:
         status = _C.backward_3d(gv.ptr, g_strides, yv.ptr, y_strides, dv.ptr, d_strides, *n, code, arrays.handle)
     else:
         status = _C.backward_3d_cpu(gv.ptr, g_strides, yv.ptr, y_strides, dv.ptr, d_strides, *n, code, 0)
     check(status)
-    finish(arrays.first, gv, arrays.handle)
+    finish(arrays.first, gv, arrays.handle, arrays.framework)
     return grad_in
 
 

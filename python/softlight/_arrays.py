@@ -4,8 +4,8 @@ Only the DLPack protocol is needed to read an array. Making a result array "like
 array's framework; torch, CuPy, JAX and numpy are known. Any other DLPack producer works with
 ``out=`` given.
 """
-from dataclasses import dataclass
 import sys
+from typing import NamedTuple
 
 from . import _C
 from . import _dtypes
@@ -17,9 +17,9 @@ _DEVICE_NAMES = {1: "cpu", 2: "cuda", 3: "cuda_host", 4: "opencl", 7: "vulkan", 
                  10: "rocm", 13: "cuda_managed", 14: "oneapi"}
 
 
-@dataclass(frozen=True)
-class View:
-    """What softlight needs of an array, read from its DLPack export."""
+class View(NamedTuple):
+    """What softlight needs of an array, read from its DLPack export (a named tuple: made at every
+    call, and a frozen dataclass costs a microsecond more to make)."""
 
     ptr: int
     shape: tuple
@@ -74,17 +74,73 @@ def export(a, dev_type, stream):
                 on_gpu=dev_type in (CUDA, CUDA_MANAGED), device_id=int(d["device_id"]), readonly=readonly)
 
 
+def torch_view(a):
+    """The View of a torch tensor read from its attributes, as its DLPack export gives it; None
+    where the attributes cannot stand for the export (tensor subclasses, other layouts, devices or
+    dtypes, views with the negative bit, tensors that require grad, which torch refuses to export).
+    torch's __dlpack__ costs several microseconds a call (docs/design.md, "The Python call"); the
+    attributes, a fraction of that."""
+    torch = _torch()
+    if type(a) is not torch.Tensor or a.requires_grad or a.layout is not torch.strided or a.is_neg():
+        return None
+    dtype = _torch_dtypes().get(a.dtype)
+    if dtype is None:
+        return None
+    if a.is_cuda:
+        on_gpu, device_id = True, a.get_device()
+    elif a.is_cpu:
+        on_gpu, device_id = False, 0
+    else:
+        return None
+    return View(ptr=a.data_ptr(), shape=tuple(a.shape), strides=a.stride(), dtype=dtype, on_gpu=on_gpu,
+                device_id=device_id, readonly=False)
+
+
+def read_view(a, framework, stream, attrs=None):
+    """The View of `a` for work on `stream` (as in export). A torch tensor's attributes
+    (torch_view; `attrs` where already at hand) stand for its export where the export would ask
+    nothing of torch: on the CPU, or on the GPU with stream NO_SYNC (our work follows torch's current
+    stream). Otherwise, and for other arrays, the View comes through DLPack."""
+    if attrs is None and framework == "torch":
+        attrs = torch_view(a)
+    if attrs is None:
+        return export(a, dlpack_device(a)[0], stream)
+    if attrs.on_gpu and stream != NO_SYNC:
+        return export(a, CUDA, stream)
+    return attrs
+
+
 # --- frameworks ----------------------------------------------------------------------------------
 
+def _torch():
+    return sys.modules["torch"]
+
+
+_TORCH_DTYPES = {}
+
+
+def _torch_dtypes():
+    """torch dtype -> softlight's name for it, for the dtypes softlight computes in."""
+    if not _TORCH_DTYPES:
+        t = _torch()
+        _TORCH_DTYPES.update({t.float32: "float32", t.float16: "float16", t.bfloat16: "bfloat16",
+                              t.float64: "float64"})
+    return _TORCH_DTYPES
+
+
+_FRAMEWORKS = {}  # array type -> framework name
+
+
 def framework_of(a):
-    root = type(a).__module__.split(".", 1)[0]
-    if root in ("jax", "jaxlib"):
-        return "jax"
-    return root
+    fw = _FRAMEWORKS.get(type(a))
+    if fw is None:
+        root = type(a).__module__.split(".", 1)[0]
+        fw = _FRAMEWORKS[type(a)] = "jax" if root in ("jax", "jaxlib") else root
+    return fw
 
 
 def _torch_stream(a, device_id):
-    torch = sys.modules["torch"]
+    torch = _torch()
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # the handle alone, without a Stream object
     return raw(device_id) if raw is not None else torch.cuda.current_stream(device_id).cuda_stream
 
@@ -95,10 +151,10 @@ def _cupy_stream(a, device_id):
         return cupy.cuda.get_current_stream().ptr
 
 
-def framework_stream(a, device_id):
+def framework_stream(a, device_id, framework=None):
     """The framework's current stream on the device, for frameworks that have one (torch, CuPy),
     else None."""
-    fw = framework_of(a)
+    fw = framework or framework_of(a)
     if fw == "torch":
         return _torch_stream(a, device_id)
     if fw == "cupy":
@@ -106,9 +162,9 @@ def framework_stream(a, device_id):
     return None
 
 
-def prepare_input(a):
+def prepare_input(a, framework=None):
     """The array as softlight reads it (torch tensors that require grad are read detached)."""
-    if framework_of(a) == "torch" and getattr(a, "requires_grad", False):
+    if (framework or framework_of(a)) == "torch" and getattr(a, "requires_grad", False):
         return a.detach()
     return a
 
@@ -122,8 +178,10 @@ def empty_like(a, view, shape=None, dtype=None):
         import numpy as np
         return np.empty(shape, dtype=a.dtype if dtype is None else np.dtype(dtype))
     if fw == "torch":
-        torch = sys.modules["torch"]
+        torch = _torch()
         if shape == tuple(a.shape) and dtype is None:
+            if a.is_contiguous():  # torch's default keeps that layout, and parses no keyword
+                return torch.empty_like(a)
             return torch.empty_like(a, memory_format=torch.contiguous_format)
         return torch.empty(shape, dtype=a.dtype if dtype is None else getattr(torch, dtype), device=a.device)
     if fw == "cupy":
@@ -147,15 +205,15 @@ def filled(a, value):
     return a
 
 
-def finish(a, view, stream_handle):
+def finish(a, view, stream_handle, framework=None):
     """Framework-specific completion. JAX tracks no foreign streams, so its arrays are handed back
     only after the work is done; the other frameworks follow their stream."""
-    if framework_of(a) == "jax" and view.on_gpu:
+    if (framework or framework_of(a)) == "jax" and view.on_gpu:
         from ._streams import synchronize
         synchronize(stream_handle, view.device_id)
 
 
-def ready_for_foreign_stream(a):
+def ready_for_foreign_stream(a, framework=None):
     """JAX arrays are produced on JAX's own streams: wait for them before reading."""
-    if framework_of(a) == "jax":
+    if (framework or framework_of(a)) == "jax":
         a.block_until_ready()
