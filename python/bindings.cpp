@@ -122,7 +122,8 @@ py::dict plan_dict(const softlight::Plan& r) {
 py::dict plan(int64_t rows, int64_t cols, int elem_bytes, bool aligned16, int cc_major,
               int cc_minor, int sm_count, int64_t smem_optin, int max_cluster, int cluster,
               int chunk_bytes, int threads, int hints, bool peelable, bool aligned8, int exchange, int claim, int iters,
-              int64_t register_rows_bytes, bool flat16, int flat, int rows_per_lane, int peel_clusters) {
+              int64_t register_rows_bytes, bool flat16, int flat, int rows_per_lane, int peel_clusters,
+              int register_cluster) {
   softlight::Problem p;
   p.rows = rows;
   p.cols = cols;
@@ -140,6 +141,7 @@ py::dict plan(int64_t rows, int64_t cols, int elem_bytes, bool aligned16, int cc
   over.flat = flat;
   over.rows_per_lane = rows_per_lane;
   over.peel_clusters = peel_clusters;
+  over.register_cluster = register_cluster;
   return plan_dict(softlight::plan_rows(p, d, over));
 }
 
@@ -279,5 +281,6 @@ PYBIND11_MODULE(_C, m) {
         py::arg("threads") = 0, py::arg("hints") = -1, py::arg("peelable") = false, py::arg("aligned8") = false,
         py::arg("exchange") = -1, py::arg("claim") = -1, py::arg("iters") = 0,
         py::arg("register_rows_bytes") = 0, py::arg("flat16") = false, py::arg("flat") = -1,
-        py::arg("rows_per_lane") = -1, py::arg("peel_clusters") = -1);
+        py::arg("rows_per_lane") = -1, py::arg("peel_clusters") = -1,
+        py::arg("register_cluster") = -1);
 }

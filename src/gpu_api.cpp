@@ -109,7 +109,7 @@ softlight_status launch_with_cluster_fallback(DeviceInfo dev, const Overrides& o
 // Tuning knobs for experiments: SOFTLIGHT_CLUSTER, SOFTLIGHT_CHUNK_BYTES, SOFTLIGHT_THREADS,
 // SOFTLIGHT_HINTS, SOFTLIGHT_TILE_BYTES, SOFTLIGHT_EXCHANGE, SOFTLIGHT_GROUPS, SOFTLIGHT_CLAIM,
 // SOFTLIGHT_ITERS, SOFTLIGHT_REGISTER_ROWS_BYTES, SOFTLIGHT_FLAT,
-// SOFTLIGHT_ROWS_PER_LANE, SOFTLIGHT_PEEL_CLUSTERS, SOFTLIGHT_SPLIT_LANES,
+// SOFTLIGHT_ROWS_PER_LANE, SOFTLIGHT_PEEL_CLUSTERS, SOFTLIGHT_REGISTER_CLUSTER, SOFTLIGHT_SPLIT_LANES,
 // SOFTLIGHT_SPLIT_SEGMENT_BYTES (unset: the planner's choice);
 // SOFTLIGHT_VERBOSE prints cluster launches.
 Overrides overrides_from_env() {
@@ -127,6 +127,7 @@ Overrides overrides_from_env() {
   if (const char* s = std::getenv("SOFTLIGHT_FLAT")) o.flat = std::atoi(s);
   if (const char* s = std::getenv("SOFTLIGHT_ROWS_PER_LANE")) o.rows_per_lane = std::atoi(s);
   if (const char* s = std::getenv("SOFTLIGHT_PEEL_CLUSTERS")) o.peel_clusters = std::atoi(s);
+  if (const char* s = std::getenv("SOFTLIGHT_REGISTER_CLUSTER")) o.register_cluster = std::atoi(s);
   if (o.chunk_bytes % 16 != 0 || o.chunk_bytes < 0) o.chunk_bytes = 0;
   return o;
 }

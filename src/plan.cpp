@@ -62,6 +62,29 @@ Plan plan_warp_rows(const Problem& p, int vec, int max_group = 32, int min_iters
   return plan;
 }
 
+// Rows in registers over a cluster (Hopper): one row to a cluster of CTAs of `threads` threads
+// holding `iters` packs each, as few CTAs as hold the row (at least two, at most the device's
+// cluster), the row's packs spread evenly over them in runs of whole warps' packs; a cluster per
+// row (plan.grid clusters). None where no such cluster holds the row or the grid would not fit.
+Plan plan_register_cluster(const Problem& p, const DeviceInfo& d, int threads, int iters) {
+  const int64_t vectors = p.cols * p.elem_bytes / 16;
+  const int64_t per_cta = int64_t{threads} * iters;
+  const int64_t c = ceil_div(vectors, per_cta);
+  if (threads < 32 || threads > kRegisterClusterMaxThreads || threads % 32 != 0 || c < 2 ||
+      c > std::min(d.max_cluster, kMaxCluster) || p.rows > (int64_t{1} << 31) / c - 1)
+    return Plan{};
+  Plan plan;
+  plan.family = Family::warp_rows;
+  plan.vec = 16 / p.elem_bytes;
+  plan.threads = threads;
+  plan.group = threads;
+  plan.iters = iters;
+  plan.cluster = static_cast<int>(c);
+  plan.segment = ceil_div(ceil_div(vectors, c), 32) * 32;
+  plan.grid = p.rows;
+  return plan;
+}
+
 Plan plan_block_rows(const Problem& p, const DeviceInfo& d, int vec) {
   Plan plan;
   plan.family = Family::block_rows;
@@ -385,6 +408,20 @@ Plan plan_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
     const int64_t rows_per_cta = int64_t{kWarpRowsThreads} / plan.group * rows_per_lane;
     plan.grid = std::min<int64_t>(ceil_div(p.rows, rows_per_cta), int64_t{1} << 30);
     return plan;
+  }
+  // Rows past one CTA's registers in registers over a cluster, up to 512 KB (fp32) or 128 KB (16
+  // bits), a CTA of 128 threads holding 16 KB up to rows of 128 KB and of 256 threads holding 32 KB
+  // above (docs/design.md, "Rows in registers over a cluster"); SOFTLIGHT_REGISTER_CLUSTER=N
+  // forces CTAs of N threads, 0 turns them off.
+  const int64_t register_cluster_bytes = p.elem_bytes == 4 ? kRegisterClusterMaxRowBytes : kRegisterClusterMax16BitRowBytes;
+  if (has_clusters(d) && p.aligned16 && p.elem_bytes <= 4 && o.cluster <= 0 && o.register_cluster != 0 &&
+      (o.register_cluster > 0 || (row_bytes >= register_bytes && row_bytes <= register_cluster_bytes))) {
+    const int threads = o.register_cluster > 0 ? o.register_cluster
+                        : row_bytes <= kRegisterClusterSmallRowBytes ? kRegisterClusterMaxThreads / 2
+                                                                     : kRegisterClusterMaxThreads;
+    const Plan plan = plan_register_cluster(p, d, threads, per_thread_count(o.iters) && o.iters >= 4 ? o.iters
+                                                                                                     : kWarpRowsMaxIters);
+    if (plan.family != Family::none) return plan;
   }
   if (p.aligned16 && row_bytes < register_bytes && o.cluster <= 0)
     return plan_warp_rows(p, vec, kRegisterRowsMaxGroup, min_iters, kRegisterRowsWarpThreads);

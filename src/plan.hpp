@@ -76,6 +76,7 @@ struct Overrides {
   int flat = -1;       // warp_rows: 0 never flat tiles, 1 wherever the layout allows
   int rows_per_lane = -1;  // warp_rows, rows of at most 32 packs: 0 off, 1, 2, 4 or 8 rows a lane
   int peel_clusters = -1;  // cluster_rows for rows misaligned alike in x and y: 0 off
+  int register_cluster = -1;  // warp_rows, Hopper: rows in registers over a cluster, threads per CTA (0 off)
 };
 
 struct Plan {
@@ -84,7 +85,8 @@ struct Plan {
   int threads = 0;         // threads per CTA
   int64_t grid = 0;        // CTAs for warp_rows / block_rows; cluster_rows: rows' clusters cap
   // warp_rows
-  int group = 0;           // threads per row (power of two, 1..32; 16-byte packs: up to 1024)
+  int group = 0;           // threads per row (power of two, 1..32; 16-byte packs: up to 1024; over a
+                           // cluster (cluster > 0), the CTA's threads, segment packs a CTA)
   int iters = 0;           // vectors per lane per row (1, 2, 4 or 8)
   // warp_rows, flat tiles: rows per thread (0: not flat). Short rows that are not 16-byte aligned
   // but lie in one contiguous run are staged through shared memory a tile of threads * flat_rows
@@ -138,6 +140,15 @@ constexpr int64_t kRegisterRowsMaxBytes = 32 * 1024;
 // slower with eight (1.015 x -> 1.052 x), so they keep four.
 constexpr int64_t kRegisterRowsWideBytes = 16 * 1024;
 constexpr int kRegisterRowsMaxGroup = 1024;
+// Rows in registers over a cluster (warp_rows on Hopper, plan.cluster > 0): threads per CTA, at
+// most (eight packs a thread: 32 KB a CTA). The planner gives them the rows past one CTA's
+// registers (32 KB) up to 512 KB in fp32 (16 CTAs of 32 KB) and up to 128 KB in 16 bits (longer
+// 16-bit rows ran slower than the ring: docs/design.md, "Rows in registers over a cluster"), in
+// CTAs of half the threads up to rows of 128 KB.
+constexpr int kRegisterClusterMaxThreads = 256;
+constexpr int64_t kRegisterClusterMaxRowBytes = 512 * 1024;
+constexpr int64_t kRegisterClusterMax16BitRowBytes = 128 * 1024;
+constexpr int64_t kRegisterClusterSmallRowBytes = 128 * 1024;
 // Rows in registers of up to a warp a row: CTAs of two warps, not four. Each CTA's registers and
 // slot come free when its last warp is done, so smaller CTAs keep more warps resident (54 registers
 // a thread leave room for 9 CTAs of four warps). Measured on an H200 (docs/design.md, "CTAs of two

@@ -11,6 +11,7 @@
 #include <algorithm>
 
 #include "common.cuh"
+#include "hopper.cuh"
 #include "kernels.hpp"
 
 namespace softlight {
@@ -112,6 +113,75 @@ rows_in_registers_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y,
       if (live && e < vectors) store_log_softmax_pack<T>(yr + e * (16 / sizeof(T)), p[i], m, scale, log_sum);
     }
   }
+}
+
+// Rows in registers over a cluster (Hopper): rows too long for one CTA's registers, one row to a
+// cluster of C CTAs (the grid is rows * C CTAs, not persistent), CTA k holding packs
+// [k * span, (k + 1) * span) of the row, ITERS a thread. Each thread reduces its packs to a
+// (max, sum) pair, the CTA merges its threads' pairs (shuffles, then the warps' pairs through
+// shared memory) and sends its pair into every CTA's shared memory with st.async, completing on
+// that CTA's mbarrier; each CTA waits there for the C pairs, merges them and writes its share of y
+// from its registers. One read and one write. No cluster barrier per row (its release is a memory
+// fence that waits for the CTA's outstanding accesses, and took 2.5 cycles of every issued
+// instruction: docs/design.md, "Rows in registers over a cluster"), only one at the start, so that
+// no pair reaches a CTA before its mbarrier is initialised. The SM overlaps the loads, exchanges
+// and stores of the several CTAs it holds and takes a new one as each ends.
+template <class T, int ITERS>
+__global__ void __launch_bounds__(kRegisterClusterMaxThreads)
+register_cluster_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t ys, int vectors, int span,
+                        acc_t<T> scale, acc_t<T>* __restrict__ lse) {
+#ifdef SOFTLIGHT_HOPPER
+  using A = acc_t<T>;
+  __shared__ MaxSum<A> warp_pairs[kRegisterClusterMaxThreads / 32];
+  __shared__ alignas(16) MaxSum<A> partials[kMaxCluster];
+  __shared__ alignas(8) uint64_t arrived;
+  const uint32_t rank = cluster_rank();
+  uint32_t csize;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(csize));
+  const int threads = static_cast<int>(blockDim.x);
+  const int begin = static_cast<int>(rank) * span, end = min(vectors, begin + span);
+  const A f = exp_factor(scale);
+  const uint32_t bar = smem_addr(&arrived);
+  if (threadIdx.x == 0) {
+    mbar_init(bar, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+  const int64_t row = blockIdx.x / csize;
+  const uint4* xr = reinterpret_cast<const uint4*>(x + row * xs);
+  uint4 p[ITERS];
+#pragma unroll
+  for (int i = 0; i < ITERS; ++i) {
+    const int e = begin + i * threads + static_cast<int>(threadIdx.x);
+    p[i] = e < end ? xr[e] : neg_inf_pack<T>();
+  }
+  // This thread's pair, then the warp's, then the CTA's.
+  const A mt = packs_max<T, ITERS>(p);
+  const ShiftedExp<A> ex = shifted_exp(mt, scale);
+  MaxSum<A> q{mt, packs_exp_sum<T, ITERS>(p, ex) * exp_base(-ex.lo)};
+  for (int o = 16; o > 0; o /= 2)
+    q = merge_max_sum(q, MaxSum<A>{__shfl_xor_sync(0xffffffffu, q.m, o), __shfl_xor_sync(0xffffffffu, q.s, o)}, f);
+  if ((threadIdx.x & 31) == 0) warp_pairs[threadIdx.x >> 5] = q;
+  __syncthreads();
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");  // every CTA's mbarrier is ready
+  if (threadIdx.x == 0) {
+    MaxSum<A> c{neg_inf<A>(), A(0)};
+    for (int w = 0; w < threads / 32; ++w) c = merge_max_sum(c, warp_pairs[w], f);
+    mbar_arrive_expect_tx(bar, csize * uint32_t{2 * sizeof(A)});
+    broadcast_pair(smem_addr(&partials[rank]), c.m, c.s, bar, csize);
+  }
+  mbar_wait(bar, 0);
+  MaxSum<A> r{neg_inf<A>(), A(0)};
+  for (uint32_t k = 0; k < csize; ++k) r = merge_max_sum(r, partials[k], f);
+  const A log_sum = log_acc(r.s);
+  if (lse != nullptr && rank == 0 && threadIdx.x == 0) lse[row] = r.m * scale + log_sum;
+  T* yr = y + row * ys;
+#pragma unroll
+  for (int i = 0; i < ITERS; ++i) {
+    const int e = begin + i * threads + static_cast<int>(threadIdx.x);
+    if (e < end) store_log_softmax_pack<T>(yr + e * (16 / sizeof(T)), p[i], r.m, scale, log_sum);
+  }
+#endif
 }
 
 // Short rows in 16-byte packs, one pack per lane and several rows per lane: a group of `group`
@@ -363,6 +433,36 @@ cudaError_t launch_single_column(const Plan& p, const RowsArgs& a, cudaStream_t 
   return cudaGetLastError();
 }
 
+// Rows in registers over clusters of plan.cluster CTAs (plan.threads threads, plan.iters packs
+// each, plan.segment packs a CTA), one row to a cluster: plan.grid clusters, one per row.
+template <class T>
+cudaError_t launch_register_clusters(const Plan& p, const RowsArgs& a, cudaStream_t stream) {
+  // Built for 16-byte packs of 2- and 4-byte types, four or eight a thread (the planner's only).
+  if constexpr (sizeof(T) == 8) {
+    return cudaErrorInvalidValue;
+  } else {
+    if ((p.iters != 4 && p.iters != 8) || p.grid != a.rows) return cudaErrorInvalidValue;
+    auto kernel = p.iters == 8 ? register_cluster_kernel<T, 8> : register_cluster_kernel<T, 4>;
+    cudaError_t e = cudaSuccess;
+    if (p.cluster > 8 && (e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1)))
+      return e;
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1] = {};
+    set_cluster_dim(&cfg, attr, p.cluster);
+    cfg.blockDim = dim3(static_cast<unsigned>(p.threads));
+    cfg.gridDim = dim3(static_cast<unsigned>(p.cluster));
+    cfg.stream = stream;
+    int active = 0;  // a cluster that cannot be placed goes back to the planner (the caller's fallback)
+    if ((e = cudaOccupancyMaxActiveClusters(&active, kernel, &cfg))) return e;
+    if (active < 1) return cudaErrorInvalidClusterSize;
+    cfg.gridDim = dim3(static_cast<unsigned>(p.grid * p.cluster));
+    e = cudaLaunchKernelEx(&cfg, kernel, static_cast<const T*>(a.x), a.x_stride, static_cast<T*>(a.y), a.y_stride,
+                           static_cast<int>(a.cols / (16 / sizeof(T))), static_cast<int>(p.segment),
+                           static_cast<acc_t<T>>(a.scale), static_cast<acc_t<T>*>(a.lse));
+    return e != cudaSuccess ? e : cudaGetLastError();
+  }
+}
+
 template <class T, int V>
 cudaError_t launch_iters(const Plan& p, const RowsArgs& a, cudaStream_t stream) {
   // Rows in 16-byte packs go to short_rows_kernel (several rows a lane) or rows_in_registers_kernel,
@@ -405,6 +505,8 @@ cudaError_t launch_warp_rows(const Plan& p, const RowsArgs& a, cudaStream_t stre
     });
   if (a.cols == 1)
     return with_element_type(a.dtype, [&](auto tag) { return launch_single_column<decltype(tag)>(p, a, stream); });
+  if (p.cluster > 0)
+    return with_element_type(a.dtype, [&](auto tag) { return launch_register_clusters<decltype(tag)>(p, a, stream); });
   return with_element_type_and_vec<true>(a.dtype, p.vec, [&](auto tag, auto vec) {
     return launch_iters<decltype(tag), decltype(vec)::value>(p, a, stream);
   });

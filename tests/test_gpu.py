@@ -37,6 +37,8 @@ def planned(rows, cols, dtype, aligned=True, peelable=False):
     knobs["claim"] = int(os.environ.get("SOFTLIGHT_CLAIM", "-1"))
     knobs["flat"] = int(os.environ.get("SOFTLIGHT_FLAT", "-1"))
     knobs["rows_per_lane"] = int(os.environ.get("SOFTLIGHT_ROWS_PER_LANE", "-1"))
+    knobs["iters"] = int(os.environ.get("SOFTLIGHT_ITERS", "0"))
+    knobs["register_cluster"] = int(os.environ.get("SOFTLIGHT_REGISTER_CLUSTER", "-1"))
     e = ELEM[dtype]
     # aligned: a contiguous array from torch's allocator (its base on 16 bytes and more).
     return _C.plan(rows, cols, e, aligned and cols * e % 16 == 0, **device_plan_args(), **knobs,
@@ -427,12 +429,14 @@ def test_claimed_rows(monkeypatch, cluster, chunk, groups, row_bytes, rows, dtyp
     assert torch.equal(y.view(torch.uint8), dealt.view(torch.uint8)), "a row's result depends on its cluster"
 
 
-def test_claimed_rows_back_to_back():
+def test_claimed_rows_back_to_back(monkeypatch):
     """A stream's launches share its claimed rows' counter, which each launch's last cluster puts
     back: launches of different cluster counts and types queued back to back on one stream, in
-    two rounds with the outputs poisoned between them, each right in both."""
+    two rounds with the outputs poisoned between them, each right in both (the ring for every row:
+    rows in registers over a cluster would take some of them)."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("claimed rows are cluster_rows' (sm_90)")
+    monkeypatch.setenv("SOFTLIGHT_REGISTER_CLUSTER", "0")
     shapes = [(300, 32768, "float32"), (40, 393216, "float32"), (700, 32768, "bfloat16"),
               (300, 32768, "float32"), (64, 131072, "float16")]
     xs = [random_rows(*s) for s in shapes]
@@ -476,6 +480,46 @@ def test_flat_tiles(monkeypatch, rows, cols, dtype):
     torch.cuda.synchronize()
     assert_close_to_float64(y2, x, dtype, "flat tiles, T=0.5", transform=lambda v: v / 0.5)
     assert_lse_close(lse2, x, 0.5, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("threads,iters", [(128, 8), (256, 8), (64, 4), (256, 4)])
+@pytest.mark.parametrize("cols", [8200, 12000, 32000, 50000, 65536, 131072, 262144])
+def test_rows_in_registers_over_a_cluster(monkeypatch, cols, threads, iters, dtype):
+    """Rows in registers over a cluster (SOFTLIGHT_REGISTER_CLUSTER=threads, ITERS=iters forced):
+    clusters of 2 to 16 CTAs, slices ending mid-warp (lanes past the row's end), special values, temperature and LSE, strided rows, against float64; a row's result equal to
+    its result from the rows beside it."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("clusters need Hopper")
+    monkeypatch.setenv("SOFTLIGHT_REGISTER_CLUSTER", str(threads))
+    monkeypatch.setenv("SOFTLIGHT_ITERS", str(iters))
+    vec = 16 // ELEM[dtype]
+    c = -(-(cols // vec) // (threads * iters))
+    p = planned(37, cols, dtype)
+    if not 2 <= c <= 16 or cols % vec:
+        assert not (p["family"] == "warp_rows" and p["cluster"] > 0), p
+        pytest.skip(f"{cols} columns take {c} CTAs of {threads} x {iters} packs")
+    assert (p["family"], p["cluster"], p["threads"], p["iters"]) == ("warp_rows", c, threads, iters), p
+    x = random_rows(37, cols, dtype)
+    x[0, 1] = float("nan")
+    x[1, :] = float("-inf")
+    x[2, -1] = float("inf")
+    x[3, : cols // 2] = float("-inf")
+    x[4, -3:] = 3e4 if dtype == "float16" else 1e30  # a large max at the row's end
+    y = run_and_check(x, dtype, f"register clusters {dtype} {cols} {threads}x{iters}")
+    y2, lse = softlight.log_softmax(x, temperature=0.75, return_lse=True)
+    torch.cuda.synchronize()
+    assert_close_to_float64(y2, x, dtype, "register clusters, T=0.75", transform=lambda v: v / 0.75)
+    assert_lse_close(lse, x, 0.75, dtype)
+    wide = poisoned_like(torch.empty(37, cols + 2 * vec, device="cuda", dtype=x.dtype))
+    xs = torch.empty_like(wide)
+    xs[:, :cols] = x
+    softlight.log_softmax(xs[:, :cols], out=wide[:, :cols])  # row strides past the row
+    torch.cuda.synchronize()
+    assert torch.equal(torch.isnan(wide[:, :cols]), torch.isnan(y))
+    assert bool((wide[:, cols:] == POISON).all()), "nothing written past a row"
+    ok = ~torch.isnan(y)
+    assert torch.equal(wide[:, :cols][ok], y[ok]), "a row's result depends on its neighbours"
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

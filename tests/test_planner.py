@@ -63,7 +63,9 @@ def test_rows_in_16_byte_packs_under_32_kb_stay_in_registers(dtype):
     assert plan(100, below, dtype, iters=8)["group"] == 256  # more packs per thread, fewer threads
     assert plan(100, below, dtype, iters=4)["group"] == 512
     assert plan(100, 32768 // e, dtype)["family"] == ("warp_rows" if wide else "cluster_rows")  # 32 KB
-    assert plan(100, 32768 // e + 16 // e, dtype)["family"] == "cluster_rows"  # past it: the clusters
+    past = plan(100, 32768 // e + 16 // e, dtype)  # past it: rows over a cluster's registers (3 CTAs of 16 KB)
+    assert (past["family"], past["cluster"]) == ("warp_rows", 3) if wide else past["family"] == "cluster_rows"
+    assert plan(100, 32768 // e + 16 // e, dtype, register_cluster=0)["family"] == "cluster_rows"  # else the ring
     assert plan(100, 16384 // e, dtype)["iters"] == (8 if e == 2 else 4)  # 16 KB: 16-bit rows only
     assert plan(100, 32768 // e + 16 // e, dtype, dev=A100)["family"] == "block_rows"
     assert plan(100, below, dtype, dev=A100)["family"] == "warp_rows"  # no clusters needed
@@ -78,7 +80,7 @@ def test_register_rows_bound_override():
     assert (p["family"], p["group"], p["iters"], p["threads"]) == ("warp_rows", 512, 8, 512)
     p = plan(100, 65536, "bfloat16", register_rows_bytes=1 << 40)  # capped: the most that fits
     assert (p["family"], p["group"], p["iters"]) == ("warp_rows", 1024, 8)
-    assert plan(100, 65536 + 8, "bfloat16", register_rows_bytes=1 << 40)["family"] == "cluster_rows"
+    assert plan(100, 65536 + 8, "bfloat16", register_rows_bytes=1 << 40, register_cluster=0)["family"] == "cluster_rows"
     assert plan(100, 4096, "float32", register_rows_bytes=8192)["family"] == "block_rows"  # a lower bound
 
 
@@ -187,13 +189,13 @@ def test_fp32_slices_of_4_chunks_halve_into_wider_clusters():
     # twice the CTAs, 2 chunks (32 KB) each. Only where every CTA gets 2 (not rows of 15 chunks);
     # not past clusters of 8, nor for other types, the backward, or a chunk size asked for.
     for cols, cluster in [(32000, 4), (32768, 4), (65536, 8)]:
-        p = plan(8192, cols)
+        p = plan(8192, cols, register_cluster=0)
         assert (p["cluster"], p["chunks_per_cta"], p["double_buffered"]) == (cluster, 2, True), (cols, p)
-    assert (plan(4096, 61440)["cluster"], plan(4096, 61440)["chunks_per_cta"]) == (4, 4)
-    assert (plan(4096, 131072)["cluster"], plan(4096, 131072)["chunks_per_cta"]) == (8, 4)
-    assert plan(4096, 16384)["cluster"] == 1 and plan(4096, 24576)["cluster"] == 1
-    assert plan(8192, 65536, "bfloat16")["cluster"] == 2
-    assert plan(8192, 32768, chunk_bytes=16384)["cluster"] == 2
+    assert (plan(4096, 61440, register_cluster=0)["cluster"], plan(4096, 61440, register_cluster=0)["chunks_per_cta"]) == (4, 4)
+    assert (plan(4096, 131072, register_cluster=0)["cluster"], plan(4096, 131072, register_cluster=0)["chunks_per_cta"]) == (8, 4)
+    assert plan(4096, 16384, register_cluster=0)["cluster"] == 1 and plan(4096, 24576, register_cluster=0)["cluster"] == 1
+    assert plan(8192, 65536, "bfloat16", register_cluster=0)["cluster"] == 2
+    assert plan(8192, 32768, chunk_bytes=16384, register_cluster=0)["cluster"] == 2
     assert plan_axis(8192, 32768, backward=True)["cluster"] != 4
 
 
@@ -203,12 +205,12 @@ def test_16bit_rows_of_two_chunks_go_to_two_ctas():
     # (rows of 50 257), the backward, or a chunk size asked for.
     for cols in (32000, 32768):
         for dtype in ("bfloat16", "float16"):
-            p = plan(15625, cols, dtype)
+            p = plan(15625, cols, dtype, register_cluster=0)
             assert (p["cluster"], p["chunks_per_cta"], p["double_buffered"]) == (2, 1, True), (cols, dtype, p)
-    assert (plan(7629, 65536, "bfloat16")["cluster"], plan(7629, 65536, "bfloat16")["chunks_per_cta"]) == (2, 2)
-    assert plan(8192, 49152, "bfloat16")["cluster"] == 1
-    assert plan(9950, 50257, "bfloat16", peelable=True)["cluster"] == 1
-    assert plan(15625, 32768, "bfloat16", chunk_bytes=32768)["cluster"] == 1
+    assert (plan(7629, 65536, "bfloat16", register_cluster=0)["cluster"], plan(7629, 65536, "bfloat16", register_cluster=0)["chunks_per_cta"]) == (2, 2)
+    assert plan(8192, 49152, "bfloat16", register_cluster=0)["cluster"] == 1
+    assert plan(9950, 50257, "bfloat16", peelable=True, register_cluster=0)["cluster"] == 1
+    assert plan(15625, 32768, "bfloat16", chunk_bytes=32768, register_cluster=0)["cluster"] == 1
     assert plan_axis(15625, 32768, dtype="bfloat16", backward=True)["cluster"] == 1
 
 
@@ -236,12 +238,12 @@ def test_clusters_claim_their_rows():
     # CTAs share no shared memory to pass a claimed row on, keep rows dealt in turn.
     for cols, dtype in [(393216, "float32"), (32768, "float32"), (8192, "float64"), (393216, "bfloat16"),
                         (131072, "float16")]:
-        p = plan(4096, cols, dtype)
+        p = plan(4096, cols, dtype, register_cluster=0)
         assert p["family"] == "cluster_rows" and not p["grid_exchange"] and p["claim_rows"]
-        assert not plan(4096, cols, dtype, claim=0)["claim_rows"]  # the knob turns it off
-    assert not plan(4096, 1572864)["claim_rows"]  # grid groups
+        assert not plan(4096, cols, dtype, claim=0, register_cluster=0)["claim_rows"]  # the knob turns it off
+    assert not plan(4096, 1572864, register_cluster=0)["claim_rows"]  # grid groups
     assert plan_axis(4096, 393216, backward=True)["claim_rows"]
-    assert not plan(4096, 1000)["claim_rows"]  # other families
+    assert not plan(4096, 1000, register_cluster=0)["claim_rows"]  # other families
 
 
 def test_grid_groups_elsewhere():
@@ -278,8 +280,34 @@ def test_very_long_rows_stream_through_the_cluster():
     assert p["chunks_per_cta"] * p["cluster"] >= p["chunks_per_row"]
 
 
+def test_rows_of_32_to_512_kb_go_to_register_clusters():
+    """Rows in 16-byte packs past one CTA's registers (32 KB) up to 512 KB in fp32 and 128 KB in 16
+    bits: a row to a cluster of CTAs holding it in registers, 128 threads of 16 KB each up to rows of
+    128 KB, 256 threads of 32 KB above, a cluster per row. Not float64, rows off 16 bytes, longer
+    rows, without clusters, with a cluster asked for, with the knob at 0, or where the grid would pass
+    2^31 CTAs."""
+    for cols, dtype, threads, cluster in [(32000, "bfloat16", 128, 4), (32768, "float16", 128, 4),
+                                          (65536, "bfloat16", 128, 8), (8200, "float32", 128, 3),
+                                          (32768, "float32", 128, 8), (65536, "float32", 256, 8),
+                                          (128256, "float32", 256, 16), (131072, "float32", 256, 16)]:
+        p = plan(1000, cols, dtype)
+        assert (p["family"], p["threads"], p["iters"], p["cluster"], p["grid"]) == \
+            ("warp_rows", threads, 8, cluster, 1000), (cols, dtype, p)
+    assert plan(1000, 131072 + 8, "float32")["family"] == "cluster_rows"  # past 512 KB
+    assert plan(1000, 65536 + 8, "float16")["family"] == "cluster_rows"  # 16 bits: past 128 KB
+    assert plan(1000, 262144, "bfloat16")["family"] == "cluster_rows"
+    assert plan(1000, 32768, "float64")["family"] == "cluster_rows"
+    assert plan(1000, 50257, "bfloat16", peelable=True)["family"] == "cluster_rows"  # peeled
+    assert plan(1000, 65536, "bfloat16", register_cluster=0)["family"] == "cluster_rows"
+    assert plan(1000, 65536, "bfloat16", cluster=4)["family"] == "cluster_rows"
+    assert plan(1000, 65536, "bfloat16", dev=A100)["family"] == "block_rows"
+    assert plan(2**28, 65536, "bfloat16")["family"] == "cluster_rows"  # 2^31 CTAs
+    p = plan(1000, 4096, "bfloat16", register_cluster=64, iters=4)  # the knob: any row two CTAs or more hold
+    assert (p["family"], p["threads"], p["iters"], p["cluster"]) == ("warp_rows", 64, 4, 2)
+
+
 def test_mid_rows_use_one_cta_clusters():
-    p = plan(1000, 8196)  # past 32 KB
+    p = plan(1000, 8196, register_cluster=0)  # past 32 KB
     assert p["family"] == "cluster_rows" and p["cluster"] == 1 and p["resident"]
 
 
@@ -307,7 +335,11 @@ def test_every_plan_covers_its_row(dtype):
             for aligned in (False, cols * e % 16 == 0):
                 p = plan(7, cols, dtype, aligned, dev)
                 fam = p["family"]
-                if fam == "warp_rows":
+                if fam == "warp_rows" and p["cluster"] > 0:  # rows in registers over a cluster
+                    assert aligned and dev["max_cluster"] > 0 and 2 <= p["cluster"] <= 16 and p["grid"] == 7
+                    assert p["segment"] <= p["group"] * p["iters"] and p["segment"] % 32 == 0
+                    assert p["cluster"] * p["segment"] * p["vec"] >= cols
+                elif fam == "warp_rows":
                     assert p["group"] * p["iters"] * p["vec"] >= cols
                 elif fam == "block_rows":
                     assert not p["resident"] or p["smem_bytes"] >= cols * e
@@ -509,8 +541,8 @@ def test_peeled_clusters_leave_rows_whose_last_chunk_is_the_peel():
 def test_16_bit_rows_one_cta_holds_twice_take_16_kb_chunks(cols, peelable, cluster, chunk):
     """16-bit rows of 64-112 KB: 32 KB chunks would split them over two CTAs unevenly; 16 KB chunks
     let one CTA hold the row twice. Rows that 32 KB chunks already fit, or that neither fits, keep 32 KB."""
-    p = _C.plan(9949, cols, 2, cols * 2 % 16 == 0, **H200, peelable=peelable)
+    p = _C.plan(9949, cols, 2, cols * 2 % 16 == 0, **H200, peelable=peelable, register_cluster=0)
     assert (p["family"], p["cluster"], p["chunk_bytes"], p["peel"]) == ("cluster_rows", cluster, chunk, peelable)
     assert 2 * p["chunks_per_cta"] <= p["ring_slots"]
-    assert _C.plan(9949, cols, 2, cols * 2 % 16 == 0, **H200, peelable=peelable, chunk_bytes=32768)["chunk_bytes"] == 32768
-    assert _C.plan(9949, cols, 4, cols * 4 % 16 == 0, **H200, peelable=peelable)["chunk_bytes"] == 16384  # fp32: its own
+    assert _C.plan(9949, cols, 2, cols * 2 % 16 == 0, **H200, peelable=peelable, chunk_bytes=32768, register_cluster=0)["chunk_bytes"] == 32768
+    assert _C.plan(9949, cols, 4, cols * 4 % 16 == 0, **H200, peelable=peelable, register_cluster=0)["chunk_bytes"] == 16384  # fp32: its own
