@@ -1,8 +1,9 @@
-"""GPU test under compute-sanitizer's memcheck: one small problem of each kernel family (clusters
-of one CTA and of several, grid groups, peeled rows, tiles over a non-last axis, rows in registers
-and in flat tiles, the backward), no access outside the arrays. Raw allocations of the arrays' exact sizes
-(cuMemAlloc, sizes off 16 bytes) catch any read past an array's last byte. Each result is checked
-against float64 too. Skipped without a GPU or without compute-sanitizer on PATH."""
+"""GPU test under compute-sanitizer's memcheck: one small problem of each kernel family (the ring's
+clusters, rows in registers over a cluster, grid groups, peeled rows, tiles over a non-last axis,
+rows in registers and in flat tiles, the backward), no access outside the arrays. Raw allocations
+of the arrays' exact sizes (cuMemAlloc, sizes off 16 bytes) catch any read past an array's last
+byte. Each result is checked against float64 too. Skipped without a GPU or without
+compute-sanitizer on PATH."""
 import os
 import shutil
 import subprocess
@@ -16,6 +17,8 @@ from gpu_util import HAVE_GPU, WHY
 SANITIZER = shutil.which("compute-sanitizer")
 
 CHILD = textwrap.dedent(r"""
+    import os
+
     import numpy as np
     import torch
     from cuda.bindings import driver as cu
@@ -28,16 +31,22 @@ CHILD = textwrap.dedent(r"""
         assert err <= tol, f"{what}: error {err}"
 
     torch.manual_seed(0)
-    cases = [((64, 32000), torch.bfloat16, -1, 0.07),       # clusters of one CTA
-             ((8, 65536), torch.float32, -1, 1e-5),         # clusters of four
-             ((2, 1000000), torch.float32, -1, 1e-5),       # grid groups
-             ((4, 16384, 64), torch.float32, 1, 1e-5),      # tiles over a non-last axis
-             ((300, 100), torch.bfloat16, -1, 0.07),        # flat tiles
-             ((100, 8192), torch.float16, -1, 0.01),        # rows in registers
-             ((50, 50257), torch.float64, -1, 1e-12)]       # peeled rows in clusters
-    for shape, dtype, dim, tol in cases:
+    ring = {"SOFTLIGHT_REGISTER_CLUSTER": "0"}  # rows the planner would hold in a cluster's registers
+    cases = [((64, 32000), torch.bfloat16, -1, 0.07, ring),   # the ring, clusters of two
+             ((8, 65536), torch.float32, -1, 1e-5, ring),     # the ring, clusters of eight
+             ((64, 32000), torch.bfloat16, -1, 0.07, {}),     # rows in registers over a cluster, 4 CTAs
+             ((9, 130000), torch.float32, -1, 1e-5, {}),      # the same, 16 CTAs, the last one short
+             ((2, 1000000), torch.float32, -1, 1e-5, {}),     # grid groups
+             ((4, 16384, 64), torch.float32, 1, 1e-5, {}),    # tiles over a non-last axis
+             ((300, 100), torch.bfloat16, -1, 0.07, {}),      # flat tiles
+             ((100, 8192), torch.float16, -1, 0.01, {}),      # rows in registers
+             ((50, 50257), torch.float64, -1, 1e-12, {})]     # peeled rows in clusters
+    for shape, dtype, dim, tol, knobs in cases:
+        os.environ.update(knobs)
         x = torch.randn(shape, device="cuda", dtype=dtype) * 3
-        check(softlight.log_softmax(x, dim=dim), x, dim, tol, f"{shape} {dtype}")
+        check(softlight.log_softmax(x, dim=dim), x, dim, tol, f"{shape} {dtype} {knobs}")
+        for k in knobs:
+            del os.environ[k]
     x = torch.randn(8, 65536, device="cuda") * 3
     y = torch.log_softmax(x, -1)
     dy = torch.randn_like(x)
