@@ -350,9 +350,7 @@ template <class T, int U, bool Backward, bool Peel> struct ClusterCta {
       mbar_wait(bar, static_cast<uint32_t>((iter / kStatsBuffers) & 1));
       if (lane < static_cast<int>(csize)) row = partials[buf * kMaxCluster + lane];
     }
-    for (int o = 16; o > 0; o /= 2)
-      row = merge_max_sum(row, MaxSum<A>{__shfl_xor_sync(0xffffffffu, row.m, o),
-                                         __shfl_xor_sync(0xffffffffu, row.s, o)}, f);
+    row = shfl_merge_max_sum(row, f);
     // Re-arm this buffer for row iter + kStatsBuffers (see kStatsBuffers), then let the
     // statistics warps move on.
     if (gtid == 0) {

@@ -385,6 +385,13 @@ template <class A> __device__ __forceinline__ A group_sum(A v, int width) {
   return v;
 }
 
+// A (max, sum) pair merged over the lanes of a warp (butterfly: every lane gets the result).
+template <class A> __device__ __forceinline__ MaxSum<A> shfl_merge_max_sum(MaxSum<A> p, A f) {
+  for (int o = 16; o > 0; o /= 2)
+    p = merge_max_sum(p, MaxSum<A>{__shfl_xor_sync(0xffffffffu, p.m, o), __shfl_xor_sync(0xffffffffu, p.s, o)}, f);
+  return p;
+}
+
 // Barrier over the first `threads` threads of the CTA (a multiple of 32), on hardware barrier `id`.
 __device__ __forceinline__ void sync_threads_named(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");

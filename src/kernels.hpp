@@ -47,7 +47,8 @@ struct ClusterLaunch {
   ClusterLaunch& operator=(const ClusterLaunch&) = delete;
 };
 
-// Fills `l` for `kernel` (a cluster kernel of the cluster_rows / cluster_tiles families);
+// Fills `l` for `kernel` (a cluster kernel of the cluster_rows / cluster_tiles families, or rows in
+// registers over a cluster, whose launcher then sets a grid of a cluster per row);
 // cudaErrorInvalidClusterSize when no cluster of plan.cluster CTAs fits. Where the plan's groups
 // trade through global memory (plan.grid_exchange), a cooperative launch of groups of plan.cluster
 // consecutive CTAs instead, as many as are resident at once.

@@ -158,9 +158,7 @@ register_cluster_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, 
   // This thread's pair, then the warp's, then the CTA's.
   const A mt = packs_max<T, ITERS>(p);
   const ShiftedExp<A> ex = shifted_exp(mt, scale);
-  MaxSum<A> q{mt, packs_exp_sum<T, ITERS>(p, ex) * exp_base(-ex.lo)};
-  for (int o = 16; o > 0; o /= 2)
-    q = merge_max_sum(q, MaxSum<A>{__shfl_xor_sync(0xffffffffu, q.m, o), __shfl_xor_sync(0xffffffffu, q.s, o)}, f);
+  const MaxSum<A> q = shfl_merge_max_sum(MaxSum<A>{mt, packs_exp_sum<T, ITERS>(p, ex) * exp_base(-ex.lo)}, f);
   if ((threadIdx.x & 31) == 0) warp_pairs[threadIdx.x >> 5] = q;
   __syncthreads();
   asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");  // every CTA's mbarrier is ready
@@ -443,20 +441,11 @@ cudaError_t launch_register_clusters(const Plan& p, const RowsArgs& a, cudaStrea
   } else {
     if ((p.iters != 4 && p.iters != 8) || p.grid != a.rows) return cudaErrorInvalidValue;
     auto kernel = p.iters == 8 ? register_cluster_kernel<T, 8> : register_cluster_kernel<T, 4>;
-    cudaError_t e = cudaSuccess;
-    if (p.cluster > 8 && (e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1)))
-      return e;
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr[1] = {};
-    set_cluster_dim(&cfg, attr, p.cluster);
-    cfg.blockDim = dim3(static_cast<unsigned>(p.threads));
-    cfg.gridDim = dim3(static_cast<unsigned>(p.cluster));
-    cfg.stream = stream;
-    int active = 0;  // a cluster that cannot be placed goes back to the planner (the caller's fallback)
-    if ((e = cudaOccupancyMaxActiveClusters(&active, kernel, &cfg))) return e;
-    if (active < 1) return cudaErrorInvalidClusterSize;
-    cfg.gridDim = dim3(static_cast<unsigned>(p.grid * p.cluster));
-    e = cudaLaunchKernelEx(&cfg, kernel, static_cast<const T*>(a.x), a.x_stride, static_cast<T*>(a.y), a.y_stride,
+    ClusterLaunch l;
+    cudaError_t e = prepare_cluster_launch(kernel, p, stream, &l);
+    if (e != cudaSuccess) return e;
+    l.cfg.gridDim = dim3(static_cast<unsigned>(p.grid * p.cluster));  // a cluster per row, not persistent
+    e = cudaLaunchKernelEx(&l.cfg, kernel, static_cast<const T*>(a.x), a.x_stride, static_cast<T*>(a.y), a.y_stride,
                            static_cast<int>(a.cols / (16 / sizeof(T))), static_cast<int>(p.segment),
                            static_cast<acc_t<T>>(a.scale), static_cast<acc_t<T>*>(a.lse));
     return e != cudaSuccess ? e : cudaGetLastError();
