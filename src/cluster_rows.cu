@@ -145,18 +145,6 @@ template <class T, int U, bool Backward, bool Peel> struct ClusterCta {
     constexpr int64_t e = sizeof(T);
     return {head / e, (head + interior) / e, row_bytes / e};
   }
-  // Elements [from, to) of a row (fewer than a pack) as a pack, the rest -inf.
-  __device__ __forceinline__ uint4 edge_pack(const T* xr, int64_t from, int64_t to) const {
-    const uint4 none = neg_inf_pack<T>();
-    T e[V];
-    memcpy(e, &none, 16);
-#pragma unroll
-    for (int j = 0; j < V; ++j)
-      if (from + j < to) e[j] = xr[from + j];
-    uint4 u;
-    memcpy(&u, e, 16);
-    return u;
-  }
   __device__ __forceinline__ const T* slot_data(uint32_t slot) const {
     return reinterpret_cast<const T*>(ring + size_t(slot) * sh.chunk_bytes);
   }

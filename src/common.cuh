@@ -199,6 +199,20 @@ template <class T> __device__ __forceinline__ uint4 neg_inf_pack() {
   }
 }
 
+// Elements [from, to) of a row (fewer than a pack: a peeled row's edge) as a pack, the rest -inf.
+template <class T> __device__ __forceinline__ uint4 edge_pack(const T* xr, int64_t from, int64_t to) {
+  constexpr int V = 16 / sizeof(T);
+  const uint4 none = neg_inf_pack<T>();
+  T e[V];
+  memcpy(e, &none, 16);
+#pragma unroll
+  for (int j = 0; j < V; ++j)
+    if (from + j < to) e[j] = xr[from + j];
+  uint4 u;
+  memcpy(&u, e, 16);
+  return u;
+}
+
 // Halves w[0, n) onto w[0] with `op` in a tree (a chain would be n long).
 template <int n, class W, class Op> __device__ __forceinline__ void fold_tree(W* w, Op op) {
   if constexpr (n > 1) {

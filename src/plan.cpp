@@ -409,18 +409,21 @@ Plan plan_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
     plan.grid = std::min<int64_t>(ceil_div(p.rows, rows_per_cta), int64_t{1} << 30);
     return plan;
   }
-  // Rows past one CTA's registers in registers over a cluster, up to 512 KB (fp32) or 128 KB (16
+  // Rows past one CTA's registers in registers over a cluster, up to 512 KB (fp32) or 256 KB (16
   // bits), a CTA of 128 threads holding 16 KB up to rows of 128 KB and of 256 threads holding 32 KB
   // above (docs/design.md, "Rows in registers over a cluster"); SOFTLIGHT_REGISTER_CLUSTER=N
-  // forces CTAs of N threads, 0 turns them off.
+  // forces CTAs of N threads, 0 turns them off. Rows off 16 bytes but off alike in x and y (rows of
+  // 50 257) too, peeled: their interior in packs, head and tail element by element.
   const int64_t register_cluster_bytes = p.elem_bytes == 4 ? kRegisterClusterMaxRowBytes : kRegisterClusterMax16BitRowBytes;
-  if (has_clusters(d) && p.aligned16 && p.elem_bytes <= 4 && o.cluster <= 0 && o.register_cluster != 0 &&
+  const bool packed_or_peeled = p.aligned16 || (p.peelable && o.peel_clusters != 0);
+  if (has_clusters(d) && packed_or_peeled && p.elem_bytes <= 4 && o.cluster <= 0 && o.register_cluster != 0 &&
       (o.register_cluster > 0 || (row_bytes >= register_bytes && row_bytes <= register_cluster_bytes))) {
     const int threads = o.register_cluster > 0 ? o.register_cluster
                         : row_bytes <= kRegisterClusterSmallRowBytes ? kRegisterClusterMaxThreads / 2
                                                                      : kRegisterClusterMaxThreads;
-    const Plan plan = plan_register_cluster(p, d, threads, per_thread_count(o.iters) && o.iters >= 4 ? o.iters
-                                                                                                     : kWarpRowsMaxIters);
+    Plan plan = plan_register_cluster(p, d, threads, per_thread_count(o.iters) && o.iters >= 4 ? o.iters
+                                                                                               : kWarpRowsMaxIters);
+    plan.peel = !p.aligned16;
     if (plan.family != Family::none) return plan;
   }
   if (p.aligned16 && row_bytes < register_bytes && o.cluster <= 0)

@@ -142,13 +142,15 @@ constexpr int64_t kRegisterRowsWideBytes = 16 * 1024;
 constexpr int kRegisterRowsMaxGroup = 1024;
 // Rows in registers over a cluster (warp_rows on Hopper, plan.cluster > 0): threads per CTA, at
 // most (eight packs a thread: 32 KB a CTA). The planner gives them the rows past one CTA's
-// registers (32 KB) up to 512 KB in fp32 (16 CTAs of 32 KB) and up to 128 KB in 16 bits (longer
-// 16-bit rows ran slower than the ring: docs/design.md, "Rows in registers over a cluster"), in
-// CTAs of half the threads up to rows of 128 KB.
+// registers (32 KB) up to 512 KB in fp32 (16 CTAs of 32 KB) and up to 256 KB in 16 bits (rows of
+// 512 KB ran slower than the ring: docs/design.md, "Rows in registers over a cluster"), in CTAs
+// of half the threads up to rows of 128 KB.
 constexpr int kRegisterClusterMaxThreads = 256;
 constexpr int64_t kRegisterClusterMaxRowBytes = 512 * 1024;
-constexpr int64_t kRegisterClusterMax16BitRowBytes = 128 * 1024;
+constexpr int64_t kRegisterClusterMax16BitRowBytes = 256 * 1024;
 constexpr int64_t kRegisterClusterSmallRowBytes = 128 * 1024;
+// CTAs of 256 threads an SM holds at once (at most 64 registers a thread): bf16 took 79, three.
+constexpr int kRegisterClusterMinBlocks = 4;
 // Rows in registers of up to a warp a row: CTAs of two warps, not four. Each CTA's registers and
 // slot come free when its last warp is done, so smaller CTAs keep more warps resident (54 registers
 // a thread leave room for 9 CTAs of four warps). Measured on an H200 (docs/design.md, "CTAs of two

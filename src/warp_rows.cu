@@ -126,12 +126,19 @@ rows_in_registers_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y,
 // instruction: docs/design.md, "Rows in registers over a cluster"), only one at the start, so that
 // no pair reaches a CTA before its mbarrier is initialised. The SM overlaps the loads, exchanges
 // and stores of the several CTAs it holds and takes a new one as each ends.
-template <class T, int ITERS>
-__global__ void __launch_bounds__(kRegisterClusterMaxThreads)
-register_cluster_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t ys, int vectors, int span,
-                        acc_t<T> scale, acc_t<T>* __restrict__ lse) {
+// Peel: rows off 16 bytes, x and y off alike (rows of 50 257). The packs are the row's interior,
+// from its first 16-byte boundary; the head before it and the tail after its last whole pack (each
+// fewer than a pack) go to CTA 0's threads 0 and 1, which fold them into their pairs and write them.
+// Bounded: CTAs of 256 threads, four to an SM (64 registers a thread, the packs unpacked again
+// for y; register_cluster_bounded_kernel): bf16 took 79 registers and three CTAs, 4-11 % slower
+// than fp16 at the same bytes. CTAs of 128 threads keep the compiler's choice
+// (register_cluster_kernel), which was 2 % faster in bf16 than the bound.
+template <class T, int ITERS, bool Peel, bool Bounded>
+__device__ __forceinline__ void register_cluster_row(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t ys,
+                                                     int cols, int span, acc_t<T> scale, acc_t<T>* __restrict__ lse) {
 #ifdef SOFTLIGHT_HOPPER
   using A = acc_t<T>;
+  constexpr int V = 16 / sizeof(T);
   __shared__ MaxSum<A> warp_pairs[kRegisterClusterMaxThreads / 32];
   __shared__ alignas(16) MaxSum<A> partials[kMaxCluster];
   __shared__ alignas(8) uint64_t arrived;
@@ -139,7 +146,6 @@ register_cluster_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, 
   uint32_t csize;
   asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(csize));
   const int threads = static_cast<int>(blockDim.x);
-  const int begin = static_cast<int>(rank) * span, end = min(vectors, begin + span);
   const A f = exp_factor(scale);
   const uint32_t bar = smem_addr(&arrived);
   if (threadIdx.x == 0) {
@@ -148,17 +154,33 @@ register_cluster_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, 
   }
   asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
   const int64_t row = blockIdx.x / csize;
-  const uint4* xr = reinterpret_cast<const uint4*>(x + row * xs);
+  const T* xe = x + row * xs;
+  // The head: elements before the row's first 16-byte boundary (none unless Peel).
+  const int head = Peel ? static_cast<int>((16 - reinterpret_cast<uintptr_t>(xe) % 16) % 16 / sizeof(T)) : 0;
+  const int vectors = (cols - head) / V;
+  const int begin = static_cast<int>(rank) * span, end = min(vectors, begin + span);
+  const uint4* xr = reinterpret_cast<const uint4*>(xe + head);
   uint4 p[ITERS];
 #pragma unroll
   for (int i = 0; i < ITERS; ++i) {
     const int e = begin + i * threads + static_cast<int>(threadIdx.x);
     p[i] = e < end ? xr[e] : neg_inf_pack<T>();
   }
+  // A peeled row's edge of this thread: [edge_from, edge_to), empty on all but two threads.
+  const bool edge_thread = Peel && rank == 0 && threadIdx.x < 2;
+  const int edge_from = threadIdx.x == 0 ? 0 : head + vectors * V;
+  const int edge_to = threadIdx.x == 0 ? head : cols;
   // This thread's pair, then the warp's, then the CTA's.
   const A mt = packs_max<T, ITERS>(p);
   const ShiftedExp<A> ex = shifted_exp(mt, scale);
-  const MaxSum<A> q = shfl_merge_max_sum(MaxSum<A>{mt, packs_exp_sum<T, ITERS>(p, ex) * exp_base(-ex.lo)}, f);
+  MaxSum<A> q{mt, packs_exp_sum<T, ITERS>(p, ex) * exp_base(-ex.lo)};
+  if (edge_thread) {
+    const uint4 edge[1] = {edge_pack(xe, edge_from, edge_to)};
+    const A me = packs_max<T, 1>(edge);
+    const ShiftedExp<A> eex = shifted_exp(me, scale);
+    q = merge_max_sum(q, MaxSum<A>{me, packs_exp_sum<T, 1>(edge, eex) * exp_base(-eex.lo)}, f);
+  }
+  q = shfl_merge_max_sum(q, f);
   if ((threadIdx.x & 31) == 0) warp_pairs[threadIdx.x >> 5] = q;
   __syncthreads();
   asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");  // every CTA's mbarrier is ready
@@ -173,13 +195,34 @@ register_cluster_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, 
   for (uint32_t k = 0; k < csize; ++k) r = merge_max_sum(r, partials[k], f);
   const A log_sum = log_acc(r.s);
   if (lse != nullptr && rank == 0 && threadIdx.x == 0) lse[row] = r.m * scale + log_sum;
-  T* yr = y + row * ys;
+  T* ye = y + row * ys;
+  if (edge_thread)
+    for (int j = edge_from; j < edge_to; ++j) ye[j] = from_acc<T>(log_softmax_out_scaled(to_acc(xe[j]), r.m, scale, log_sum));
+  T* yr = ye + head;
+  if constexpr (Bounded) {
+#pragma unroll
+    for (int i = 0; i < ITERS; ++i) opaque(p[i]);  // unpacked again (see rows_in_registers_kernel)
+  }
 #pragma unroll
   for (int i = 0; i < ITERS; ++i) {
     const int e = begin + i * threads + static_cast<int>(threadIdx.x);
-    if (e < end) store_log_softmax_pack<T>(yr + e * (16 / sizeof(T)), p[i], r.m, scale, log_sum);
+    if (e < end) store_log_softmax_pack<T>(yr + e * V, p[i], r.m, scale, log_sum);
   }
 #endif
+}
+
+template <class T, int ITERS, bool Peel>
+__global__ void __launch_bounds__(kRegisterClusterMaxThreads)
+register_cluster_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t ys, int cols, int span,
+                        acc_t<T> scale, acc_t<T>* __restrict__ lse) {
+  register_cluster_row<T, ITERS, Peel, false>(x, xs, y, ys, cols, span, scale, lse);
+}
+
+template <class T, bool Peel>
+__global__ void __launch_bounds__(kRegisterClusterMaxThreads, kRegisterClusterMinBlocks)
+register_cluster_bounded_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t ys, int cols,
+                                int span, acc_t<T> scale, acc_t<T>* __restrict__ lse) {
+  register_cluster_row<T, kWarpRowsMaxIters, Peel, true>(x, xs, y, ys, cols, span, scale, lse);
 }
 
 // Short rows in 16-byte packs, one pack per lane and several rows per lane: a group of `group`
@@ -432,7 +475,8 @@ cudaError_t launch_single_column(const Plan& p, const RowsArgs& a, cudaStream_t 
 }
 
 // Rows in registers over clusters of plan.cluster CTAs (plan.threads threads, plan.iters packs
-// each, plan.segment packs a CTA), one row to a cluster: plan.grid clusters, one per row.
+// each, plan.segment packs a CTA), one row to a cluster: plan.grid clusters, one per row; plan.peel
+// for rows off 16 bytes.
 template <class T>
 cudaError_t launch_register_clusters(const Plan& p, const RowsArgs& a, cudaStream_t stream) {
   // Built for 16-byte packs of 2- and 4-byte types, four or eight a thread (the planner's only).
@@ -440,14 +484,19 @@ cudaError_t launch_register_clusters(const Plan& p, const RowsArgs& a, cudaStrea
     return cudaErrorInvalidValue;
   } else {
     if ((p.iters != 4 && p.iters != 8) || p.grid != a.rows) return cudaErrorInvalidValue;
-    auto kernel = p.iters == 8 ? register_cluster_kernel<T, 8> : register_cluster_kernel<T, 4>;
+    using Kernel = void (*)(const T*, int64_t, T*, int64_t, int, int, acc_t<T>, acc_t<T>*);
+    Kernel kernel = p.peel ? register_cluster_kernel<T, 4, true> : register_cluster_kernel<T, 4, false>;
+    if (p.iters == 8 && p.threads > kRegisterClusterMaxThreads / 2)
+      kernel = p.peel ? register_cluster_bounded_kernel<T, true> : register_cluster_bounded_kernel<T, false>;
+    else if (p.iters == 8)
+      kernel = p.peel ? register_cluster_kernel<T, 8, true> : register_cluster_kernel<T, 8, false>;
     ClusterLaunch l;
     cudaError_t e = prepare_cluster_launch(kernel, p, stream, &l);
     if (e != cudaSuccess) return e;
     l.cfg.gridDim = dim3(static_cast<unsigned>(p.grid * p.cluster));  // a cluster per row, not persistent
     e = cudaLaunchKernelEx(&l.cfg, kernel, static_cast<const T*>(a.x), a.x_stride, static_cast<T*>(a.y), a.y_stride,
-                           static_cast<int>(a.cols / (16 / sizeof(T))), static_cast<int>(p.segment),
-                           static_cast<acc_t<T>>(a.scale), static_cast<acc_t<T>*>(a.lse));
+                           static_cast<int>(a.cols), static_cast<int>(p.segment), static_cast<acc_t<T>>(a.scale),
+                           static_cast<acc_t<T>*>(a.lse));
     return e != cudaSuccess ? e : cudaGetLastError();
   }
 }

@@ -522,6 +522,49 @@ def test_rows_in_registers_over_a_cluster(monkeypatch, cols, threads, iters, dty
     assert torch.equal(wide[:, :cols][ok], y[ok]), "a row's result depends on its neighbours"
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("threads", [0, 128, 256])
+@pytest.mark.parametrize("cols", [8203, 32001, 50257, 65531, 131069])
+def test_peeled_rows_in_registers_over_a_cluster(monkeypatch, cols, threads, dtype):
+    """Rows off 16 bytes, x and y off alike (odd lengths: each row of a contiguous array starts at
+    another offset), in registers over a cluster: each row's 16-byte interior in packs, its head
+    and tail (fewer than a pack each) element by element. The planner's choice (0) and CTAs of 128
+    and 256 threads forced; special values on the edges, views offset by one to seven elements,
+    temperature and LSE, against float64; nothing written outside the rows."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("clusters need Hopper")
+    if threads:
+        monkeypatch.setenv("SOFTLIGHT_REGISTER_CLUSTER", str(threads))
+    e = ELEM[dtype]
+    vec = 16 // e
+    p = planned(37, cols, dtype, aligned=False, peelable=True)
+    if not (p["family"] == "warp_rows" and p["cluster"] > 0):
+        assert threads == 0 or not 2 <= -(-(cols // vec) // (threads * 8)) <= 16, p  # eight packs a thread
+        pytest.skip(f"{cols} {dtype} columns are not held in registers over a cluster here: {p['family']}")
+    assert p["peel"] and (threads == 0 or p["threads"] == threads), p
+    rows = 37
+    for off in (0, 1, 3, vec - 1):
+        base = random_rows(1, rows * cols + off + vec, dtype).flatten()
+        x = base[off:off + rows * cols].view(rows, cols)
+        x[0, 0] = float("nan")                    # on a head (or the first pack)
+        x[1, -1] = float("inf")                   # on a tail
+        x[2, :3] = float("-inf")
+        x[3, -3:] = float("-inf")
+        x[4, 1:] = float("-inf")                  # the max alone on the edge
+        x[5, :] = float("-inf")
+        x[6, -2] = 3e4 if dtype == "float16" else 1e30  # a large max on a tail
+        out = poisoned_like(base)
+        y = out[off:off + rows * cols].view(rows, cols)
+        _, lse = softlight.log_softmax(x, out=y, temperature=0.75, return_lse=True)
+        torch.cuda.synchronize()
+        what = f"peeled register clusters {dtype} {cols} threads={threads} off={off}"
+        assert_close_to_float64(y, x, dtype, what, transform=lambda v: (v - v.amax(-1, keepdim=True)) / 0.75)
+        assert_lse_close(lse, x, 0.75, dtype)
+        assert bool((out[:off] == POISON).all()) and bool((out[off + rows * cols:] == POISON).all()), \
+            f"{what}: written outside the rows"
+        run_and_check(x, dtype, what + ", T=1")
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("per_lane", [1, 2, 4, 8])
 @pytest.mark.parametrize("rows,bytes_", [(1, 32), (37, 64), (10_001, 48), (4_097, 256), (999, 512)])

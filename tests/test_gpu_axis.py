@@ -331,24 +331,31 @@ def test_backward_cluster_rows_in_place_and_special_values(cols):
 
 # --- rows misaligned alike in x and y: peeled to vectors (block_rows) ---------------------------------
 
-@pytest.mark.parametrize("peel_clusters", ["default", "0"])
+@pytest.mark.parametrize("mode", ["default", "ring", "off"])
 @pytest.mark.parametrize("cols", [50257, 4099, 70001, 32777])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_peeled_rows(monkeypatch, cols, dtype, peel_clusters):
+def test_peeled_rows(monkeypatch, cols, dtype, mode):
     """Rows misaligned alike in x and y: peeled in block_rows, and on Hopper, from 32 KB, in
-    cluster_rows (the ring carries each row's 16-byte interior; SOFTLIGHT_PEEL_CLUSTERS=0 keeps
-    them in block_rows)."""
-    if peel_clusters != "default":
-        monkeypatch.setenv("SOFTLIGHT_PEEL_CLUSTERS", peel_clusters)
+    registers over a cluster (up to 512 KB fp32, 256 KB 16-bit) or in cluster_rows (the ring
+    carries each row's 16-byte interior). "ring": SOFTLIGHT_REGISTER_CLUSTER=0 (the ring's peel);
+    "off": SOFTLIGHT_PEEL_CLUSTERS=0 keeps them in block_rows."""
+    knobs = {"ring": ("SOFTLIGHT_REGISTER_CLUSTER", "0"), "off": ("SOFTLIGHT_PEEL_CLUSTERS", "0")}
+    if mode in knobs:
+        monkeypatch.setenv(*knobs[mode])
     rows = 37
     e = torch.tensor([], dtype=tdtype(dtype)).element_size()
     p = _C.plan(rows, cols, e, False, **device_plan_args(), peelable=True,
-                peel_clusters=0 if peel_clusters == "0" else -1)
+                peel_clusters=0 if mode == "off" else -1, register_cluster=0 if mode == "ring" else -1)
+    hopper = torch.cuda.get_device_capability()[0] >= 9
+    registers = (hopper and mode == "default" and e <= 4 and
+                 32768 <= cols * e <= (524288 if e == 4 else 262144))
     # 32777 fp32 (16 KB chunks): the row's last chunk holds 36 bytes, an interior's 16 or 32; fp64
     # (8 KB chunks) 72 bytes; 16-bit (32 KB chunks) 18 bytes, too few: block_rows.
     long_enough = cols in (50257, 70001) or (cols == 32777 and dtype in ("float32", "float64"))
-    clusters = torch.cuda.get_device_capability()[0] >= 9 and long_enough and peel_clusters == "default"
-    assert (p["family"], p["peel"]) == ("cluster_rows" if clusters else "block_rows", True)
+    clusters = hopper and long_enough and mode != "off"
+    family = "warp_rows" if registers else "cluster_rows" if clusters else "block_rows"
+    assert (p["family"], p["peel"]) == (family, True), p
+    assert (p["cluster"] > 0) == (family != "block_rows"), p
     x = rand((rows, cols), dtype)
     # Special values on the peeled edges: the first and last elements of some rows.
     x[0, 0] = float("nan")

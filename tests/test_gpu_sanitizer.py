@@ -40,7 +40,9 @@ CHILD = textwrap.dedent(r"""
              ((4, 16384, 64), torch.float32, 1, 1e-5, {}),    # tiles over a non-last axis
              ((300, 100), torch.bfloat16, -1, 0.07, {}),      # flat tiles
              ((100, 8192), torch.float16, -1, 0.01, {}),      # rows in registers
-             ((50, 50257), torch.float64, -1, 1e-12, {})]     # peeled rows in clusters
+             ((50, 50257), torch.float64, -1, 1e-12, {}),     # peeled rows in the ring
+             ((50, 50257), torch.float32, -1, 1e-5, ring),    # the same, fp32
+             ((50, 50257), torch.bfloat16, -1, 0.07, {})]     # peeled rows in registers over a cluster
     for shape, dtype, dim, tol, knobs in cases:
         os.environ.update(knobs)
         x = torch.randn(shape, device="cuda", dtype=dtype) * 3

@@ -281,23 +281,30 @@ def test_very_long_rows_stream_through_the_cluster():
 
 
 def test_rows_of_32_to_512_kb_go_to_register_clusters():
-    """Rows in 16-byte packs past one CTA's registers (32 KB) up to 512 KB in fp32 and 128 KB in 16
+    """Rows in 16-byte packs past one CTA's registers (32 KB) up to 512 KB in fp32 and 256 KB in 16
     bits: a row to a cluster of CTAs holding it in registers, 128 threads of 16 KB each up to rows of
-    128 KB, 256 threads of 32 KB above, a cluster per row. Not float64, rows off 16 bytes, longer
-    rows, without clusters, with a cluster asked for, with the knob at 0, or where the grid would pass
-    2^31 CTAs."""
+    128 KB, 256 threads of 32 KB above, a cluster per row; rows off 16 bytes but off alike in x and
+    y peeled. Not float64, rows off 16 bytes otherwise, longer rows, without clusters, with a
+    cluster asked for, with the knob at 0, or where the grid would pass 2^31 CTAs."""
     for cols, dtype, threads, cluster in [(32000, "bfloat16", 128, 4), (32768, "float16", 128, 4),
                                           (65536, "bfloat16", 128, 8), (8200, "float32", 128, 3),
                                           (32768, "float32", 128, 8), (65536, "float32", 256, 8),
-                                          (128256, "float32", 256, 16), (131072, "float32", 256, 16)]:
+                                          (128256, "float32", 256, 16), (131072, "float32", 256, 16),
+                                          (128256, "bfloat16", 256, 8), (131072, "float16", 256, 8)]:
         p = plan(1000, cols, dtype)
         assert (p["family"], p["threads"], p["iters"], p["cluster"], p["grid"]) == \
             ("warp_rows", threads, 8, cluster, 1000), (cols, dtype, p)
     assert plan(1000, 131072 + 8, "float32")["family"] == "cluster_rows"  # past 512 KB
-    assert plan(1000, 65536 + 8, "float16")["family"] == "cluster_rows"  # 16 bits: past 128 KB
+    assert plan(1000, 131072 + 8, "float16")["family"] == "cluster_rows"  # 16 bits: past 256 KB
     assert plan(1000, 262144, "bfloat16")["family"] == "cluster_rows"
     assert plan(1000, 32768, "float64")["family"] == "cluster_rows"
-    assert plan(1000, 50257, "bfloat16", peelable=True)["family"] == "cluster_rows"  # peeled
+    for cols, dtype, threads, cluster in [(50257, "bfloat16", 128, 7), (50257, "float32", 256, 7),
+                                          (8201, "float32", 128, 3), (131071, "float32", 256, 16)]:
+        p = plan(1000, cols, dtype, peelable=True)  # rows off 16 bytes, off alike in x and y: peeled
+        assert (p["family"], p["peel"], p["threads"], p["cluster"]) == ("warp_rows", True, threads, cluster), p
+    assert plan(1000, 50257, "bfloat16", peelable=True, peel_clusters=0)["family"] == "block_rows"
+    assert plan(1000, 50257, "bfloat16")["family"] == "block_rows"  # x and y off differently
+    assert plan(1000, 140001, "bfloat16", peelable=True)["family"] == "cluster_rows"  # past 256 KB
     assert plan(1000, 65536, "bfloat16", register_cluster=0)["family"] == "cluster_rows"
     assert plan(1000, 65536, "bfloat16", cluster=4)["family"] == "cluster_rows"
     assert plan(1000, 65536, "bfloat16", dev=A100)["family"] == "block_rows"
@@ -507,7 +514,7 @@ def test_equally_misaligned_long_rows_go_to_clusters_peeled(cols, dtype):
     """Rows off 16 bytes, misaligned alike in x and y, of 32 KB and more: clusters carry the rows'
     16-byte interiors (up to 30 bytes shorter than the row), so every CTA's share must keep a pack."""
     e = ELEM[dtype]
-    p = _C.plan(100, cols, e, False, **H200, peelable=True)
+    p = _C.plan(100, cols, e, False, **H200, peelable=True, register_cluster=0)  # else held in registers
     assert (p["family"], p["peel"]) == ("cluster_rows", True)
     last = cols * e % p["chunk_bytes"]
     assert last == 0 or last > 32
@@ -529,9 +536,9 @@ def test_equally_misaligned_rows_grid_groups_would_take_go_to_clusters_peeled(ro
 def test_peeled_clusters_leave_rows_whose_last_chunk_is_the_peel():
     # 16 KB chunks, rows of two chunks and 20 bytes: a row whose interior is 16 bytes shorter would
     # have an empty last chunk, so such rows stay with block_rows (peeled there).
-    q = _C.plan(100, 8192 + 5, 4, False, **H200, peelable=True, chunk_bytes=16384)
+    q = _C.plan(100, 8192 + 5, 4, False, **H200, peelable=True, chunk_bytes=16384, register_cluster=0)
     assert q["family"] == "block_rows" and q["peel"]
-    q = _C.plan(100, 8192 + 9, 4, False, **H200, peelable=True, chunk_bytes=16384)  # 36 bytes: kept
+    q = _C.plan(100, 8192 + 9, 4, False, **H200, peelable=True, chunk_bytes=16384, register_cluster=0)  # 36 bytes: kept
     assert q["family"] == "cluster_rows" and q["peel"]
 
 
