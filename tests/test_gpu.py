@@ -563,6 +563,16 @@ def test_peeled_rows_in_registers_over_a_cluster(monkeypatch, cols, threads, dty
         assert bool((out[:off] == POISON).all()) and bool((out[off + rows * cols:] == POISON).all()), \
             f"{what}: written outside the rows"
         run_and_check(x, dtype, what + ", T=1")
+    # y's rows a pack further apart than x's: off alike in both arrays still (x and y differ by a
+    # multiple of 16 bytes in every row).
+    x = random_rows(rows, cols, dtype)
+    x[0, -1] = float("nan")
+    wide = poisoned_like(torch.empty(rows, cols + vec, device="cuda", dtype=x.dtype))
+    y = wide[:, :cols]
+    softlight.log_softmax(x, out=y)
+    torch.cuda.synchronize()
+    assert_close_to_float64(y, x, dtype, f"peeled register clusters {dtype} {cols}, y strided")
+    assert bool((wide[:, cols:] == POISON).all()), "nothing written past a row"
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
