@@ -4,8 +4,10 @@
 // Short contiguous rows not in 16-byte packs: flat_rows_kernel, tiles through shared memory. Other
 // rows of up to 256 vectors (8-byte packs where rows are aligned to 8 bytes only, or elements):
 // warp_rows_kernel, a group of `group` lanes (a power of two, at most a warp) per row, ITERS vectors
-// of V elements per lane, reducing with shuffles. One DRAM read, one write. Rows are walked warp by
-// warp so that every lane of a warp stays in the shuffles even where the last rows run out.
+// of V elements per lane, reducing with shuffles. On Hopper, rows past one CTA's registers (in
+// 16-byte packs, or off 16 bytes alike in x and y, peeled): register_cluster_kernel, a row in the
+// registers of a cluster of CTAs. One DRAM read, one write. Rows are walked warp by warp so that
+// every lane of a warp stays in the shuffles even where the last rows run out.
 #include <cuda_pipeline.h>
 
 #include <algorithm>
