@@ -308,6 +308,14 @@ __device__ __forceinline__ acc_t<T> packs_exp_sum(const uint4 (&p)[N], const Shi
   }
   return (s[0] + s[1]) + (s[2] + s[3]);
 }
+// The (max, sum) pair of the elements of N 16-byte packs: their max m, and the sum of
+// exp((x - m) * scale) (as merge_max_sum takes it with f = exp_factor(scale)).
+template <class T, int N>
+__device__ __forceinline__ MaxSum<acc_t<T>> packs_max_sum(const uint4 (&p)[N], acc_t<T> scale) {
+  const acc_t<T> m = packs_max<T, N>(p);
+  const ShiftedExp<acc_t<T>> e = shifted_exp(m, scale);
+  return {m, packs_exp_sum<T, N>(p, e) * exp_base(-e.lo)};
+}
 
 // Copies one pack unchanged from src to dst and hands its values to the caller.
 template <class T, int V>

@@ -82,6 +82,7 @@ Plan plan_register_cluster(const Problem& p, const DeviceInfo& d, int threads, i
   plan.cluster = static_cast<int>(c);
   plan.segment = ceil_div(ceil_div(vectors, c), 32) * 32;
   plan.grid = p.rows;
+  plan.peel = !p.aligned16;  // the packs are each row's interior (see plan_rows)
   return plan;
 }
 
@@ -421,9 +422,8 @@ Plan plan_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
     const int threads = o.register_cluster > 0 ? o.register_cluster
                         : row_bytes <= kRegisterClusterSmallRowBytes ? kRegisterClusterMaxThreads / 2
                                                                      : kRegisterClusterMaxThreads;
-    Plan plan = plan_register_cluster(p, d, threads, per_thread_count(o.iters) && o.iters >= 4 ? o.iters
-                                                                                               : kWarpRowsMaxIters);
-    plan.peel = !p.aligned16;
+    const Plan plan = plan_register_cluster(p, d, threads, per_thread_count(o.iters) && o.iters >= 4 ? o.iters
+                                                                                                     : kWarpRowsMaxIters);
     if (plan.family != Family::none) return plan;
   }
   if (p.aligned16 && row_bytes < register_bytes && o.cluster <= 0)

@@ -173,14 +173,10 @@ __device__ __forceinline__ void register_cluster_row(const T* __restrict__ x, in
   const int edge_from = threadIdx.x == 0 ? 0 : head + vectors * V;
   const int edge_to = threadIdx.x == 0 ? head : cols;
   // This thread's pair, then the warp's, then the CTA's.
-  const A mt = packs_max<T, ITERS>(p);
-  const ShiftedExp<A> ex = shifted_exp(mt, scale);
-  MaxSum<A> q{mt, packs_exp_sum<T, ITERS>(p, ex) * exp_base(-ex.lo)};
+  MaxSum<A> q = packs_max_sum<T, ITERS>(p, scale);
   if (edge_thread) {
     const uint4 edge[1] = {edge_pack(xe, edge_from, edge_to)};
-    const A me = packs_max<T, 1>(edge);
-    const ShiftedExp<A> eex = shifted_exp(me, scale);
-    q = merge_max_sum(q, MaxSum<A>{me, packs_exp_sum<T, 1>(edge, eex) * exp_base(-eex.lo)}, f);
+    q = merge_max_sum(q, packs_max_sum<T, 1>(edge, scale), f);
   }
   q = shfl_merge_max_sum(q, f);
   if ((threadIdx.x & 31) == 0) warp_pairs[threadIdx.x >> 5] = q;
