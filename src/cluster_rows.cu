@@ -78,6 +78,9 @@ constexpr uint32_t kUnsent = 0xffffffffu;  // the sum's bits in a grid group's s
 // the entry of iteration j only once its writers have begun row j - kRowQueue + 4: by then every
 // role of every CTA of the cluster is done with the entry's previous use (see publish).
 constexpr int kRowQueue = 32;
+__device__ __forceinline__ uint64_t pack_pair(float m, float s) {
+  return (uint64_t{__float_as_uint(s)} << 32) | __float_as_uint(m);
+}
 
 // One CTA's share of the work. Warps [0, G) fold statistics, warps [G, 2G) write, warp 2G
 // produces. Both consumer groups walk the ring's sequence of chunks; in streaming mode each row
@@ -539,8 +542,6 @@ struct Operands {
   void* lse;
 };
 
-}  // namespace
-
 // Workspaces (grid groups' tables, claimed rows' counters) come from a memory pool of softlight's
 // own on each device, which keeps what it has allocated (8 bytes to a few MB) instead of handing
 // it back at every synchronization as the default pool does (mapping it again would cost more than
@@ -567,8 +568,6 @@ cudaError_t workspace_pool(cudaMemPool_t* pool) {
   pools.emplace(device, *pool);
   return cudaSuccess;
 }
-
-namespace {
 
 // Claimed rows' counters by stream: a pair of words each, all ones between launches (the last
 // cluster to finish claiming puts them back, see retire), so that all launches on a stream share

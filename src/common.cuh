@@ -397,24 +397,6 @@ __device__ __forceinline__ void store_log_softmax_pack(T* dst, uint4 p, acc_t<T>
   store_pack<T, V>(dst, v, evict_first);
 }
 
-// --- messages between CTAs -------------------------------------------------------------------
-// Single-copy atomic 64-bit messages between CTAs, through L2 (past L1).
-__device__ __forceinline__ void store_relaxed_gpu(uint64_t* p, uint64_t v) {
-  asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-__device__ __forceinline__ uint64_t load_relaxed_gpu(const uint64_t* p) {
-  uint64_t v;
-  asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-// A (max, sum) pair of fp32 values as one 64-bit word: the max in the low half.
-__device__ __forceinline__ uint64_t pack_pair(float m, float s) {
-  return (uint64_t{__float_as_uint(s)} << 32) | __float_as_uint(m);
-}
-__device__ __forceinline__ MaxSum<float> unpack_pair(uint64_t v) {
-  return {__uint_as_float(static_cast<uint32_t>(v)), __uint_as_float(static_cast<uint32_t>(v >> 32))};
-}
-
 // --- reductions by tier ------------------------------------------------------------------------
 template <class A> __device__ __forceinline__ A group_max(A v, int width) {
   for (int o = width / 2; o > 0; o /= 2) v = max_acc(v, __shfl_xor_sync(0xffffffffu, v, o));

@@ -109,8 +109,7 @@ softlight_status launch_with_cluster_fallback(DeviceInfo dev, const Overrides& o
 // Tuning knobs for experiments: SOFTLIGHT_CLUSTER, SOFTLIGHT_CHUNK_BYTES, SOFTLIGHT_THREADS,
 // SOFTLIGHT_HINTS, SOFTLIGHT_TILE_BYTES, SOFTLIGHT_EXCHANGE, SOFTLIGHT_GROUPS, SOFTLIGHT_CLAIM,
 // SOFTLIGHT_ITERS, SOFTLIGHT_REGISTER_ROWS_BYTES, SOFTLIGHT_FLAT,
-// SOFTLIGHT_ROWS_PER_LANE, SOFTLIGHT_PEEL_CLUSTERS, SOFTLIGHT_REGISTER_CLUSTER, SOFTLIGHT_L2_ROWS,
-// SOFTLIGHT_L2_LAG, SOFTLIGHT_L2_CHUNKS, SOFTLIGHT_SPLIT_LANES,
+// SOFTLIGHT_ROWS_PER_LANE, SOFTLIGHT_PEEL_CLUSTERS, SOFTLIGHT_REGISTER_CLUSTER, SOFTLIGHT_SPLIT_LANES,
 // SOFTLIGHT_SPLIT_SEGMENT_BYTES (unset: the planner's choice);
 // SOFTLIGHT_VERBOSE prints cluster launches.
 Overrides overrides_from_env() {
@@ -129,9 +128,6 @@ Overrides overrides_from_env() {
   if (const char* s = std::getenv("SOFTLIGHT_ROWS_PER_LANE")) o.rows_per_lane = std::atoi(s);
   if (const char* s = std::getenv("SOFTLIGHT_PEEL_CLUSTERS")) o.peel_clusters = std::atoi(s);
   if (const char* s = std::getenv("SOFTLIGHT_REGISTER_CLUSTER")) o.register_cluster = std::atoi(s);
-  if (const char* s = std::getenv("SOFTLIGHT_L2_ROWS")) o.l2_rows = std::atoi(s);
-  if (const char* s = std::getenv("SOFTLIGHT_L2_LAG")) o.l2_lag = std::atoll(s);
-  if (const char* s = std::getenv("SOFTLIGHT_L2_CHUNKS")) o.l2_chunks = std::atoi(s);
   if (o.chunk_bytes % 16 != 0 || o.chunk_bytes < 0) o.chunk_bytes = 0;
   return o;
 }
@@ -150,8 +146,6 @@ cudaError_t run_plan(const Plan& plan, const RowsArgs& args, cudaStream_t stream
     case Family::warp_rows: return launch_warp_rows(plan, args, stream);
     case Family::block_rows: return launch_block_rows(plan, args, stream);
     case Family::cluster_rows: return launch_cluster_rows(plan, args, stream);
-    case Family::l2_rows: return launch_l2_rows(plan, args, stream);
-    default: break;
   }
   return cudaErrorInvalidValue;
 }

@@ -136,6 +136,16 @@ template <class A> __device__ __forceinline__ void broadcast_pair(uint32_t slot,
                : "memory");
 }
 
+// Single-copy atomic 64-bit messages between CTAs of a cooperative grid, through L2 (past L1).
+__device__ __forceinline__ void store_relaxed_gpu(uint64_t* p, uint64_t v) {
+  asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ uint64_t load_relaxed_gpu(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
 // Single-copy atomic 64-bit messages within a cluster: a store into a CTA's shared memory
 // (shared::cluster address, see cluster_map) and a load of this CTA's own.
 __device__ __forceinline__ void store_relaxed_cluster(uint32_t addr, uint64_t v) {

@@ -240,26 +240,6 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
   return plan;
 }
 
-// l2_rows: items of `chunks` chunks of threads * iters packs (fewer where the row is shorter); the
-// lag is a row's items and as many again as half the SMs (items in flight).
-Plan plan_l2_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
-  Plan plan;
-  plan.family = Family::l2_rows;
-  plan.vec = 16 / p.elem_bytes;
-  plan.threads = o.threads == 128 || o.threads == 256 || o.threads == 512 ? o.threads : kL2RowsThreads;
-  plan.iters = o.iters == 2 || o.iters == 4 ? o.iters : kL2RowsIters;
-  const int64_t vectors = p.cols * p.elem_bytes / 16;
-  const int64_t chunk_packs = int64_t{plan.threads} * plan.iters;
-  const int wanted = o.l2_chunks >= 2 && o.l2_chunks <= 32 && (o.l2_chunks & (o.l2_chunks - 1)) == 0 ? o.l2_chunks
-                                                                                                   : kL2RowsChunks;
-  plan.chunks_per_cta = std::clamp<int64_t>(pow2_ceil(ceil_div(vectors, chunk_packs)), 2, wanted);
-  plan.chunks_per_row = ceil_div(vectors, chunk_packs * plan.chunks_per_cta);
-  plan.segment = plan.chunks_per_row + (o.l2_lag > 0 ? o.l2_lag : d.sm_count / 2);
-  plan.hints = o.hints >= 0 ? o.hints & 3 : 1;
-  plan.grid = p.rows;
-  return plan;
-}
-
 // Shared memory of cluster_tiles besides the ring's chunks and barriers (cluster_tiles.cu):
 // stats barriers, partials from every CTA, the statistics warps' per-column partials, the
 // writers' per-column results, a counter.
@@ -374,7 +354,6 @@ const char* family_name(Family f) {
     case Family::cluster_rows: return "cluster_rows";
     case Family::split_rows: return "split_rows";
     case Family::cluster_tiles: return "cluster_tiles";
-    case Family::l2_rows: return "l2_rows";
   }
   return "unknown";
 }
@@ -394,8 +373,6 @@ Plan plan_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
   const int64_t register_bytes = o.register_rows_bytes > 0
                                      ? std::min<int64_t>(o.register_rows_bytes, int64_t{16} * kRegisterRowsMaxGroup * kWarpRowsMaxIters + 1)
                                      : kRegisterRowsMaxBytes + (wide ? 1 : 0);
-  if (o.l2_rows == 1 && p.aligned16 && p.elem_bytes <= 4 && p.cols * p.elem_bytes / 16 < (int64_t{1} << 31))
-    return plan_l2_rows(p, d, o);
   // Flat tiles: short rows not in 16-byte packs that lie in one contiguous run (rows of 7 or 100
   // bf16): element loads would leave the load units the limit. Rows of one element have their own
   // path (a flat array of packs without exp or log).

@@ -16,8 +16,6 @@ enum class Family : int {
                      // CTA off Hopper), two passes, the second re-reading from the L2 cache
   cluster_tiles = 5, // Hopper, forward along a non-last axis: a cluster per tile of 256 bytes of
                      // inner positions over the whole axis, held in a ring of chunks (one read)
-  l2_rows = 6,       // rows too long for a cluster to hold twice: items of a row claimed by any CTA,
-                     // read twice, the second time from the L2 cache
 };
 
 const char* family_name(Family f);
@@ -79,9 +77,6 @@ struct Overrides {
   int rows_per_lane = -1;  // warp_rows, rows of at most 32 packs: 0 off, 1, 2, 4 or 8 rows a lane
   int peel_clusters = -1;  // cluster_rows for rows misaligned alike in x and y: 0 off
   int register_cluster = -1;  // warp_rows, Hopper: rows in registers over a cluster, threads per CTA (0 off)
-  int l2_rows = -1;    // 0 never l2_rows, 1 wherever the layout allows
-  int64_t l2_lag = 0;  // l2_rows: items read ahead of their second read past a row's (0: the planner's)
-  int l2_chunks = 0;   // l2_rows: chunks an item (2, 4, 8, 16 or 32)
 };
 
 struct Plan {
@@ -124,8 +119,7 @@ struct Plan {
   // chunks and ring above)
   int lanes = 0;           // positions along inner per CTA (1 for rows); cluster_tiles: tile width
   int64_t tiles = 0;       // ceil(inner / lanes)
-  int64_t segment = 0;     // units (vectors, or elements) of the axis per CTA; l2_rows: the lag,
-                           // items between an item's two reads (chunks_per_row: items a row)
+  int64_t segment = 0;     // units (vectors, or elements) of the axis per CTA
 };
 
 // Constants shared by the planner and the kernels.
@@ -192,12 +186,6 @@ constexpr int kGroupMinHeldChunks = 5;
 // cluster_rows, fp32 forward: the widest cluster that slices of 4 chunks are halved into (plan.cpp).
 constexpr int kHalfSliceMaxCluster = 8;
 constexpr int kBlockRowsReserveBytes = 1024;
-// l2_rows: threads per CTA and packs per thread (a chunk of 16 KB; a thread holds two chunks' packs,
-// at most 64 registers a thread), chunks an item.
-constexpr int kL2RowsThreads = 256;
-constexpr int kL2RowsIters = 4;
-constexpr int kL2RowsChunks = 8;
-constexpr int kL2RowsThreadsPerSm = 1024;
 constexpr int kMaxCluster = 16;
 
 Plan plan_rows(const Problem& p, const DeviceInfo& d, const Overrides& o = Overrides{});

@@ -39,9 +39,6 @@ def planned(rows, cols, dtype, aligned=True, peelable=False):
     knobs["rows_per_lane"] = int(os.environ.get("SOFTLIGHT_ROWS_PER_LANE", "-1"))
     knobs["iters"] = int(os.environ.get("SOFTLIGHT_ITERS", "0"))
     knobs["register_cluster"] = int(os.environ.get("SOFTLIGHT_REGISTER_CLUSTER", "-1"))
-    knobs["l2_rows"] = int(os.environ.get("SOFTLIGHT_L2_ROWS", "-1"))
-    knobs["l2_lag"] = int(os.environ.get("SOFTLIGHT_L2_LAG", "0"))
-    knobs["l2_chunks"] = int(os.environ.get("SOFTLIGHT_L2_CHUNKS", "0"))
     e = ELEM[dtype]
     # aligned: a contiguous array from torch's allocator (its base on 16 bytes and more).
     return _C.plan(rows, cols, e, aligned and cols * e % 16 == 0, **device_plan_args(), **knobs,
@@ -576,41 +573,6 @@ def test_peeled_rows_in_registers_over_a_cluster(monkeypatch, cols, threads, dty
     torch.cuda.synchronize()
     assert_close_to_float64(y, x, dtype, f"peeled register clusters {dtype} {cols}, y strided")
     assert bool((wide[:, cols:] == POISON).all()), "nothing written past a row"
-
-
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
-@pytest.mark.parametrize("knobs", ["", "L2_LAG=1", "L2_LAG=1000000", "THREADS=128 ITERS=2 L2_CHUNKS=32",
-                                   "THREADS=512 HINTS=2 L2_CHUNKS=2"])
-@pytest.mark.parametrize("rows,cols", [(37, 100_000), (9, 1_048_576), (3, 4_194_304), (700, 8192)])
-def test_l2_rows(monkeypatch, rows, cols, knobs, dtype):
-    """Rows read twice through L2 (SOFTLIGHT_L2_ROWS=1), items claimed by any CTA: rows whose last
-    item is partial (100 000), rows of many items, short rows of one item; the least lag (a row's
-    items and one: second reads wait for first reads in flight), a lag past every item (all first
-    reads, then all second reads), other item shapes and hints. Special values, temperature and LSE
-    against float64; y strided, nothing written past a row."""
-    monkeypatch.setenv("SOFTLIGHT_L2_ROWS", "1")
-    for kv in knobs.split():
-        k, v = kv.split("=")
-        monkeypatch.setenv("SOFTLIGHT_" + k, v)
-    p = planned(rows, cols, dtype)
-    assert p["family"] == "l2_rows", p
-    x = random_rows(rows, cols, dtype)
-    x[0, 0] = float("nan")
-    x[1, :] = float("-inf")
-    x[2, -1] = float("inf")
-    if rows > 3:
-        x[3, cols // 2] = 3e4 if dtype == "float16" else 1e30  # a large max mid-row
-        x[4, :-1] = float("-inf")                                # the max alone, last
-    what = f"l2_rows {dtype} {rows}x{cols} {knobs}"
-    y = poisoned_like(x)
-    _, lse = softlight.log_softmax(x, out=y, temperature=0.75, return_lse=True)
-    torch.cuda.synchronize()
-    assert_close_to_float64(y, x, dtype, what, transform=lambda v: (v - v.amax(-1, keepdim=True)) / 0.75)
-    assert_lse_close(lse, x, 0.75, dtype)
-    vec = 16 // ELEM[dtype]
-    wide = poisoned_like(torch.empty(rows, cols + vec, device="cuda", dtype=x.dtype))
-    run_and_check(x, dtype, what + ", T=1, y strided", out=wide[:, :cols])
-    assert bool((wide[:, cols:] == POISON).all()), f"{what}: written past a row"
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
