@@ -123,7 +123,7 @@ py::dict plan(int64_t rows, int64_t cols, int elem_bytes, bool aligned16, int cc
               int cc_minor, int sm_count, int64_t smem_optin, int max_cluster, int cluster,
               int chunk_bytes, int threads, int hints, bool peelable, bool aligned8, int exchange, int claim, int iters,
               int64_t register_rows_bytes, bool flat16, int flat, int rows_per_lane, int peel_clusters,
-              int register_cluster) {
+              int register_cluster, int grid_rows, int item_chunks) {
   softlight::Problem p;
   p.rows = rows;
   p.cols = cols;
@@ -142,6 +142,8 @@ py::dict plan(int64_t rows, int64_t cols, int elem_bytes, bool aligned16, int cc
   over.rows_per_lane = rows_per_lane;
   over.peel_clusters = peel_clusters;
   over.register_cluster = register_cluster;
+  over.grid_rows = grid_rows;
+  over.item_chunks = item_chunks;
   return plan_dict(softlight::plan_rows(p, d, over));
 }
 
@@ -282,5 +284,5 @@ PYBIND11_MODULE(_C, m) {
         py::arg("exchange") = -1, py::arg("claim") = -1, py::arg("iters") = 0,
         py::arg("register_rows_bytes") = 0, py::arg("flat16") = false, py::arg("flat") = -1,
         py::arg("rows_per_lane") = -1, py::arg("peel_clusters") = -1,
-        py::arg("register_cluster") = -1);
+        py::arg("register_cluster") = -1, py::arg("grid_rows") = -1, py::arg("item_chunks") = 0);
 }

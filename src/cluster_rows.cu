@@ -542,6 +542,8 @@ struct Operands {
   void* lse;
 };
 
+}  // namespace
+
 // Workspaces (grid groups' tables, claimed rows' counters) come from a memory pool of softlight's
 // own on each device, which keeps what it has allocated (8 bytes to a few MB) instead of handing
 // it back at every synchronization as the default pool does (mapping it again would cost more than
@@ -568,6 +570,8 @@ cudaError_t workspace_pool(cudaMemPool_t* pool) {
   pools.emplace(device, *pool);
   return cudaSuccess;
 }
+
+namespace {
 
 // Claimed rows' counters by stream: a pair of words each, all ones between launches (the last
 // cluster to finish claiming puts them back, see retire), so that all launches on a stream share

@@ -98,8 +98,10 @@ softlight_status launch_with_cluster_fallback(DeviceInfo dev, const Overrides& o
   Overrides again = over;
   again.cluster = 0;
   again.exchange = 0;
+  again.grid_rows = 0;
   while (e == cudaErrorInvalidClusterSize && dev.max_cluster > 0) {
-    dev.max_cluster = plan.cluster > 1 ? plan.cluster / 2 : 0;
+    // A grid of rings that cannot be resident (or holds too little) gives way to the clusters.
+    if (plan.family != Family::grid_rows) dev.max_cluster = plan.cluster > 1 ? plan.cluster / 2 : 0;
     plan = plan_for(dev, again);
     e = launch(plan);
   }
@@ -109,7 +111,8 @@ softlight_status launch_with_cluster_fallback(DeviceInfo dev, const Overrides& o
 // Tuning knobs for experiments: SOFTLIGHT_CLUSTER, SOFTLIGHT_CHUNK_BYTES, SOFTLIGHT_THREADS,
 // SOFTLIGHT_HINTS, SOFTLIGHT_TILE_BYTES, SOFTLIGHT_EXCHANGE, SOFTLIGHT_GROUPS, SOFTLIGHT_CLAIM,
 // SOFTLIGHT_ITERS, SOFTLIGHT_REGISTER_ROWS_BYTES, SOFTLIGHT_FLAT,
-// SOFTLIGHT_ROWS_PER_LANE, SOFTLIGHT_PEEL_CLUSTERS, SOFTLIGHT_REGISTER_CLUSTER, SOFTLIGHT_SPLIT_LANES,
+// SOFTLIGHT_ROWS_PER_LANE, SOFTLIGHT_PEEL_CLUSTERS, SOFTLIGHT_REGISTER_CLUSTER, SOFTLIGHT_GRID_ROWS,
+// SOFTLIGHT_ITEM_CHUNKS, SOFTLIGHT_SPLIT_LANES,
 // SOFTLIGHT_SPLIT_SEGMENT_BYTES (unset: the planner's choice);
 // SOFTLIGHT_VERBOSE prints cluster launches.
 Overrides overrides_from_env() {
@@ -128,6 +131,8 @@ Overrides overrides_from_env() {
   if (const char* s = std::getenv("SOFTLIGHT_ROWS_PER_LANE")) o.rows_per_lane = std::atoi(s);
   if (const char* s = std::getenv("SOFTLIGHT_PEEL_CLUSTERS")) o.peel_clusters = std::atoi(s);
   if (const char* s = std::getenv("SOFTLIGHT_REGISTER_CLUSTER")) o.register_cluster = std::atoi(s);
+  if (const char* s = std::getenv("SOFTLIGHT_GRID_ROWS")) o.grid_rows = std::atoi(s);
+  if (const char* s = std::getenv("SOFTLIGHT_ITEM_CHUNKS")) o.item_chunks = std::atoi(s);
   if (o.chunk_bytes % 16 != 0 || o.chunk_bytes < 0) o.chunk_bytes = 0;
   return o;
 }
@@ -146,6 +151,8 @@ cudaError_t run_plan(const Plan& plan, const RowsArgs& args, cudaStream_t stream
     case Family::warp_rows: return launch_warp_rows(plan, args, stream);
     case Family::block_rows: return launch_block_rows(plan, args, stream);
     case Family::cluster_rows: return launch_cluster_rows(plan, args, stream);
+    case Family::grid_rows: return launch_grid_rows(plan, args, stream);
+    default: break;
   }
   return cudaErrorInvalidValue;
 }

@@ -79,6 +79,16 @@ template <bool kCta> __device__ __forceinline__ void mbar_wait_at(uint32_t bar, 
 }
 #undef SOFTLIGHT_TRY_WAIT
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) { mbar_wait_at<false>(bar, parity); }
+// Whether the phase of `parity` has completed, without waiting (CTA scope, as mbar_wait_cta).
+__device__ __forceinline__ bool mbar_done_cta(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{ .reg .pred p; mbarrier.test_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+}
 __device__ __forceinline__ void mbar_wait_cta(uint32_t bar, uint32_t parity) { mbar_wait_at<true>(bar, parity); }
 __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes,
                                           uint32_t bar) {

@@ -87,6 +87,12 @@ cudaError_t launch_warp_rows(const Plan& plan, const RowsArgs& a, cudaStream_t s
 cudaError_t launch_block_rows(const Plan& plan, const RowsArgs& a, cudaStream_t stream);
 // Returns cudaErrorInvalidClusterSize when no cluster of plan.cluster CTAs can be scheduled.
 cudaError_t launch_cluster_rows(const Plan& plan, const RowsArgs& a, cudaStream_t stream);
+// Returns cudaErrorInvalidClusterSize where the grid cannot be resident or holds too little.
+cudaError_t launch_grid_rows(const Plan& plan, const RowsArgs& a, cudaStream_t stream);
+
+// Workspaces (tables, counters) come from a memory pool of softlight's own on the current device,
+// which keeps what it has allocated (cluster_rows.cu).
+cudaError_t workspace_pool(cudaMemPool_t* pool);
 
 // Backward of rows of up to 256 vectors (a rows AxisCall: inner 1, axis strides 1).
 cudaError_t launch_warp_rows_backward(const Plan& plan, const AxisCall& a, cudaStream_t stream);

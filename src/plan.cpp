@@ -240,6 +240,45 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
   return plan;
 }
 
+// grid_rows: a cooperative grid of one CTA per SM, each with a ring of chunks; items of
+// `item_chunks` chunks. None where every ring full of one row could leave it unfinished (chunks a
+// row >= SMs x (slots - item chunks + 1): the kernel's deadlock argument, grid_rows.cu).
+Plan plan_grid_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
+  Plan plan;
+  plan.family = Family::grid_rows;
+  plan.vec = 16 / p.elem_bytes;
+  plan.threads = std::min(cluster_threads(o), kClusterMaxThreads - 64) + 32;  // and the merger warp
+  plan.chunk_bytes = o.chunk_bytes > 0 ? o.chunk_bytes : p.elem_bytes == 2 ? kClusterChunk16 : kClusterChunk32;
+  plan.ring_slots = static_cast<int>((d.smem_per_block_optin - kGridRowsReserveBytes) / (plan.chunk_bytes + kGridRowsSlotBytes));
+  plan.smem_bytes = int64_t{plan.ring_slots} * (plan.chunk_bytes + kGridRowsSlotBytes) + kGridRowsReserveBytes;
+  plan.chunks_per_row = ceil_div(p.cols * p.elem_bytes, plan.chunk_bytes);
+  plan.chunks_per_cta = o.item_chunks >= 1 && o.item_chunks <= 8 ? o.item_chunks : kGridRowsItemChunks;
+  plan.cluster = 1;
+  plan.grid_exchange = true;  // a cooperative launch
+  plan.resident = true;
+  plan.grid = std::min<int64_t>(p.rows * ceil_div(plan.chunks_per_row, plan.chunks_per_cta), d.sm_count);
+  if (plan.ring_slots < plan.chunks_per_cta ||
+      plan.chunks_per_row >= int64_t{d.sm_count} * (plan.ring_slots - plan.chunks_per_cta + 1))
+    return Plan{};
+  return plan;
+}
+
+// Where grid_rows takes the place of cluster_rows: 16-bit rows that the widest clusters stream
+// keeping less than 3/4 of each slice in the ring (the rest read twice, from DRAM), and that the
+// grid's rings hold three times over (while a row's items are merged, its CTAs' rings hold the
+// rows after it). Measured on an H200 (docs/design.md, "Rows held once in a grid's rings"): rows of
+// 4 M bf16 (8 MB) 1.40-1.44 x -> 1.34 x copy, reading 1.00 GB for 1.00 GB of rows where the clusters
+// read 1.55 GB; fp32 rows of 4 M (16 MB, more than the rings hold twice) 1.43-1.48 x -> 1.86 x, and
+// rows the clusters keep (1 M fp32 and bf16, 2 M bf16, 262 144 fp32, 393 216 bf16) slower.
+bool grid_rows_wanted(const Problem& p, const DeviceInfo& d, const Overrides& o, const Plan& clusters) {
+  if (p.elem_bytes != 2 || clusters.resident || clusters.grid_exchange || d.sm_count <= 0 ||
+      4 * int64_t{clusters.ring_slots} >= 3 * clusters.chunks_per_cta)
+    return false;
+  const Plan grid = plan_grid_rows(p, d, o);
+  return grid.family == Family::grid_rows &&
+         3 * p.cols * p.elem_bytes <= int64_t{d.sm_count} * grid.ring_slots * grid.chunk_bytes;
+}
+
 // Shared memory of cluster_tiles besides the ring's chunks and barriers (cluster_tiles.cu):
 // stats barriers, partials from every CTA, the statistics warps' per-column partials, the
 // writers' per-column results, a counter.
@@ -354,6 +393,7 @@ const char* family_name(Family f) {
     case Family::cluster_rows: return "cluster_rows";
     case Family::split_rows: return "split_rows";
     case Family::cluster_tiles: return "cluster_tiles";
+    case Family::grid_rows: return "grid_rows";
   }
   return "unknown";
 }
@@ -373,6 +413,10 @@ Plan plan_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
   const int64_t register_bytes = o.register_rows_bytes > 0
                                      ? std::min<int64_t>(o.register_rows_bytes, int64_t{16} * kRegisterRowsMaxGroup * kWarpRowsMaxIters + 1)
                                      : kRegisterRowsMaxBytes + (wide ? 1 : 0);
+  if (has_clusters(d) && p.aligned16 && p.elem_bytes <= 4 && o.grid_rows == 1 && d.sm_count > 0) {
+    const Plan plan = plan_grid_rows(p, d, o);
+    if (plan.family != Family::none) return plan;
+  }
   // Flat tiles: short rows not in 16-byte packs that lie in one contiguous run (rows of 7 or 100
   // bf16): element loads would leave the load units the limit. Rows of one element have their own
   // path (a flat array of packs without exp or log).
@@ -429,8 +473,14 @@ Plan plan_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
   if (p.aligned16 && row_bytes < register_bytes && o.cluster <= 0)
     return plan_warp_rows(p, vec, kRegisterRowsMaxGroup, min_iters, kRegisterRowsWarpThreads);
   if (ceil_div(p.cols, short_vec) <= int64_t{32} * kWarpRowsMaxIters) return plan_warp_rows(p, short_vec);
-  if (has_clusters(d) && p.aligned16 && (row_bytes >= kClusterMinRowBytes || o.cluster > 0))
-    return plan_cluster_rows(p, d, o);
+  if (has_clusters(d) && p.aligned16 && (row_bytes >= kClusterMinRowBytes || o.cluster > 0)) {
+    const Plan clusters = plan_cluster_rows(p, d, o);
+    if (o.grid_rows != 0 && o.cluster <= 0 && o.exchange < 0 && grid_rows_wanted(p, d, o, clusters)) {
+      const Plan grid = plan_grid_rows(p, d, o);
+      if (grid.family != Family::none) return grid;
+    }
+    return clusters;
+  }
   // Rows off 16 bytes but misaligned alike in x and y (rows of 50 257): clusters carry each row's
   // interior, from its first 16-byte boundary to its last, where every CTA's share of every row
   // keeps at least one pack (the row's last chunk holds more than the up to 30 bytes peeled).

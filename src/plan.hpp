@@ -16,6 +16,8 @@ enum class Family : int {
                      // CTA off Hopper), two passes, the second re-reading from the L2 cache
   cluster_tiles = 5, // Hopper, forward along a non-last axis: a cluster per tile of 256 bytes of
                      // inner positions over the whole axis, held in a ring of chunks (one read)
+  grid_rows = 6,     // Hopper, rows the clusters would stream: held once in the rings of a
+                     // cooperative grid, in items of chunks that any CTA claims
 };
 
 const char* family_name(Family f);
@@ -77,6 +79,8 @@ struct Overrides {
   int rows_per_lane = -1;  // warp_rows, rows of at most 32 packs: 0 off, 1, 2, 4 or 8 rows a lane
   int peel_clusters = -1;  // cluster_rows for rows misaligned alike in x and y: 0 off
   int register_cluster = -1;  // warp_rows, Hopper: rows in registers over a cluster, threads per CTA (0 off)
+  int grid_rows = -1;    // 0 never grid_rows, 1 wherever it can run
+  int item_chunks = 0;   // grid_rows: chunks an item (1 to 8)
 };
 
 struct Plan {
@@ -113,7 +117,7 @@ struct Plan {
   int ring_slots = 0;      // chunks the ring holds
   int aux_slots = 0;       // backward: chunks of the second ring, which streams y to the writers
   int64_t chunks_per_row = 0;
-  int64_t chunks_per_cta = 0;
+  int64_t chunks_per_cta = 0;  // grid_rows: chunks an item (grid_exchange: a cooperative launch)
   int hints = 0;           // cache hints (see Overrides)
   // split_rows (cluster above: CTAs per position, splitting the axis) and cluster_tiles (cluster,
   // chunks and ring above)
@@ -186,6 +190,12 @@ constexpr int kGroupMinHeldChunks = 5;
 // cluster_rows, fp32 forward: the widest cluster that slices of 4 chunks are halved into (plan.cpp).
 constexpr int kHalfSliceMaxCluster = 8;
 constexpr int kBlockRowsReserveBytes = 1024;
+// grid_rows: shared memory per ring slot besides its chunk (two mbarriers and the slot's chunk
+// number), and the fixed rest (the merger's queue and its two counts, the statistics warps'
+// scratch).
+constexpr int kGridRowsSlotBytes = 24;
+constexpr int kGridRowsReserveBytes = 64 * 8 + 8 + 32 * 4;
+constexpr int kGridRowsItemChunks = 2;
 constexpr int kMaxCluster = 16;
 
 Plan plan_rows(const Problem& p, const DeviceInfo& d, const Overrides& o = Overrides{});

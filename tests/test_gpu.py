@@ -39,6 +39,8 @@ def planned(rows, cols, dtype, aligned=True, peelable=False):
     knobs["rows_per_lane"] = int(os.environ.get("SOFTLIGHT_ROWS_PER_LANE", "-1"))
     knobs["iters"] = int(os.environ.get("SOFTLIGHT_ITERS", "0"))
     knobs["register_cluster"] = int(os.environ.get("SOFTLIGHT_REGISTER_CLUSTER", "-1"))
+    knobs["grid_rows"] = int(os.environ.get("SOFTLIGHT_GRID_ROWS", "-1"))
+    knobs["item_chunks"] = int(os.environ.get("SOFTLIGHT_ITEM_CHUNKS", "0"))
     e = ELEM[dtype]
     # aligned: a contiguous array from torch's allocator (its base on 16 bytes and more).
     return _C.plan(rows, cols, e, aligned and cols * e % 16 == 0, **device_plan_args(), **knobs,
@@ -573,6 +575,42 @@ def test_peeled_rows_in_registers_over_a_cluster(monkeypatch, cols, threads, dty
     torch.cuda.synchronize()
     assert_close_to_float64(y, x, dtype, f"peeled register clusters {dtype} {cols}, y strided")
     assert bool((wide[:, cols:] == POISON).all()), "nothing written past a row"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("knobs", ["", "ITEM_CHUNKS=1", "ITEM_CHUNKS=4 THREADS=288", "ITEM_CHUNKS=8 CHUNK_BYTES=8192"])
+@pytest.mark.parametrize("rows,cols", [(37, 100_000), (9, 1_048_576), (3, 4_194_304), (700, 8192), (2, 16)])
+def test_grid_rows(monkeypatch, rows, cols, knobs, dtype):
+    """Rows held once in a cooperative grid's rings, items claimed by any CTA (SOFTLIGHT_GRID_ROWS=1):
+    rows whose last chunk and item are partial (100 000), rows of many items, rows of one item and
+    of one partial chunk; other item, chunk and CTA sizes. Special values, temperature and LSE
+    against float64; y strided, nothing written past a row."""
+    monkeypatch.setenv("SOFTLIGHT_GRID_ROWS", "1")
+    for kv in knobs.split():
+        k, v = kv.split("=")
+        monkeypatch.setenv("SOFTLIGHT_" + k, v)
+    p = planned(rows, cols, dtype)
+    assert p["family"] == "grid_rows", p
+    x = random_rows(rows, cols, dtype)
+    x[0, 0] = float("nan")
+    x[1, :] = float("-inf")
+    if rows > 2:
+        x[2, -1] = float("inf")
+    if rows > 4:
+        x[3, cols // 2] = 3e4 if dtype == "float16" else 1e30  # a large max mid-row
+        x[4, :-1] = float("-inf")                                # the max alone, last
+    what = f"grid_rows {dtype} {rows}x{cols} {knobs}"
+    y = poisoned_like(x)
+    _, lse = softlight.log_softmax(x, out=y, temperature=0.75, return_lse=True)
+    torch.cuda.synchronize()
+    assert_close_to_float64(y, x, dtype, what, transform=lambda v: (v - v.amax(-1, keepdim=True)) / 0.75)
+    assert_lse_close(lse, x, 0.75, dtype)
+    vec = 16 // ELEM[dtype]
+    wide = poisoned_like(torch.empty(rows, cols + vec, device="cuda", dtype=x.dtype))
+    run_and_check(x, dtype, what + ", T=1, y strided", out=wide[:, :cols])
+    assert bool((wide[:, cols:] == POISON).all()), f"{what}: written past a row"
+    for _ in range(3):  # back to back on the stream: each launch's workspace starts afresh
+        run_and_check(random_rows(rows, cols, dtype), dtype, what + ", again")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

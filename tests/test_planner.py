@@ -177,7 +177,7 @@ def test_streamed_grid_groups():
     p = plan(32, 8388608)
     assert not p["grid_exchange"] and p["cluster"] == 16 and not p["resident"]
     assert plan(1024, 3145728)["cluster"] == 132 and plan(1024, 3145728)["chunks_per_cta"] == 6  # held twice
-    assert not plan(128, 4194304, "bfloat16")["grid_exchange"]
+    assert not plan(128, 4194304, "bfloat16", grid_rows=0)["grid_exchange"]
     # The knobs force a group of any size, the slice streamed however much of it the ring keeps.
     p = plan(64, 4194304, exchange=1, cluster=33)
     assert p["grid_exchange"] and p["cluster"] == 33 and p["chunks_per_cta"] == 32
@@ -223,7 +223,7 @@ def test_chunks_read_twice_are_held_in_l2_where_few():
         p = plan(rows, cols)
         assert not p["resident"] and p["chunks_per_cta"] - min(p["chunks_per_cta"], p["ring_slots"]) == 2, p
         assert p["hints"] & read_twice_in_l2, (rows, cols, p)
-    p = plan(128, 4194304, "bfloat16")  # 9 of 16
+    p = plan(128, 4194304, "bfloat16", grid_rows=0)  # 9 of 16 (else grid_rows: test_grid_rows)
     assert not p["resident"] and not p["hints"] & read_twice_in_l2
     p = plan(128, 2097151, peelable=True)  # peeled clusters, 18 of 32
     assert p["peel"] and not p["resident"] and not p["hints"] & read_twice_in_l2
@@ -266,6 +266,40 @@ def test_grid_groups_elsewhere():
     assert not p["grid_exchange"] and not p["resident"] and p["cluster"] == 16
     assert plan(4096, 393216, dev=A100)["family"] == "block_rows"
     assert not plan_axis(4096, 393216, backward=True)["grid_exchange"]  # measured equal: clusters
+
+
+def test_grid_rows():
+    """16-bit rows that the widest clusters stream keeping less than 3/4 of each slice, and that the
+    grid's rings hold three times over (rows of 4 M: 7 of 16 chunks kept; 8 MB against 132 rings of
+    7 x 32 KB), are held once in a cooperative grid's rings, items of 2 chunks claimed by any CTA.
+    Not rows the clusters keep most of (2 M), rows the rings hold less than three times (5.25 M),
+    fp32 rows (4 M: 16 MB), rows off 16 bytes (peeled clusters), with the knob at 0 or a cluster or
+    exchange asked for, nor off Hopper."""
+    for dtype in ("bfloat16", "float16"):
+        for rows in (1, 119, 4096):
+            p = plan(rows, 4194304, dtype)
+            assert p["family"] == "grid_rows" and p["cluster"] == 1 and p["grid_exchange"], (dtype, rows, p)
+            assert (p["chunk_bytes"], p["ring_slots"], p["chunks_per_row"], p["chunks_per_cta"]) == (32768, 7, 256, 2), p
+            assert p["threads"] == 576 and p["grid"] == min(132, rows * 128) and p["smem_bytes"] <= H200["smem_optin"]
+    assert plan(64, 3 * 1048576, "bfloat16")["family"] == "grid_rows"  # 6 MB: 12 chunks a CTA, 7 kept
+    assert plan(64, 2 * 1048576, "bfloat16")["family"] == "cluster_rows"  # 8 chunks a CTA, 7 kept
+    assert plan(64, 5 * 1048576 + 262144, "bfloat16")["family"] == "cluster_rows"  # 10.5 MB: over a third of the rings
+    assert plan(64, 4194304)["family"] == "cluster_rows"
+    assert plan(64, 4194304 - 8, "bfloat16", aligned=False, peelable=True)["family"] == "cluster_rows"
+    for over in (dict(grid_rows=0), dict(cluster=16), dict(exchange=0), dict(exchange=1)):
+        assert plan(64, 4194304, "bfloat16", **over)["family"] == "cluster_rows", over
+    assert plan(64, 4194304, "bfloat16", dev=A100)["family"] == "block_rows"
+    # The knob at 1 takes any aligned rows of up to 4 bytes, where no ring can be left full of one
+    # row (chunks a row < SMs x (slots - item chunks + 1)); items of 1 to 8 chunks.
+    p = plan(7, 16, grid_rows=1)
+    assert p["family"] == "grid_rows" and p["chunks_per_row"] == 1 and p["grid"] == 7
+    assert plan(7, 4194304, grid_rows=1, item_chunks=4)["chunks_per_cta"] == 4
+    assert plan(7, 8 * 4194304, grid_rows=1)["family"] == "cluster_rows"  # 32 MB: past 132 x 13 chunks
+    small = dict(H200, sm_count=8)
+    assert plan(7, 4194304, "bfloat16", dev=small, grid_rows=1)["family"] == "cluster_rows"
+    assert plan(7, 8 * 6 * 16384, "bfloat16", dev=small, grid_rows=1)["family"] == "cluster_rows"  # 48 chunks: 8 x 6
+    assert plan(7, 8 * 6 * 16384 - 16384, "bfloat16", dev=small, grid_rows=1)["family"] == "grid_rows"
+    assert plan(7, 1024, "float64", grid_rows=1)["family"] != "grid_rows"
 
 
 def test_founding_shape_bfloat16_on_h200():
@@ -351,6 +385,11 @@ def test_every_plan_covers_its_row(dtype):
                 elif fam == "block_rows":
                     assert not p["resident"] or p["smem_bytes"] >= cols * e
                     assert p["smem_bytes"] <= dev["smem_optin"]
+                elif fam == "grid_rows":  # items of chunks_per_cta chunks, any CTA of the grid
+                    assert aligned and dev["max_cluster"] > 0 and e == 2 and p["resident"]
+                    assert p["chunks_per_row"] == math.ceil(cols * e / p["chunk_bytes"])
+                    assert p["chunks_per_row"] < dev["sm_count"] * (p["ring_slots"] - p["chunks_per_cta"] + 1)
+                    assert p["smem_bytes"] <= dev["smem_optin"] and p["grid"] <= dev["sm_count"]
                 else:
                     assert aligned and dev["max_cluster"] > 0
                     assert p["cluster"] * p["chunks_per_cta"] * p["chunk_bytes"] >= cols * e

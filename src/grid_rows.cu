@@ -1,0 +1,374 @@
+// grid_rows (Hopper, sm_90): rows held once in the shared memory of a whole cooperative grid, in
+// items of a few chunks that any CTA claims. For rows that the widest clusters can only stream,
+// reading most of each slice twice (16-bit rows of 4 M: plan.cpp, grid_rows_wanted).
+//
+// One CTA per SM, every CTA resident at once. A row is cut into items of `item_chunks` chunks,
+// numbered in order over all rows; a CTA's producer thread reserves an item's worth of free slots
+// in its ring, claims the next item from a counter in global memory and loads its chunks with
+// bulk copies (meta: the chunk each slot holds, by its number over all rows). Two groups of
+// consumer warps walk the ring in order:
+//   statistics warps fold each chunk as it lands into the item's (max, sum) partial and post it
+//     into the item's slot of a table in global memory (one 64-bit store of two fp32 values), then
+//     hand the item's row to the merger warp;
+//   the merger warp counts the item into its row (an atomic in global memory); the one that counts
+//     a row's last item merges the row's partials and posts its (max, log-sum), one 64-bit word
+//     whose high half is never all ones once written (the table starts all ones);
+//   writer warps take each chunk once its row's word is posted, write y from shared memory and hand
+//     the slot back.
+// Each chunk is read from DRAM once and written once; the rows in flight are those the rings hold
+// (132 x 224 KB on an H200: a row of 4 M fp32 and most of the next). No role waits on the writers
+// but the producer (for free slots), so a row is merged as soon as its last item is folded.
+//
+// No deadlock: items are claimed in order and a producer claims only with an item's slots free,
+// so every claimed item loads, its partial posts and it is counted. The earliest row not merged
+// has all rows before it merged, so every ring can drain down to that row's chunks; while the row
+// is not all claimed some CTA has an item's slots free, unless every ring is full of the row,
+// which the planner rules out (chunks a row < CTAs x (slots - item chunks + 1)).
+#include <cstdio>
+#include <cstdlib>
+
+#include "common.cuh"
+#include "hopper.cuh"
+#include "kernels.hpp"
+
+namespace softlight {
+namespace {
+
+struct GridShape {
+  int chunk_bytes;
+  int ring_slots;
+  int item_chunks;
+  int64_t chunks_per_row;
+  int64_t items_per_row;
+  double scale;
+  void* lse;
+  unsigned long long* counter;  // the next ticket (starts all ones)
+  uint64_t* row_stats;          // by row: (max, log-sum) packed, all ones until posted
+  uint64_t* item_stats;         // by item: (max, sum) packed, all ones until posted
+  unsigned* item_counts;        // by row: items counted (starts all ones)
+};
+
+#ifdef SOFTLIGHT_HOPPER
+constexpr uint32_t kUnposted = 0xffffffffu;  // the high word of a slot not yet written
+constexpr int kStatsBar = 1;
+constexpr int kMergeQueue = 64;  // rows of posted items, from the statistics warps to the merger
+
+__device__ __forceinline__ uint64_t pack_pair(float m, float s) {
+  return (uint64_t{__float_as_uint(s)} << 32) | __float_as_uint(m);
+}
+__device__ __forceinline__ MaxSum<float> unpack_pair(uint64_t v) {
+  return {__uint_as_float(static_cast<uint32_t>(v)), __uint_as_float(static_cast<uint32_t>(v >> 32))};
+}
+
+template <class T, int U> struct GridCta {
+  using A = float;
+  GridShape sh;
+  unsigned char* ring;
+  uint64_t* full;
+  uint64_t* empty;
+  volatile int64_t* meta;    // [ring_slots] the chunk each slot holds (rows x chunks_per_row: none)
+  volatile int64_t* queue;   // [kMergeQueue] rows of posted items (rows: no more)
+  volatile int* queued;      // entries the statistics warps have written
+  volatile int* merged;      // entries the merger has taken
+  A* scratch;                // [32] statistics warps
+  int64_t rows, total_chunks;
+  int64_t row_bytes;
+  int group, gtid, lane;
+  A scale;
+
+  __device__ __forceinline__ uint32_t bytes_of(int64_t k) const {
+    return static_cast<uint32_t>(min(int64_t{sh.chunk_bytes}, row_bytes - k * sh.chunk_bytes));
+  }
+  __device__ __forceinline__ const uint4* slot_data(uint32_t slot) const {
+    return reinterpret_cast<const uint4*>(ring + size_t(slot) * sh.chunk_bytes);
+  }
+  __device__ __forceinline__ void release(uint32_t slot) const {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(smem_addr(empty + slot));
+  }
+
+  template <int N> __device__ __forceinline__ void fold(const uint4 (&p)[N], MaxSum<A>& cp) const {
+    const A m = max_acc(cp.m, packs_max<T, N>(p));
+    const ShiftedExp<A> e = shifted_exp(m, scale);
+    const A s = packs_exp_sum<T, N>(p, e);
+    const A old = cp.m == neg_inf<A>() ? A(0) : exp_base((cp.m - m) * e.f);
+    cp = {m, cp.s * old + s * exp_base(-e.lo)};
+  }
+  // The (max, sum) of one chunk's packs held by this thread (packs gtid, gtid + group, ...).
+  __device__ __forceinline__ MaxSum<A> fold_chunk(const uint4* src, int vectors) const {
+    MaxSum<A> cp{neg_inf<A>(), A(0)};
+    int base = gtid;
+    for (; base + (U - 1) * group < vectors; base += U * group) {
+      uint4 p[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) p[u] = src[base + u * group];
+      fold<U>(p, cp);
+    }
+    if (base < vectors) {
+      uint4 p[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) p[u] = base + u * group < vectors ? src[base + u * group] : neg_inf_pack<T>();
+      fold<U>(p, cp);
+    }
+    return cp;
+  }
+  __device__ __forceinline__ void write_chunk(const uint4* src, uint4* dst, int vectors, A m, A log_sum) const {
+    int base = gtid;
+    for (; base + (U - 1) * group < vectors; base += U * group) {
+      uint4 p[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) p[u] = src[base + u * group];
+#pragma unroll
+      for (int u = 0; u < U; ++u) store_log_softmax_pack<T>(reinterpret_cast<T*>(dst + base + u * group), p[u], m, scale, log_sum);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (base + u * group < vectors)
+        store_log_softmax_pack<T>(reinterpret_cast<T*>(dst + base + u * group), src[base + u * group], m, scale, log_sum);
+  }
+
+  // Producer: reserve an item's slots, claim the item, load its chunks; at the end, a slot whose
+  // meta says none (every consumer stops there). Where the next item's slots are free already, its
+  // claim goes out before this item's loads, so that its round trip overlaps them.
+  __device__ __forceinline__ unsigned long long claim() const { return atomicAdd(sh.counter, 1ull) + 1ull; }
+  // Whether the `count` slots from `r` on are free (wait: until they are).
+  __device__ __forceinline__ bool slots_free(RingPos r, int count, bool wait) const {
+    for (int c = 0; c < count; ++c) {
+      if (wait) {
+        mbar_wait_cta(smem_addr(empty + r.slot), r.phase ^ 1);
+      } else if (!mbar_done_cta(smem_addr(empty + r.slot), r.phase ^ 1)) {
+        return false;
+      }
+      r.advance(sh.ring_slots);
+    }
+    return true;
+  }
+  __device__ __forceinline__ void produce(const T* x, int64_t xs) const {
+    RingPos pos;
+    const int64_t total_items = rows * sh.items_per_row;
+    const bool ahead = 2 * sh.item_chunks <= sh.ring_slots;
+    bool claimed = false;
+    unsigned long long next = 0;
+    for (;;) {
+      if (!claimed) {
+        slots_free(pos, sh.item_chunks, true);
+        next = claim();
+      }
+      const unsigned long long ticket = next;
+      RingPos after = pos;
+      after.advance(sh.ring_slots, sh.item_chunks);
+      // The next item takes at most the slots from this one's end (pos + its chunks) to after + item_chunks.
+      claimed = ahead && slots_free(after, sh.item_chunks, false);
+      if (claimed) next = claim();
+      if (ticket >= static_cast<unsigned long long>(total_items)) {
+        meta[pos.slot] = total_chunks;
+        mbar_arrive(smem_addr(full + pos.slot));
+        return;
+      }
+      const int64_t item = static_cast<int64_t>(ticket);
+      const int64_t row = item / sh.items_per_row;
+      const int64_t k0 = (item - row * sh.items_per_row) * sh.item_chunks;
+      const int64_t n = min(int64_t{sh.item_chunks}, sh.chunks_per_row - k0);
+      const unsigned char* src = reinterpret_cast<const unsigned char*>(x + row * xs);
+      for (int64_t k = k0; k < k0 + n; ++k) {
+        const uint32_t bytes = bytes_of(k);
+        meta[pos.slot] = row * sh.chunks_per_row + k;
+        mbar_arrive_expect_tx(smem_addr(full + pos.slot), bytes);
+        bulk_load(smem_addr(ring + size_t(pos.slot) * sh.chunk_bytes), src + k * sh.chunk_bytes, bytes,
+                  smem_addr(full + pos.slot));
+        pos.advance(sh.ring_slots);
+      }
+    }
+  }
+
+  // Statistics warps: each item's (max, sum), posted once its last chunk is folded.
+  __device__ __forceinline__ void stats() const {
+    RingPos pos;
+    MaxSum<A> part{neg_inf<A>(), A(0)};
+    const A f = exp_factor(scale);
+    for (;;) {
+      mbar_wait_cta(smem_addr(full + pos.slot), pos.phase);
+      const int64_t g = meta[pos.slot];
+      if (g >= total_chunks) {
+        if (gtid == 0) enqueue(rows);
+        return;
+      }
+      const int64_t row = g / sh.chunks_per_row, k = g - row * sh.chunks_per_row;
+      part = merge_max_sum(part, fold_chunk(slot_data(pos.slot), static_cast<int>(bytes_of(k) / 16)), f);
+      pos.advance(sh.ring_slots);
+      if ((k + 1) % sh.item_chunks == 0 || k + 1 == sh.chunks_per_row) {
+        const MaxSum<A> item = block_max_sum(part, scratch, group, kStatsBar, f);
+        if (gtid == 0) {
+          store_relaxed_gpu(sh.item_stats + row * sh.items_per_row + k / sh.item_chunks, pack_pair(item.m, item.s));
+          enqueue(row);
+        }
+        part = {neg_inf<A>(), A(0)};
+      }
+    }
+  }
+
+  // Statistics warps' thread 0: hands the merger a row with one more item posted (the fence orders
+  // the entry before the count that publishes it).
+  __device__ __forceinline__ void enqueue(int64_t row) const {
+    const int n = *queued;
+    while (n - *merged >= kMergeQueue) __nanosleep(64);
+    queue[n % kMergeQueue] = row;
+    __threadfence_block();
+    *queued = n + 1;
+  }
+
+  // Merger warp: counts posted items into their rows, up to 32 at once (a lane each); the warp
+  // merges each row whose last item it counted (lane i folds items i, i + 32, ...) and posts it.
+  // The count only decides who merges: each item's slot is its own flag.
+  __device__ __forceinline__ void merge() const {
+    const A f = exp_factor(scale);
+    bool last = false;
+    for (int n = 0; !last;) {
+      int avail = 0;
+      if (lane == 0) {
+        while ((avail = *queued - n) <= 0) __nanosleep(32);
+        __threadfence_block();
+      }
+      avail = min(__shfl_sync(0xffffffffu, avail, 0), 32);
+      __threadfence_block();
+      const int64_t row = lane < avail ? queue[(n + lane) % kMergeQueue] : rows;
+      __syncwarp();
+      n += avail;
+      if (lane == 0) *merged = n;
+      last = __any_sync(0xffffffffu, lane < avail && row >= rows);
+      // The counts start all ones: an add that returns items - 2 counts the row's last item.
+      const bool full_row = row < rows && atomicAdd(sh.item_counts + row, 1u) + 2u == static_cast<unsigned>(sh.items_per_row);
+      for (unsigned ready = __ballot_sync(0xffffffffu, full_row); ready != 0; ready &= ready - 1) {
+        const int64_t r = __shfl_sync(0xffffffffu, row, __ffs(ready) - 1);
+        MaxSum<A> p{neg_inf<A>(), A(0)};
+        for (int64_t i = lane; i < sh.items_per_row; i += 32) {
+          const uint64_t* slot = sh.item_stats + r * sh.items_per_row + i;
+          uint64_t w;
+          while (static_cast<uint32_t>((w = load_relaxed_gpu(slot)) >> 32) == kUnposted) __nanosleep(32);
+          p = merge_max_sum(p, unpack_pair(w), f);
+        }
+        p = shfl_merge_max_sum(p, f);
+        if (lane == 0) {
+          const A log_sum = log_acc(p.s);
+          store_relaxed_gpu(sh.row_stats + r, pack_pair(p.m, log_sum));
+          if (sh.lse != nullptr) static_cast<A*>(sh.lse)[r] = p.m * scale + log_sum;
+        }
+      }
+    }
+  }
+
+  // Writers: walk the ring, each thread waiting for a chunk's row word itself.
+  __device__ __forceinline__ void write(T* y, int64_t ys) const {
+    RingPos pos;
+    int64_t current = -1;
+    MaxSum<A> st{A(0), A(0)};  // (max, log-sum) of `current`
+    for (;;) {
+      mbar_wait_cta(smem_addr(full + pos.slot), pos.phase);
+      const int64_t g = meta[pos.slot];
+      if (g >= total_chunks) return;
+      const int64_t row = g / sh.chunks_per_row, k = g - row * sh.chunks_per_row;
+      if (row != current) {
+        uint64_t v;
+        while (static_cast<uint32_t>((v = load_relaxed_gpu(sh.row_stats + row)) >> 32) == kUnposted) __nanosleep(32);
+        st = unpack_pair(v);
+        current = row;
+      }
+      uint4* dst = reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(y + row * ys) + k * sh.chunk_bytes);
+      write_chunk(slot_data(pos.slot), dst, static_cast<int>(bytes_of(k) / 16), st.m, st.s);
+      release(pos.slot);
+      pos.advance(sh.ring_slots);
+    }
+  }
+};
+#endif  // SOFTLIGHT_HOPPER
+
+template <class T, int U>
+__global__ void __launch_bounds__(kClusterMaxThreads, 1)
+grid_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t ys, int64_t rows, int64_t cols,
+                 GridShape sh) {
+#ifdef SOFTLIGHT_HOPPER
+  extern __shared__ __align__(128) unsigned char smem[];
+  GridCta<T, U> cta;
+  cta.sh = sh;
+  cta.scale = static_cast<float>(sh.scale);
+  cta.ring = smem;
+  cta.full = reinterpret_cast<uint64_t*>(smem + size_t(sh.ring_slots) * sh.chunk_bytes);
+  cta.empty = cta.full + sh.ring_slots;
+  cta.meta = reinterpret_cast<volatile int64_t*>(cta.empty + sh.ring_slots);
+  cta.queue = cta.meta + sh.ring_slots;
+  cta.queued = reinterpret_cast<volatile int*>(cta.queue + kMergeQueue);
+  cta.merged = cta.queued + 1;
+  cta.scratch = reinterpret_cast<float*>(const_cast<int*>(cta.merged + 1));
+  cta.rows = rows;
+  cta.row_bytes = cols * int64_t{sizeof(T)};
+  cta.total_chunks = rows * sh.chunks_per_row;
+  cta.group = (static_cast<int>(blockDim.x) - 64) / 2;
+  const int warp = threadIdx.x >> 5, group_warps = cta.group >> 5;
+  cta.gtid = static_cast<int>(threadIdx.x) % cta.group;
+  cta.lane = threadIdx.x & 31;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < sh.ring_slots; ++i) {
+      mbar_init(smem_addr(cta.full + i), 1);
+      mbar_init(smem_addr(cta.empty + i), group_warps);
+      cta.meta[i] = -1;
+    }
+    *cta.queued = 0;
+    *cta.merged = 0;
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  if (warp < group_warps) {
+    cta.stats();
+  } else if (warp < 2 * group_warps) {
+    cta.write(y, ys);
+  } else if (threadIdx.x == 2 * cta.group) {
+    cta.produce(x, xs);
+  } else if (warp == 2 * group_warps + 1) {
+    cta.merge();
+  }
+#endif
+}
+
+}  // namespace
+
+cudaError_t launch_grid_rows(const Plan& p, const RowsArgs& a, cudaStream_t stream) {
+  return with_element_type(a.dtype, [&](auto tag) -> cudaError_t {
+    using T = decltype(tag);
+    if constexpr (sizeof(T) > 4) {
+      return cudaErrorInvalidValue;
+    } else {
+      const int group = (p.threads - 64) / 2;
+      auto kernel = p.chunk_bytes / 16 >= 4 * group ? grid_rows_kernel<T, 4> : grid_rows_kernel<T, 2>;
+      ClusterLaunch l;
+      cudaError_t e = prepare_cluster_launch(kernel, p, stream, &l);
+      if (e != cudaSuccess) return e;
+      // Every ring full of one row must leave a row unfinished (see the deadlock argument above).
+      if (l.clusters * (p.ring_slots - p.chunks_per_cta + 1) <= p.chunks_per_row) return cudaErrorInvalidClusterSize;
+      const int64_t items_per_row = (p.chunks_per_row + p.chunks_per_cta - 1) / p.chunks_per_cta;
+      // Workspace, all ones: the counter, row words, item slots, then the rows' item counts.
+      const size_t words = 1 + static_cast<size_t>(a.rows) + static_cast<size_t>(a.rows * items_per_row) +
+                           (static_cast<size_t>(a.rows) + 1) / 2;
+      if (std::getenv("SOFTLIGHT_VERBOSE"))
+        std::fprintf(stderr, "softlight: grid_rows ctas=%lld threads=%d chunk=%d slots=%d item=%d items/row=%lld\n",
+                     static_cast<long long>(l.clusters), p.threads, p.chunk_bytes, p.ring_slots,
+                     static_cast<int>(p.chunks_per_cta), static_cast<long long>(items_per_row));
+      cudaMemPool_t pool;
+      void* ws = nullptr;
+      if ((e = workspace_pool(&pool)) || (e = cudaMallocFromPoolAsync(&ws, words * 8, pool, stream))) return e;
+      e = cudaMemsetAsync(ws, 0xff, words * 8, stream);
+      uint64_t* w = static_cast<uint64_t*>(ws);
+      GridShape sh{p.chunk_bytes, p.ring_slots, static_cast<int>(p.chunks_per_cta), p.chunks_per_row, items_per_row,
+                   a.scale, a.lse, reinterpret_cast<unsigned long long*>(w), w + 1, w + 1 + a.rows,
+                   reinterpret_cast<unsigned*>(w + 1 + a.rows + a.rows * items_per_row)};
+      if (e == cudaSuccess)
+        e = cudaLaunchKernelEx(&l.cfg, kernel, static_cast<const T*>(a.x), a.x_stride, static_cast<T*>(a.y), a.y_stride,
+                               a.rows, a.cols, sh);
+      if (e == cudaSuccess) e = cudaGetLastError();
+      if (e == cudaErrorCooperativeLaunchTooLarge) e = cudaErrorInvalidClusterSize;
+      const cudaError_t f = cudaFreeAsync(ws, stream);
+      return e == cudaSuccess ? f : e;
+    }
+  });
+}
+
+}  // namespace softlight
