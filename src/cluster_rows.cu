@@ -78,9 +78,6 @@ constexpr uint32_t kUnsent = 0xffffffffu;  // the sum's bits in a grid group's s
 // the entry of iteration j only once its writers have begun row j - kRowQueue + 4: by then every
 // role of every CTA of the cluster is done with the entry's previous use (see publish).
 constexpr int kRowQueue = 32;
-__device__ __forceinline__ uint64_t pack_pair(float m, float s) {
-  return (uint64_t{__float_as_uint(s)} << 32) | __float_as_uint(m);
-}
 
 // One CTA's share of the work. Warps [0, G) fold statistics, warps [G, 2G) write, warp 2G
 // produces. Both consumer groups walk the ring's sequence of chunks; in streaming mode each row
@@ -196,13 +193,8 @@ template <class T, int U, bool Backward, bool Peel> struct ClusterCta {
   }
 
   // Folds N packs into a running (max of x, sum of exp((x - max) * scale)).
-  template <int N>
-  __device__ __forceinline__ void fold(const uint4 (&p)[N], MaxSum<A>& cp) const {
-    const A m = max_acc(cp.m, packs_max<T, N>(p));
-    const ShiftedExp<A> e = shifted_exp(m, scale);
-    const A s = packs_exp_sum<T, N>(p, e);
-    const A old = cp.m == neg_inf<A>() ? A(0) : exp_base((cp.m - m) * e.f);
-    cp = {m, cp.s * old + s * exp_base(-e.lo)};
+  template <int N> __device__ __forceinline__ void fold(const uint4 (&p)[N], MaxSum<A>& cp) const {
+    fold_packs<T, N>(p, cp, scale);
   }
   // Forward, one step of a consumer group over a chunk: U packs per thread, packs i + u * group,
   // those at or past `end` absent (Full: none is). The statistics step folds them into the
@@ -329,8 +321,9 @@ template <class T, int U, bool Backward, bool Peel> struct ClusterCta {
         for (int64_t i = row_index * csize + lane; i < (row_index + 1) * csize; i += 32) {
           uint64_t v;
           while (((v = load_relaxed_gpu(table + i)) >> 32) == kUnsent) __nanosleep(32);
-          row = merge_max_sum(row, MaxSum<A>{__uint_as_float(static_cast<uint32_t>(v)),
-                                             __uint_as_float(static_cast<uint32_t>(v >> 32))}, f);
+          MaxSum<A> q;
+          unpack_pair(v, q.m, q.s);
+          row = merge_max_sum(row, q, f);
         }
       }
     }

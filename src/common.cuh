@@ -317,6 +317,17 @@ __device__ __forceinline__ MaxSum<acc_t<T>> packs_max_sum(const uint4 (&p)[N], a
   return {m, packs_exp_sum<T, N>(p, e) * exp_base(-e.lo)};
 }
 
+// Folds N packs into a running (max of x, sum of exp((x - max) * scale)).
+template <class T, int N>
+__device__ __forceinline__ void fold_packs(const uint4 (&p)[N], MaxSum<acc_t<T>>& cp, acc_t<T> scale) {
+  using A = acc_t<T>;
+  const A m = max_acc(cp.m, packs_max<T, N>(p));
+  const ShiftedExp<A> e = shifted_exp(m, scale);
+  const A s = packs_exp_sum<T, N>(p, e);
+  const A old = cp.m == neg_inf<A>() ? A(0) : exp_base((cp.m - m) * e.f);
+  cp = {m, cp.s * old + s * exp_base(-e.lo)};
+}
+
 // Copies one pack unchanged from src to dst and hands its values to the caller.
 template <class T, int V>
 __device__ __forceinline__ void copy_pack(T* dst, const T* src, acc_t<T> (&out)[V]) {

@@ -53,11 +53,10 @@ constexpr uint32_t kUnposted = 0xffffffffu;  // the high word of a slot not yet 
 constexpr int kStatsBar = 1;
 constexpr int kMergeQueue = 64;  // rows of posted items, from the statistics warps to the merger
 
-__device__ __forceinline__ uint64_t pack_pair(float m, float s) {
-  return (uint64_t{__float_as_uint(s)} << 32) | __float_as_uint(m);
-}
-__device__ __forceinline__ MaxSum<float> unpack_pair(uint64_t v) {
-  return {__uint_as_float(static_cast<uint32_t>(v)), __uint_as_float(static_cast<uint32_t>(v >> 32))};
+__device__ __forceinline__ MaxSum<float> unpack_max_sum(uint64_t v) {
+  MaxSum<float> p;
+  unpack_pair(v, p.m, p.s);
+  return p;
 }
 
 template <class T, int U> struct GridCta {
@@ -87,13 +86,6 @@ template <class T, int U> struct GridCta {
     if (lane == 0) mbar_arrive(smem_addr(empty + slot));
   }
 
-  template <int N> __device__ __forceinline__ void fold(const uint4 (&p)[N], MaxSum<A>& cp) const {
-    const A m = max_acc(cp.m, packs_max<T, N>(p));
-    const ShiftedExp<A> e = shifted_exp(m, scale);
-    const A s = packs_exp_sum<T, N>(p, e);
-    const A old = cp.m == neg_inf<A>() ? A(0) : exp_base((cp.m - m) * e.f);
-    cp = {m, cp.s * old + s * exp_base(-e.lo)};
-  }
   // The (max, sum) of one chunk's packs held by this thread (packs gtid, gtid + group, ...).
   __device__ __forceinline__ MaxSum<A> fold_chunk(const uint4* src, int vectors) const {
     MaxSum<A> cp{neg_inf<A>(), A(0)};
@@ -102,13 +94,13 @@ template <class T, int U> struct GridCta {
       uint4 p[U];
 #pragma unroll
       for (int u = 0; u < U; ++u) p[u] = src[base + u * group];
-      fold<U>(p, cp);
+      fold_packs<T, U>(p, cp, scale);
     }
     if (base < vectors) {
       uint4 p[U];
 #pragma unroll
       for (int u = 0; u < U; ++u) p[u] = base + u * group < vectors ? src[base + u * group] : neg_inf_pack<T>();
-      fold<U>(p, cp);
+      fold_packs<T, U>(p, cp, scale);
     }
     return cp;
   }
@@ -245,7 +237,7 @@ template <class T, int U> struct GridCta {
           const uint64_t* slot = sh.item_stats + r * sh.items_per_row + i;
           uint64_t w;
           while (static_cast<uint32_t>((w = load_relaxed_gpu(slot)) >> 32) == kUnposted) __nanosleep(32);
-          p = merge_max_sum(p, unpack_pair(w), f);
+          p = merge_max_sum(p, unpack_max_sum(w), f);
         }
         p = shfl_merge_max_sum(p, f);
         if (lane == 0) {
@@ -270,7 +262,7 @@ template <class T, int U> struct GridCta {
       if (row != current) {
         uint64_t v;
         while (static_cast<uint32_t>((v = load_relaxed_gpu(sh.row_stats + row)) >> 32) == kUnposted) __nanosleep(32);
-        st = unpack_pair(v);
+        st = unpack_max_sum(v);
         current = row;
       }
       uint4* dst = reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(y + row * ys) + k * sh.chunk_bytes);
