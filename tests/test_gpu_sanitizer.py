@@ -1,9 +1,9 @@
 """GPU test under compute-sanitizer's memcheck: one small problem of each kernel family (the ring's
-clusters, rows in registers over a cluster, grid groups, peeled rows, tiles over a non-last axis,
-rows in registers and in flat tiles, the backward), no access outside the arrays. Raw allocations
-of the arrays' exact sizes (cuMemAlloc, sizes off 16 bytes) catch any read past an array's last
-byte. Each result is checked against float64 too. Skipped without a GPU or without
-compute-sanitizer on PATH."""
+clusters, rows in registers over a cluster, grid groups, rows in a grid's rings, peeled rows, tiles
+over a non-last axis, rows in registers and in flat tiles, the backward), no access outside the
+arrays. Raw allocations of the arrays' exact sizes (cuMemAlloc, sizes off 16 bytes) catch any read
+past an array's last byte. Each result is checked against float64 too. Skipped without a GPU or
+without compute-sanitizer on PATH."""
 import os
 import shutil
 import subprocess
@@ -42,7 +42,11 @@ CHILD = textwrap.dedent(r"""
              ((100, 8192), torch.float16, -1, 0.01, {}),      # rows in registers
              ((50, 50257), torch.float64, -1, 1e-12, {}),     # peeled rows in the ring
              ((50, 50257), torch.float32, -1, 1e-5, ring),    # the same, fp32
-             ((50, 50257), torch.bfloat16, -1, 0.07, {})]     # peeled rows in registers over a cluster
+             ((50, 50257), torch.bfloat16, -1, 0.07, {}),     # peeled rows in registers over a cluster
+             # rows held in a grid's rings (values to -36: half a bf16 step is 0.125), and forced on
+             # rows of a partial last chunk, items of one chunk
+             ((2, 2621440), torch.bfloat16, -1, 0.13, {}),
+             ((37, 100000), torch.float32, -1, 1e-5, {"SOFTLIGHT_GRID_ROWS": "1", "SOFTLIGHT_ITEM_CHUNKS": "1"})]
     for shape, dtype, dim, tol, knobs in cases:
         os.environ.update(knobs)
         x = torch.randn(shape, device="cuda", dtype=dtype) * 3
