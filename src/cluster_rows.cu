@@ -321,9 +321,7 @@ template <class T, int U, bool Backward, bool Peel> struct ClusterCta {
         for (int64_t i = row_index * csize + lane; i < (row_index + 1) * csize; i += 32) {
           uint64_t v;
           while (((v = load_relaxed_gpu(table + i)) >> 32) == kUnsent) __nanosleep(32);
-          MaxSum<A> q;
-          unpack_pair(v, q.m, q.s);
-          row = merge_max_sum(row, q, f);
+          row = merge_max_sum(row, unpack_pair(v), f);
         }
       }
     }

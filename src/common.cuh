@@ -80,6 +80,14 @@ __device__ __forceinline__ MaxSum<A> merge_max_sum(MaxSum<A> a, MaxSum<A> b, A f
   const A m = max_acc(a.m, b.m);
   return {m, a.s * rescale(a.m, m, f) + b.s * rescale(b.m, m, f)};
 }
+// A (max, sum) pair of fp32 values as one 64-bit word (a single-copy atomic message between CTAs,
+// hopper.cuh): the max in the low half.
+__device__ __forceinline__ uint64_t pack_pair(float m, float s) {
+  return (uint64_t{__float_as_uint(s)} << 32) | __float_as_uint(m);
+}
+__device__ __forceinline__ MaxSum<float> unpack_pair(uint64_t v) {
+  return {__uint_as_float(static_cast<uint32_t>(v)), __uint_as_float(static_cast<uint32_t>(v >> 32))};
+}
 // A power of two p with |v| * p in [2^110, 2^111) (float; [2^1000, 2^1001) for double), for a
 // normal v: v * p is exact and far from overflow.
 __device__ __forceinline__ float pow2_near_inverse(float v) {

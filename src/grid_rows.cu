@@ -51,13 +51,7 @@ struct GridShape {
 #ifdef SOFTLIGHT_HOPPER
 constexpr uint32_t kUnposted = 0xffffffffu;  // the high word of a slot not yet written
 constexpr int kStatsBar = 1;
-constexpr int kMergeQueue = 64;  // rows of posted items, from the statistics warps to the merger
-
-__device__ __forceinline__ MaxSum<float> unpack_max_sum(uint64_t v) {
-  MaxSum<float> p;
-  unpack_pair(v, p.m, p.s);
-  return p;
-}
+constexpr int kMergeQueue = kGridRowsMergeQueue;  // rows of posted items, statistics warps to merger
 
 template <class T, int U> struct GridCta {
   using A = float;
@@ -237,7 +231,7 @@ template <class T, int U> struct GridCta {
           const uint64_t* slot = sh.item_stats + r * sh.items_per_row + i;
           uint64_t w;
           while (static_cast<uint32_t>((w = load_relaxed_gpu(slot)) >> 32) == kUnposted) __nanosleep(32);
-          p = merge_max_sum(p, unpack_max_sum(w), f);
+          p = merge_max_sum(p, unpack_pair(w), f);
         }
         p = shfl_merge_max_sum(p, f);
         if (lane == 0) {
@@ -262,7 +256,7 @@ template <class T, int U> struct GridCta {
       if (row != current) {
         uint64_t v;
         while (static_cast<uint32_t>((v = load_relaxed_gpu(sh.row_stats + row)) >> 32) == kUnposted) __nanosleep(32);
-        st = unpack_max_sum(v);
+        st = unpack_pair(v);
         current = row;
       }
       uint4* dst = reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(y + row * ys) + k * sh.chunk_bytes);

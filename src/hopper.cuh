@@ -156,15 +156,6 @@ __device__ __forceinline__ uint64_t load_relaxed_gpu(const uint64_t* p) {
   return v;
 }
 
-// A (max, sum) pair of fp32 values as one such message: the max in the low half.
-__device__ __forceinline__ uint64_t pack_pair(float m, float s) {
-  return (uint64_t{__float_as_uint(s)} << 32) | __float_as_uint(m);
-}
-__device__ __forceinline__ void unpack_pair(uint64_t v, float& m, float& s) {
-  m = __uint_as_float(static_cast<uint32_t>(v));
-  s = __uint_as_float(static_cast<uint32_t>(v >> 32));
-}
-
 // Single-copy atomic 64-bit messages within a cluster: a store into a CTA's shared memory
 // (shared::cluster address, see cluster_map) and a load of this CTA's own.
 __device__ __forceinline__ void store_relaxed_cluster(uint32_t addr, uint64_t v) {

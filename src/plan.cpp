@@ -271,13 +271,14 @@ Plan plan_grid_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
 // 1.34-1.36 x copy, reading 1.00 GB for 1.00 GB of rows where the clusters read 1.55 GB; fp32 rows
 // of 4 M (16 MB, more than half the rings) 1.43-1.48 x -> 1.86 x, and rows the clusters keep (1 M
 // fp32 and bf16, 2 M bf16, 262 144 fp32, 393 216 bf16) slower.
-bool grid_rows_wanted(const Problem& p, const DeviceInfo& d, const Overrides& o, const Plan& clusters) {
+// Returns that plan, or none.
+Plan grid_rows_wanted(const Problem& p, const DeviceInfo& d, const Overrides& o, const Plan& clusters) {
   if (p.elem_bytes != 2 || clusters.resident || clusters.grid_exchange || d.sm_count <= 0 ||
       4 * int64_t{clusters.ring_slots} >= 3 * clusters.chunks_per_cta)
-    return false;
+    return Plan{};
   const Plan grid = plan_grid_rows(p, d, o);
-  return grid.family == Family::grid_rows &&
-         3 * p.cols * p.elem_bytes <= int64_t{d.sm_count} * grid.ring_slots * grid.chunk_bytes;
+  const bool thrice = 3 * p.cols * p.elem_bytes <= int64_t{d.sm_count} * grid.ring_slots * grid.chunk_bytes;
+  return grid.family == Family::grid_rows && thrice ? grid : Plan{};
 }
 
 // Shared memory of cluster_tiles besides the ring's chunks and barriers (cluster_tiles.cu):
@@ -476,10 +477,8 @@ Plan plan_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
   if (ceil_div(p.cols, short_vec) <= int64_t{32} * kWarpRowsMaxIters) return plan_warp_rows(p, short_vec);
   if (has_clusters(d) && p.aligned16 && (row_bytes >= kClusterMinRowBytes || o.cluster > 0)) {
     const Plan clusters = plan_cluster_rows(p, d, o);
-    if (o.grid_rows != 0 && o.cluster <= 0 && o.exchange < 0 && grid_rows_wanted(p, d, o, clusters)) {
-      const Plan grid = plan_grid_rows(p, d, o);
-      if (grid.family != Family::none) return grid;
-    }
+    if (o.grid_rows != 0 && o.cluster <= 0 && o.exchange < 0)
+      if (const Plan grid = grid_rows_wanted(p, d, o, clusters); grid.family != Family::none) return grid;
     return clusters;
   }
   // Rows off 16 bytes but misaligned alike in x and y (rows of 50 257): clusters carry each row's

@@ -194,7 +194,8 @@ constexpr int kBlockRowsReserveBytes = 1024;
 // number), and the fixed rest (the merger's queue and its two counts, the statistics warps'
 // scratch).
 constexpr int kGridRowsSlotBytes = 24;
-constexpr int kGridRowsReserveBytes = 64 * 8 + 8 + 32 * 4;
+constexpr int kGridRowsMergeQueue = 64;
+constexpr int kGridRowsReserveBytes = kGridRowsMergeQueue * 8 + 8 + 32 * 4;
 constexpr int kGridRowsItemChunks = 2;
 constexpr int kMaxCluster = 16;
 
