@@ -268,10 +268,11 @@ Plan plan_grid_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
 // keeping less than 3/4 of each slice in the ring (the rest read twice, from DRAM), and that the
 // grid's rings hold three times over (while a row's items are merged, its CTAs' rings hold the
 // rows after it): on an H200, rows past 2 359 296 elements and up to 5 046 272. Measured there
-// (docs/design.md, "Rows held once in a grid's rings"): rows of 4 M bf16 (8 MB) 1.40-1.44 x ->
-// 1.34-1.36 x copy, reading 1.00 GB for 1.00 GB of rows where the clusters read 1.55 GB; fp32 rows
-// of 4 M (16 MB, more than half the rings) 1.43-1.48 x -> 1.86 x, and rows the clusters keep (1 M
-// fp32 and bf16, 2 M bf16, 262 144 fp32, 393 216 bf16) slower.
+// (docs/design.md, "Rows held once in a grid's rings", "Each CTA merges the rows it holds"): rows
+// of 4 M bf16 (8 MB) 1.41 -> 1.30 x copy, 3 M bf16 1.34 -> 1.25 x, reading 1.00 GB for 1.00 GB of
+// rows where the clusters read 1.55 GB; fp32 rows of 4 M (16 MB, more than half the rings) 1.44 ->
+// 1.83 x, and rows the clusters keep (1 M fp32 and bf16, 2 M bf16, 262 144 fp32, 393 216 bf16)
+// slower.
 // Returns that plan, or none.
 Plan grid_rows_wanted(const Problem& p, const DeviceInfo& d, const Overrides& o, const Plan& clusters) {
   if (p.elem_bytes != 2 || clusters.resident || clusters.grid_exchange || d.sm_count <= 0 ||
