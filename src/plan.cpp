@@ -242,8 +242,7 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
 
 // grid_rows: a cooperative grid of one CTA per SM, each with a ring of chunks; items of
 // `item_chunks` chunks. None where every ring full of one row could leave it unfinished (chunks a
-// row >= SMs x (slots - item chunks + 1)) or the ring has as many slots as the merger's queue has
-// entries (the kernel's deadlock argument, grid_rows.cu).
+// row >= SMs x (slots - item chunks + 1): the kernel's deadlock argument, grid_rows.cu).
 Plan plan_grid_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
   Plan plan;
   plan.family = Family::grid_rows;
@@ -258,7 +257,7 @@ Plan plan_grid_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
   plan.grid_exchange = true;  // a cooperative launch
   plan.resident = true;
   plan.grid = std::min<int64_t>(p.rows * ceil_div(plan.chunks_per_row, plan.chunks_per_cta), d.sm_count);
-  if (plan.ring_slots < plan.chunks_per_cta || plan.ring_slots >= kGridRowsMergeQueue ||
+  if (plan.ring_slots < plan.chunks_per_cta ||
       plan.chunks_per_row >= int64_t{d.sm_count} * (plan.ring_slots - plan.chunks_per_cta + 1))
     return Plan{};
   return plan;
@@ -268,11 +267,10 @@ Plan plan_grid_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
 // keeping less than 3/4 of each slice in the ring (the rest read twice, from DRAM), and that the
 // grid's rings hold three times over (while a row's items are merged, its CTAs' rings hold the
 // rows after it): on an H200, rows past 2 359 296 elements and up to 5 046 272. Measured there
-// (docs/design.md, "Rows held once in a grid's rings", "Each CTA merges the rows it holds"): rows
-// of 4 M bf16 (8 MB) 1.41 -> 1.30 x copy, 3 M bf16 1.34 -> 1.25 x, reading 1.00 GB for 1.00 GB of
-// rows where the clusters read 1.55 GB; fp32 rows of 4 M (16 MB, more than half the rings) 1.44 ->
-// 1.83 x, and rows the clusters keep (1 M fp32 and bf16, 2 M bf16, 262 144 fp32, 393 216 bf16)
-// slower.
+// (docs/design.md, "Rows held once in a grid's rings"): rows of 4 M bf16 (8 MB) 1.40-1.44 x ->
+// 1.34-1.36 x copy, reading 1.00 GB for 1.00 GB of rows where the clusters read 1.55 GB; fp32 rows
+// of 4 M (16 MB, more than half the rings) 1.43-1.48 x -> 1.86 x, and rows the clusters keep (1 M
+// fp32 and bf16, 2 M bf16, 262 144 fp32, 393 216 bf16) slower.
 // Returns that plan, or none.
 Plan grid_rows_wanted(const Problem& p, const DeviceInfo& d, const Overrides& o, const Plan& clusters) {
   if (p.elem_bytes != 2 || clusters.resident || clusters.grid_exchange || d.sm_count <= 0 ||
