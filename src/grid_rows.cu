@@ -8,22 +8,29 @@
 // bulk copies (meta: the chunk each slot holds, by its number over all rows). Two groups of
 // consumer warps walk the ring in order:
 //   statistics warps fold each chunk as it lands into the item's (max, sum) partial and post it
-//     into the item's slot of a table in global memory (one 64-bit store of two fp32 values), then
-//     hand the item's row to the merger warp;
-//   the merger warp counts the item into its row (an atomic in global memory); the one that counts
-//     a row's last item merges the row's partials and posts its (max, log-sum), one 64-bit word
-//     whose high half is never all ones once written (the table starts all ones);
-//   writer warps take each chunk once its row's word is posted, write y from shared memory and hand
-//     the slot back.
+//     into the item's slot of a table in global memory (one 64-bit store of two fp32 values, whose
+//     high half is never all ones once written: the table starts all ones), then hand the item to
+//     the merger warp;
+//   the merger warp, at the first item of each row its CTA holds, folds the row's partials as they
+//     are posted (loads in flight together, each polled until posted) and hands the row's
+//     (max, log-sum) to the writers through shared memory. Every CTA holding a row folds the same
+//     partials in the same order, so all get the same bits; the one holding the row's first item
+//     writes its log-sum-exp;
+//   writer warps take each chunk once its row's statistics are in, write y from shared memory and
+//     hand the slot back.
 // Each chunk is read from DRAM once and written once; the rows in flight are those the rings hold
 // (132 x 224 KB on an H200: a row of 4 M fp32 and most of the next). No role waits on the writers
-// but the producer (for free slots), so a row is merged as soon as its last item is folded.
+// but the producer (for free slots), so a row's statistics reach every CTA holding it about one
+// L2 round trip after its last item is posted.
 //
 // No deadlock: items are claimed in order and a producer claims only with an item's slots free,
-// so every claimed item loads, its partial posts and it is counted. The earliest row not merged
-// has all rows before it merged, so every ring can drain down to that row's chunks; while the row
-// is not all claimed some CTA has an item's slots free, unless every ring is full of the row,
-// which the planner rules out (chunks a row < CTAs x (slots - item chunks + 1)).
+// so every claimed item loads and its partial posts (the planner keeps a ring's slots fewer than the
+// merger queue's entries, so the statistics warps never wait on a merger that waits on a row, and
+// fewer than the writers' table of merged rows, so no entry is rewritten while a writer needs it). The
+// earliest row not all posted has all rows before it posted and merged, so every ring can drain
+// down to that row's chunks; while the row is not all claimed some CTA has an item's slots free,
+// unless every ring is full of the row, which the planner rules out (chunks a row < CTAs x
+// (slots - item chunks + 1)).
 #include <cstdio>
 #include <cstdlib>
 
@@ -43,15 +50,13 @@ struct GridShape {
   double scale;
   void* lse;
   unsigned long long* counter;  // the next ticket (starts all ones)
-  uint64_t* row_stats;          // by row: (max, log-sum) packed, all ones until posted
   uint64_t* item_stats;         // by item: (max, sum) packed, all ones until posted
-  unsigned* item_counts;        // by row: items counted (starts all ones)
 };
 
 #ifdef SOFTLIGHT_HOPPER
 constexpr uint32_t kUnposted = 0xffffffffu;  // the high word of a slot not yet written
 constexpr int kStatsBar = 1;
-constexpr int kMergeQueue = kGridRowsMergeQueue;  // rows of posted items, statistics warps to merger
+constexpr int kMergeQueue = kGridRowsMergeQueue;  // posted items, statistics warps to merger; rows, merger to writers
 
 template <class T, int U> struct GridCta {
   using A = float;
@@ -60,10 +65,15 @@ template <class T, int U> struct GridCta {
   uint64_t* full;
   uint64_t* empty;
   volatile int64_t* meta;    // [ring_slots] the chunk each slot holds (rows x chunks_per_row: none)
-  volatile int64_t* queue;   // [kMergeQueue] rows of posted items (rows: no more)
+  volatile int64_t* queue;   // [kMergeQueue] posted items, by number over all rows (all items: no more)
   volatile int* queued;      // entries the statistics warps have written
   volatile int* merged;      // entries the merger has taken
   A* scratch;                // [32] statistics warps
+  // Rows merged, handed to the writers: the n-th row this CTA holds (in ring order, counted from 0)
+  // at n % kMergeQueue. The merger is fewer rows ahead of any chunk still held than the ring has
+  // slots (slots are handed back in ring order), so no entry is rewritten while a writer needs it.
+  volatile int64_t* row_tag;     // [kMergeQueue] the row merged there (-1: none yet)
+  volatile uint64_t* row_word;   // [kMergeQueue] its (max, log-sum), packed
   int64_t rows, total_chunks;
   int64_t row_bytes;
   int group, gtid, lane;
@@ -176,7 +186,7 @@ template <class T, int U> struct GridCta {
       mbar_wait_cta(smem_addr(full + pos.slot), pos.phase);
       const int64_t g = meta[pos.slot];
       if (g >= total_chunks) {
-        if (gtid == 0) enqueue(rows);
+        if (gtid == 0) enqueue(rows * sh.items_per_row);
         return;
       }
       const int64_t row = g / sh.chunks_per_row, k = g - row * sh.chunks_per_row;
@@ -185,68 +195,81 @@ template <class T, int U> struct GridCta {
       if ((k + 1) % sh.item_chunks == 0 || k + 1 == sh.chunks_per_row) {
         const MaxSum<A> item = block_max_sum(part, scratch, group, kStatsBar, f);
         if (gtid == 0) {
-          store_relaxed_gpu(sh.item_stats + row * sh.items_per_row + k / sh.item_chunks, pack_pair(item.m, item.s));
-          enqueue(row);
+          const int64_t number = row * sh.items_per_row + k / sh.item_chunks;
+          store_relaxed_gpu(sh.item_stats + number, pack_pair(item.m, item.s));
+          enqueue(number);
         }
         part = {neg_inf<A>(), A(0)};
       }
     }
   }
 
-  // Statistics warps' thread 0: hands the merger a row with one more item posted (the fence orders
-  // the entry before the count that publishes it).
-  __device__ __forceinline__ void enqueue(int64_t row) const {
+  // Statistics warps' thread 0: hands the merger a posted item (the fence orders the entry before
+  // the count that publishes it).
+  __device__ __forceinline__ void enqueue(int64_t item) const {
     const int n = *queued;
     while (n - *merged >= kMergeQueue) __nanosleep(64);
-    queue[n % kMergeQueue] = row;
+    queue[n % kMergeQueue] = item;
     __threadfence_block();
     *queued = n + 1;
   }
 
-  // Merger warp: counts posted items into their rows, up to 32 at once (a lane each); the warp
-  // merges each row whose last item it counted (lane i folds items i, i + 32, ...) and posts it.
-  // The count only decides who merges: each item's slot is its own flag.
+  // Merger warp: takes the posted items in order and merges the row of each first item of a row it
+  // sees (the row's items in this CTA are consecutive), then hands the row to the writers.
   __device__ __forceinline__ void merge() const {
     const A f = exp_factor(scale);
-    bool last = false;
-    for (int n = 0; !last;) {
-      int avail = 0;
-      if (lane == 0) {
-        while ((avail = *queued - n) <= 0) __nanosleep(32);
-        __threadfence_block();
-      }
-      avail = min(__shfl_sync(0xffffffffu, avail, 0), 32);
-      __threadfence_block();
-      const int64_t row = lane < avail ? queue[(n + lane) % kMergeQueue] : rows;
+    const int64_t total_items = rows * sh.items_per_row;
+    int64_t last = -1;
+    int seen = -1;  // rows merged
+    for (int n = 0;; ++n) {
+      if (lane == 0)
+        while (*queued <= n) __nanosleep(32);
       __syncwarp();
-      n += avail;
-      if (lane == 0) *merged = n;
-      last = __any_sync(0xffffffffu, lane < avail && row >= rows);
-      // The counts start all ones: an add that returns items - 2 counts the row's last item.
-      const bool full_row = row < rows && atomicAdd(sh.item_counts + row, 1u) + 2u == static_cast<unsigned>(sh.items_per_row);
-      for (unsigned ready = __ballot_sync(0xffffffffu, full_row); ready != 0; ready &= ready - 1) {
-        const int64_t r = __shfl_sync(0xffffffffu, row, __ffs(ready) - 1);
-        MaxSum<A> p{neg_inf<A>(), A(0)};
-        for (int64_t i = lane; i < sh.items_per_row; i += 32) {
-          const uint64_t* slot = sh.item_stats + r * sh.items_per_row + i;
-          uint64_t w;
-          while (static_cast<uint32_t>((w = load_relaxed_gpu(slot)) >> 32) == kUnposted) __nanosleep(32);
-          p = merge_max_sum(p, unpack_pair(w), f);
-        }
-        p = shfl_merge_max_sum(p, f);
-        if (lane == 0) {
-          const A log_sum = log_acc(p.s);
-          store_relaxed_gpu(sh.row_stats + r, pack_pair(p.m, log_sum));
-          if (sh.lse != nullptr) static_cast<A*>(sh.lse)[r] = p.m * scale + log_sum;
-        }
+      __threadfence_block();
+      const int64_t item = queue[n % kMergeQueue];
+      __syncwarp();
+      if (lane == 0) *merged = n + 1;
+      if (item >= total_items) return;
+      const int64_t r = item / sh.items_per_row;
+      if (r == last) continue;
+      last = r;
+      ++seen;
+      const MaxSum<A> p = shfl_merge_max_sum(fold_posted(sh.item_stats + r * sh.items_per_row, f), f);
+      if (lane == 0) {
+        const A log_sum = log_acc(p.s);
+        row_word[seen % kMergeQueue] = pack_pair(p.m, log_sum);
+        __threadfence_block();
+        row_tag[seen % kMergeQueue] = r;
+        if (sh.lse != nullptr && item == r * sh.items_per_row) static_cast<A*>(sh.lse)[r] = p.m * scale + log_sum;
       }
     }
   }
+  // Lane i's fold of a row's item partials i, i + 32, ... in order, four loads in flight at once,
+  // each polled until posted.
+  __device__ __forceinline__ MaxSum<A> fold_posted(const uint64_t* slots, A f) const {
+    MaxSum<A> p{neg_inf<A>(), A(0)};
+    for (int64_t i = lane; i < sh.items_per_row; i += 4 * 32) {
+      uint64_t w[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) w[u] = i + 32 * u < sh.items_per_row ? load_relaxed_gpu(slots + i + 32 * u) : 0;
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        if (i + 32 * u >= sh.items_per_row) break;
+        while (static_cast<uint32_t>(w[u] >> 32) == kUnposted) {
+          __nanosleep(32);
+          w[u] = load_relaxed_gpu(slots + i + 32 * u);
+        }
+        p = merge_max_sum(p, unpack_pair(w[u]), f);
+      }
+    }
+    return p;
+  }
 
-  // Writers: walk the ring, each thread waiting for a chunk's row word itself.
+  // Writers: walk the ring, each thread waiting for a chunk's row statistics itself.
   __device__ __forceinline__ void write(T* y, int64_t ys) const {
     RingPos pos;
     int64_t current = -1;
+    int seen = -1;             // rows taken, as the merger counts them
     MaxSum<A> st{A(0), A(0)};  // (max, log-sum) of `current`
     for (;;) {
       mbar_wait_cta(smem_addr(full + pos.slot), pos.phase);
@@ -254,9 +277,10 @@ template <class T, int U> struct GridCta {
       if (g >= total_chunks) return;
       const int64_t row = g / sh.chunks_per_row, k = g - row * sh.chunks_per_row;
       if (row != current) {
-        uint64_t v;
-        while (static_cast<uint32_t>((v = load_relaxed_gpu(sh.row_stats + row)) >> 32) == kUnposted) __nanosleep(32);
-        st = unpack_pair(v);
+        ++seen;
+        while (row_tag[seen % kMergeQueue] != row) __nanosleep(32);
+        __threadfence_block();
+        st = unpack_pair(row_word[seen % kMergeQueue]);
         current = row;
       }
       uint4* dst = reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(y + row * ys) + k * sh.chunk_bytes);
@@ -285,6 +309,8 @@ grid_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t
   cta.queued = reinterpret_cast<volatile int*>(cta.queue + kMergeQueue);
   cta.merged = cta.queued + 1;
   cta.scratch = reinterpret_cast<float*>(const_cast<int*>(cta.merged + 1));
+  cta.row_tag = reinterpret_cast<volatile int64_t*>(cta.scratch + 32);
+  cta.row_word = reinterpret_cast<volatile uint64_t*>(cta.row_tag + kMergeQueue);
   cta.rows = rows;
   cta.row_bytes = cols * int64_t{sizeof(T)};
   cta.total_chunks = rows * sh.chunks_per_row;
@@ -298,6 +324,7 @@ grid_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t
       mbar_init(smem_addr(cta.empty + i), group_warps);
       cta.meta[i] = -1;
     }
+    for (int i = 0; i < kMergeQueue; ++i) cta.row_tag[i] = -1;
     *cta.queued = 0;
     *cta.merged = 0;
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -331,9 +358,8 @@ cudaError_t launch_grid_rows(const Plan& p, const RowsArgs& a, cudaStream_t stre
       // Every ring full of one row must leave a row unfinished (see the deadlock argument above).
       if (l.clusters * (p.ring_slots - p.chunks_per_cta + 1) <= p.chunks_per_row) return cudaErrorInvalidClusterSize;
       const int64_t items_per_row = (p.chunks_per_row + p.chunks_per_cta - 1) / p.chunks_per_cta;
-      // Workspace, all ones: the counter, row words, item slots, then the rows' item counts.
-      const size_t words = 1 + static_cast<size_t>(a.rows) + static_cast<size_t>(a.rows * items_per_row) +
-                           (static_cast<size_t>(a.rows) + 1) / 2;
+      // Workspace, all ones: the counter, then the item slots.
+      const size_t words = 1 + static_cast<size_t>(a.rows * items_per_row);
       if (std::getenv("SOFTLIGHT_VERBOSE"))
         std::fprintf(stderr, "softlight: grid_rows ctas=%lld threads=%d chunk=%d slots=%d item=%d items/row=%lld\n",
                      static_cast<long long>(l.clusters), p.threads, p.chunk_bytes, p.ring_slots,
@@ -344,8 +370,7 @@ cudaError_t launch_grid_rows(const Plan& p, const RowsArgs& a, cudaStream_t stre
       e = cudaMemsetAsync(ws, 0xff, words * 8, stream);
       uint64_t* w = static_cast<uint64_t*>(ws);
       GridShape sh{p.chunk_bytes, p.ring_slots, static_cast<int>(p.chunks_per_cta), p.chunks_per_row, items_per_row,
-                   a.scale, a.lse, reinterpret_cast<unsigned long long*>(w), w + 1, w + 1 + a.rows,
-                   reinterpret_cast<unsigned*>(w + 1 + a.rows + a.rows * items_per_row)};
+                   a.scale, a.lse, reinterpret_cast<unsigned long long*>(w), w + 1};
       if (e == cudaSuccess)
         e = cudaLaunchKernelEx(&l.cfg, kernel, static_cast<const T*>(a.x), a.x_stride, static_cast<T*>(a.y), a.y_stride,
                                a.rows, a.cols, sh);

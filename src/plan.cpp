@@ -242,7 +242,8 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
 
 // grid_rows: a cooperative grid of one CTA per SM, each with a ring of chunks; items of
 // `item_chunks` chunks. None where every ring full of one row could leave it unfinished (chunks a
-// row >= SMs x (slots - item chunks + 1): the kernel's deadlock argument, grid_rows.cu).
+// row >= SMs x (slots - item chunks + 1)) or the ring has as many slots as the merger's queue has
+// entries (the kernel's deadlock argument, grid_rows.cu).
 Plan plan_grid_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
   Plan plan;
   plan.family = Family::grid_rows;
@@ -257,7 +258,7 @@ Plan plan_grid_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
   plan.grid_exchange = true;  // a cooperative launch
   plan.resident = true;
   plan.grid = std::min<int64_t>(p.rows * ceil_div(plan.chunks_per_row, plan.chunks_per_cta), d.sm_count);
-  if (plan.ring_slots < plan.chunks_per_cta ||
+  if (plan.ring_slots < plan.chunks_per_cta || plan.ring_slots >= kGridRowsMergeQueue ||
       plan.chunks_per_row >= int64_t{d.sm_count} * (plan.ring_slots - plan.chunks_per_cta + 1))
     return Plan{};
   return plan;

@@ -191,12 +191,13 @@ constexpr int kGroupMinHeldChunks = 5;
 constexpr int kHalfSliceMaxCluster = 8;
 constexpr int kBlockRowsReserveBytes = 1024;
 // grid_rows: shared memory per ring slot besides its chunk (two mbarriers and the slot's chunk
-// number), and the fixed rest (the merger's queue and its two counts, the statistics warps'
-// scratch).
+// number), and the fixed rest (the merger's queue of posted items and its two counts, the
+// statistics warps' scratch, the merged rows handed to the writers: a tag and a word each). The
+// queue outnumbers the ring's slots (plan.cpp; grid_rows.cu, the deadlock argument).
 constexpr int kGridRowsSlotBytes = 24;
 constexpr int kGridRowsMergeQueue = 64;
-constexpr int kGridRowsReserveBytes = kGridRowsMergeQueue * 8 + 8 + 32 * 4;
-constexpr int kGridRowsItemChunks = 2;
+constexpr int kGridRowsReserveBytes = kGridRowsMergeQueue * 8 + 8 + 32 * 4 + kGridRowsMergeQueue * 16;
+constexpr int kGridRowsItemChunks = 1;
 constexpr int kMaxCluster = 16;
 
 Plan plan_rows(const Problem& p, const DeviceInfo& d, const Overrides& o = Overrides{});

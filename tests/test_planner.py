@@ -271,7 +271,7 @@ def test_grid_groups_elsewhere():
 def test_grid_rows():
     """16-bit rows that the widest clusters stream keeping less than 3/4 of each slice, and that the
     grid's rings hold three times over (rows of 4 M: 7 of 16 chunks kept; 8 MB against 132 rings of
-    7 x 32 KB), are held once in a cooperative grid's rings, items of 2 chunks claimed by any CTA.
+    7 x 32 KB), are held once in a cooperative grid's rings, items of one chunk claimed by any CTA.
     Not rows the clusters keep most of (2 M), rows the rings hold less than three times (5.25 M),
     fp32 rows (4 M: 16 MB), rows off 16 bytes (peeled clusters), with the knob at 0 or a cluster or
     exchange asked for, nor off Hopper."""
@@ -279,8 +279,8 @@ def test_grid_rows():
         for rows in (1, 119, 4096):
             p = plan(rows, 4194304, dtype)
             assert p["family"] == "grid_rows" and p["cluster"] == 1 and p["grid_exchange"], (dtype, rows, p)
-            assert (p["chunk_bytes"], p["ring_slots"], p["chunks_per_row"], p["chunks_per_cta"]) == (32768, 7, 256, 2), p
-            assert p["threads"] == 576 and p["grid"] == min(132, rows * 128) and p["smem_bytes"] <= H200["smem_optin"]
+            assert (p["chunk_bytes"], p["ring_slots"], p["chunks_per_row"], p["chunks_per_cta"]) == (32768, 7, 256, 1), p
+            assert p["threads"] == 576 and p["grid"] == min(132, rows * 256) and p["smem_bytes"] <= H200["smem_optin"]
     assert plan(64, 3 * 1048576, "bfloat16")["family"] == "grid_rows"  # 6 MB: 12 chunks a CTA, 7 kept
     assert plan(64, 2 * 1048576, "bfloat16")["family"] == "cluster_rows"  # 8 chunks a CTA, 7 kept
     assert plan(64, 5 * 1048576 + 262144, "bfloat16")["family"] == "cluster_rows"  # 10.5 MB: over a third of the rings
@@ -297,9 +297,15 @@ def test_grid_rows():
     assert plan(7, 8 * 4194304, grid_rows=1)["family"] == "cluster_rows"  # 32 MB: past 132 x 13 chunks
     small = dict(H200, sm_count=8)
     assert plan(7, 4194304, "bfloat16", dev=small, grid_rows=1)["family"] == "cluster_rows"
-    assert plan(7, 8 * 6 * 16384, "bfloat16", dev=small, grid_rows=1)["family"] == "cluster_rows"  # 48 chunks: 8 x 6
-    assert plan(7, 8 * 6 * 16384 - 16384, "bfloat16", dev=small, grid_rows=1)["family"] == "grid_rows"
+    assert plan(7, 8 * 6 * 16384, "bfloat16", dev=small, grid_rows=1, item_chunks=2)["family"] == "cluster_rows"  # 48 chunks: 8 x 6
+    assert plan(7, 8 * 6 * 16384 - 16384, "bfloat16", dev=small, grid_rows=1, item_chunks=2)["family"] == "grid_rows"
+    assert plan(7, 8 * 7 * 16384, "bfloat16", dev=small, grid_rows=1)["family"] == "cluster_rows"  # items of one: 8 x 7
+    assert plan(7, 8 * 7 * 16384 - 16384, "bfloat16", dev=small, grid_rows=1)["family"] == "grid_rows"
     assert plan(7, 1024, "float64", grid_rows=1)["family"] != "grid_rows"
+    # Fewer ring slots than the merger's queue has entries (64): 56 slots of 4 KB, not 111 of 2 KB.
+    p = plan(7, 1048576, grid_rows=1, chunk_bytes=4096)
+    assert p["family"] == "grid_rows" and p["ring_slots"] == 56
+    assert plan(7, 1048576, grid_rows=1, chunk_bytes=2048)["family"] != "grid_rows"
 
 
 def test_founding_shape_bfloat16_on_h200():
