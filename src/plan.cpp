@@ -249,7 +249,7 @@ Plan plan_grid_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
   plan.family = Family::grid_rows;
   plan.vec = 16 / p.elem_bytes;
   plan.threads = std::min(cluster_threads(o), kClusterMaxThreads - 64) + 32;  // and the merger warp
-  plan.chunk_bytes = o.chunk_bytes > 0 ? o.chunk_bytes : p.elem_bytes == 2 ? kClusterChunk16 : kClusterChunk32;
+  plan.chunk_bytes = o.chunk_bytes > 0 ? o.chunk_bytes : kGridRowsChunk;
   plan.ring_slots = static_cast<int>((d.smem_per_block_optin - kGridRowsReserveBytes) / (plan.chunk_bytes + kGridRowsSlotBytes));
   plan.smem_bytes = int64_t{plan.ring_slots} * (plan.chunk_bytes + kGridRowsSlotBytes) + kGridRowsReserveBytes;
   plan.chunks_per_row = ceil_div(p.cols * p.elem_bytes, plan.chunk_bytes);
@@ -264,19 +264,23 @@ Plan plan_grid_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
   return plan;
 }
 
-// Where grid_rows takes the place of cluster_rows: 16-bit rows that the widest clusters stream
-// keeping less than 3/4 of each slice in the ring (the rest read twice, from DRAM), and that the
-// grid's rings hold three times over (while a row's items are merged, its CTAs' rings hold the
-// rows after it): on an H200, rows past 2 359 296 elements and up to 5 046 272. Measured there
-// (docs/design.md, "Rows held once in a grid's rings"): rows of 4 M bf16 (8 MB) 1.40-1.44 x ->
-// 1.34-1.36 x copy, reading 1.00 GB for 1.00 GB of rows where the clusters read 1.55 GB; fp32 rows
-// of 4 M (16 MB, more than half the rings) 1.43-1.48 x -> 1.86 x, and rows the clusters keep (1 M
-// fp32 and bf16, 2 M bf16, 262 144 fp32, 393 216 bf16) slower.
+// Where grid_rows takes the place of cluster_rows, if the grid's rings hold the row three times over
+// (while a row's items are merged, its CTAs' rings hold the rows after it):
+// * 16-bit rows that the widest clusters stream keeping less than 3/4 of each slice in the ring
+//   (the rest read twice, from DRAM): on an H200, rows past 2 359 296 elements and up to 5 046 272;
+// * fp32 rows that no cluster holds (streamed clusters, grid groups): on an H200, rows past 458 752
+//   elements and up to 2 523 136.
+// Measured there (docs/design.md, "Rows held once in a grid's rings" and "fp32 rows in the grid's
+// rings"): rows of 4 M bf16 (8 MB) 1.40-1.44 x -> 1.28 x copy; fp32 rows of 512 K 1.20 -> 1.07 x,
+// 1 M 1.12 -> 1.09 x, 1.4 M 1.29 -> 1.09 x, 2 M 1.34 -> 1.18 x, 2.3 M 1.46 -> 1.20 x. Not fp32
+// rows of 4 M (16 MB, more than half the rings: 1.43-1.48 x -> 1.53-1.86 x), nor rows the clusters
+// hold (262 144 fp32, 1 M bf16: slower).
 // Returns that plan, or none.
 Plan grid_rows_wanted(const Problem& p, const DeviceInfo& d, const Overrides& o, const Plan& clusters) {
-  if (p.elem_bytes != 2 || clusters.resident || clusters.grid_exchange || d.sm_count <= 0 ||
-      4 * int64_t{clusters.ring_slots} >= 3 * clusters.chunks_per_cta)
-    return Plan{};
+  const bool streamed16 = p.elem_bytes == 2 && !clusters.resident && !clusters.grid_exchange &&
+                          4 * int64_t{clusters.ring_slots} < 3 * clusters.chunks_per_cta;
+  const bool unheld32 = p.elem_bytes == 4 && (!clusters.resident || clusters.grid_exchange);
+  if (!(streamed16 || unheld32) || d.sm_count <= 0) return Plan{};
   const Plan grid = plan_grid_rows(p, d, o);
   const bool thrice = 3 * p.cols * p.elem_bytes <= int64_t{d.sm_count} * grid.ring_slots * grid.chunk_bytes;
   return grid.family == Family::grid_rows && thrice ? grid : Plan{};

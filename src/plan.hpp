@@ -198,6 +198,10 @@ constexpr int kGridRowsSlotBytes = 24;
 constexpr int kGridRowsMergeQueue = 64;
 constexpr int kGridRowsReserveBytes = kGridRowsMergeQueue * 8 + 8 + 32 * 4 + kGridRowsMergeQueue * 16;
 constexpr int kGridRowsItemChunks = 1;
+// grid_rows' chunks, in every type: a row's items are merged in every CTA holding one of them, at a
+// cost that grows with the items a row (fp32 rows of 2 M in 16 KB chunks 1.45 x copy, in 32 KB
+// 1.19 x; docs/design.md).
+constexpr int kGridRowsChunk = 32 * 1024;
 constexpr int kMaxCluster = 16;
 
 Plan plan_rows(const Problem& p, const DeviceInfo& d, const Overrides& o = Overrides{});

@@ -577,6 +577,24 @@ def test_peeled_rows_in_registers_over_a_cluster(monkeypatch, cols, threads, dty
     assert bool((wide[:, cols:] == POISON).all()), "nothing written past a row"
 
 
+@pytest.mark.parametrize("rows,cols", [(5, 2_097_152), (7, 524_288), (3, 2_490_368)])
+def test_fp32_rows_no_cluster_holds_go_to_grid_rows(rows, cols):
+    """fp32 rows of 2 MB to 9.5 MB as the planner sends them on a Hopper GPU of 132 SMs: held once in
+    the grid's rings (grid_rows), no knob set; special values, temperature and LSE against float64."""
+    p = planned(rows, cols, "float32")
+    if p["family"] != "grid_rows":
+        pytest.skip(f"this GPU plans no grid_rows for {rows}x{cols} float32: {p}")
+    x = random_rows(rows, cols, "float32")
+    x[0, 1] = float("nan")
+    x[1, -1] = float("inf")
+    x[2, :] = float("-inf")
+    run_and_check(x, "float32", f"{p}")
+    y, lse = softlight.log_softmax(x, temperature=1.5, return_lse=True)
+    torch.cuda.synchronize()
+    assert_close_to_float64(y, x, "float32", f"temperature {p}", transform=lambda v: v / 1.5)
+    assert_lse_close(lse, x, 1.5, "float32")
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("knobs", ["", "ITEM_CHUNKS=2", "ITEM_CHUNKS=4 THREADS=288", "ITEM_CHUNKS=8 CHUNK_BYTES=8192"])
 @pytest.mark.parametrize("rows,cols", [(37, 100_000), (9, 1_048_576), (3, 4_194_304), (700, 8192), (3000, 1000), (2, 16)])
@@ -829,11 +847,13 @@ def test_streamed_slices_keep_a_ring_for_the_writers(monkeypatch, dtype, extra, 
 
 
 @pytest.mark.parametrize("rows,cols", [(11, 4_194_304), (13, 2_097_152)])
-def test_streamed_grid_groups(rows, cols):
-    """Rows of 2 M and 4 M fp32 as the planner sends them on a Hopper GPU of 132 SMs: grid groups
-    whose slices stream through the ring, keeping 7/8 of each, more rows than groups; special
+def test_streamed_grid_groups(monkeypatch, rows, cols):
+    """Rows of 2 M and 4 M fp32 as the planner sends them on a Hopper GPU of 132 SMs with grid_rows
+    left out (rows of 2 M go there otherwise: test_fp32_rows_no_cluster_holds_go_to_grid_rows): grid
+    groups whose slices stream through the ring, keeping 7/8 of each, more rows than groups; special
     values; temperature and LSE. (Rows off 16 bytes never go to grid groups: plan_rows.)"""
-    p = _C.plan(rows, cols, 4, True, **device_plan_args())
+    monkeypatch.setenv("SOFTLIGHT_GRID_ROWS", "0")
+    p = _C.plan(rows, cols, 4, True, **device_plan_args(), grid_rows=0)
     if not (p["family"] == "cluster_rows" and p["grid_exchange"] and not p["resident"]):
         pytest.skip(f"this GPU plans no streamed grid groups for {rows}x{cols} float32: {p}")
     assert p["chunks_per_cta"] > p["ring_slots"] and 2 * p["cluster"] <= device_plan_args()["sm_count"], p

@@ -17,6 +17,13 @@ def plan(rows, cols, dtype="float32", aligned=None, dev=H200, **over):
     return _C.plan(rows, cols, e, aligned, **dev, **over)
 
 
+def cluster_plan(*args, **over):
+    """The plan with grid_rows left out (fp32 rows from 2 MB to a third of the grid's rings, and
+    16-bit rows of 4 M, go to grid_rows otherwise: test_grid_rows)."""
+    over.setdefault("grid_rows", 0)
+    return plan(*args, **over)
+
+
 def test_nothing_to_do():
     assert plan(0, 10)["family"] == "none"
     assert plan(10, 0)["family"] == "none"
@@ -140,48 +147,48 @@ def test_founding_shape_on_h200():
 @pytest.mark.parametrize("rows,cols,group,per_cta,twice", [(4096, 1572864, 66, 6, True), (4096, 1245184, 44, 7, True),
                                                       (4, 4194304, 132, 8, False)])
 def test_grid_groups_for_fp32_rows_no_cluster_holds_twice(rows, cols, group, per_cta, twice):
-    p = plan(rows, cols)
+    p = cluster_plan(rows, cols)
     assert (p["grid_exchange"], p["cluster"], p["chunks_per_cta"], p["double_buffered"]) == (True, group, per_cta, twice)
     assert p["resident"] and group * per_cta >= p["chunks_per_row"]
     assert (132 // group) * group == 132  # every SM busy
     # Fewer rows than groups: the group widens so that the rows still cover the SMs.
-    assert plan(2, 1048576)["cluster"] == 66
+    assert cluster_plan(2, 1048576)["cluster"] == 66
 
 
 def test_streamed_clusters_where_they_keep_most_of_each_slice():
     # Rows whose 16-CTA slices outgrow the ring by at most a third: the clusters keep 3/4 of each
     # slice in the ring and read the rest twice, which beat grid groups (fp32, 1 M columns: 16
     # chunks a CTA, 14 kept). One chunk more a CTA (under 3/4 kept) and the groups take them again.
-    p = plan(4096, 1048576)
+    p = cluster_plan(4096, 1048576)
     assert p["family"] == "cluster_rows" and not p["grid_exchange"] and p["cluster"] == 16
     assert not p["resident"] and p["chunks_per_cta"] == 16 and p["ring_slots"] == 14 and p["claim_rows"]
-    assert plan(4096, 16 * 18 * 4096)["chunks_per_cta"] == 18 and not plan(4096, 16 * 18 * 4096)["grid_exchange"]
-    assert plan(4096, 16 * 19 * 4096)["grid_exchange"]
-    assert plan(2, 1048576)["grid_exchange"]  # too few rows for the clusters to cover the SMs
+    assert cluster_plan(4096, 16 * 18 * 4096)["chunks_per_cta"] == 18 and not cluster_plan(4096, 16 * 18 * 4096)["grid_exchange"]
+    assert cluster_plan(4096, 16 * 19 * 4096)["grid_exchange"]
+    assert cluster_plan(2, 1048576)["grid_exchange"]  # too few rows for the clusters to cover the SMs
 
 
 def test_streamed_grid_groups():
     # Rows that no group holds twice in slices of 5 chunks, with rows enough: two groups or more
     # that stream their slices through the ring keeping 7/8 of each (14 of 16 chunks), every SM busy.
     for rows, cols, group in [(64, 4194304, 66), (9, 4194304, 66), (128, 2097152, 33)]:
-        p = plan(rows, cols)
+        p = cluster_plan(rows, cols)
         assert p["grid_exchange"] and p["cluster"] == group and not p["resident"], (rows, cols, p)
         assert p["ring_slots"] == 14 and p["chunks_per_cta"] == 16 and not p["claim_rows"]
         assert (132 // group) * group == 132
     # A slice of 4 chunks held twice (one group of 132) gives way to them; one of 5 does not.
-    assert plan(4, 2097152)["chunks_per_cta"] == 4 and plan(4, 2097152)["resident"]  # few rows: held
-    p = plan(200, 1310720)
+    assert cluster_plan(4, 2097152)["chunks_per_cta"] == 4 and cluster_plan(4, 2097152)["resident"]  # few rows: held
+    p = cluster_plan(200, 1310720)
     assert p["grid_exchange"] and p["resident"] and p["double_buffered"] and p["chunks_per_cta"] == 5
     # Never one streamed group of every SM (rows of 8 M): 16-CTA clusters stream those, as they do
     # 16-bit rows and rows past any group's 7/8 (test_grid_groups_elsewhere).
-    p = plan(32, 8388608)
+    p = cluster_plan(32, 8388608)
     assert not p["grid_exchange"] and p["cluster"] == 16 and not p["resident"]
-    assert plan(1024, 3145728)["cluster"] == 132 and plan(1024, 3145728)["chunks_per_cta"] == 6  # held twice
-    assert not plan(128, 4194304, "bfloat16", grid_rows=0)["grid_exchange"]
+    assert cluster_plan(1024, 3145728)["cluster"] == 132 and cluster_plan(1024, 3145728)["chunks_per_cta"] == 6  # held twice
+    assert not cluster_plan(128, 4194304, "bfloat16")["grid_exchange"]
     # The knobs force a group of any size, the slice streamed however much of it the ring keeps.
-    p = plan(64, 4194304, exchange=1, cluster=33)
+    p = cluster_plan(64, 4194304, exchange=1, cluster=33)
     assert p["grid_exchange"] and p["cluster"] == 33 and p["chunks_per_cta"] == 32
-    assert not plan(64, 4194304, exchange=0)["grid_exchange"]
+    assert not cluster_plan(64, 4194304, exchange=0)["grid_exchange"]
 
 
 def test_fp32_slices_of_4_chunks_halve_into_wider_clusters():
@@ -220,15 +227,15 @@ def test_chunks_read_twice_are_held_in_l2_where_few():
     # chunks read twice, or where the hints are asked for.
     read_twice_in_l2 = 4
     for rows, cols in [(256, 1048576), (128, 2097152), (64, 4194304)]:  # 2 of 16 chunks read twice
-        p = plan(rows, cols)
+        p = cluster_plan(rows, cols)
         assert not p["resident"] and p["chunks_per_cta"] - min(p["chunks_per_cta"], p["ring_slots"]) == 2, p
         assert p["hints"] & read_twice_in_l2, (rows, cols, p)
-    p = plan(128, 4194304, "bfloat16", grid_rows=0)  # 9 of 16 (else grid_rows: test_grid_rows)
+    p = cluster_plan(128, 4194304, "bfloat16")  # 9 of 16 (else grid_rows: test_grid_rows)
     assert not p["resident"] and not p["hints"] & read_twice_in_l2
-    p = plan(128, 2097151, peelable=True)  # peeled clusters, 18 of 32
+    p = cluster_plan(128, 2097151, peelable=True)  # peeled clusters, 18 of 32
     assert p["peel"] and not p["resident"] and not p["hints"] & read_twice_in_l2
-    assert plan(4096, 393216)["hints"] == 0  # held
-    assert plan(256, 1048576, hints=0)["hints"] == 0
+    assert cluster_plan(4096, 393216)["hints"] == 0  # held
+    assert cluster_plan(256, 1048576, hints=0)["hints"] == 0
     b = plan_axis(256, 1048576, backward=True)
     assert not b["resident"] and not b["hints"] & read_twice_in_l2
 
@@ -269,11 +276,12 @@ def test_grid_groups_elsewhere():
 
 
 def test_grid_rows():
-    """16-bit rows that the widest clusters stream keeping less than 3/4 of each slice, and that the
-    grid's rings hold three times over (rows of 4 M: 7 of 16 chunks kept; 8 MB against 132 rings of
-    7 x 32 KB), are held once in a cooperative grid's rings, items of one chunk claimed by any CTA.
-    Not rows the clusters keep most of (2 M), rows the rings hold less than three times (5.25 M),
-    fp32 rows (4 M: 16 MB), rows off 16 bytes (peeled clusters), with the knob at 0 or a cluster or
+    """16-bit rows that the widest clusters stream keeping less than 3/4 of each slice, and fp32 rows
+    that no cluster holds, where the grid's rings hold them three times over (rows of 4 M 16-bit: 7
+    of 16 chunks kept; 8 MB against 132 rings of 7 x 32 KB), are held once in a cooperative grid's
+    rings, items of one chunk claimed by any CTA. Not 16-bit rows the clusters keep most of (2 M),
+    fp32 rows the clusters hold, rows the rings hold less than three times (16-bit 5.25 M, fp32
+    2.75 M and 4 M), rows off 16 bytes (peeled clusters), with the knob at 0 or a cluster or
     exchange asked for, nor off Hopper."""
     for dtype in ("bfloat16", "float16"):
         for rows in (1, 119, 4096):
@@ -284,6 +292,15 @@ def test_grid_rows():
     assert plan(64, 3 * 1048576, "bfloat16")["family"] == "grid_rows"  # 6 MB: 12 chunks a CTA, 7 kept
     assert plan(64, 2 * 1048576, "bfloat16")["family"] == "cluster_rows"  # 8 chunks a CTA, 7 kept
     assert plan(64, 5 * 1048576 + 262144, "bfloat16")["family"] == "cluster_rows"  # 10.5 MB: over a third of the rings
+    # fp32 rows that no cluster holds (streamed clusters, grid groups), up to a third of the rings:
+    # 2 MB (grid groups of 22) to 9.5 MB, in the same 32 KB chunks.
+    for rows, cols in [(512, 524288), (238, 1048576), (4096, 1441792), (119, 2097152), (4, 2490368)]:
+        p = plan(rows, cols)
+        assert p["family"] == "grid_rows" and (p["chunk_bytes"], p["ring_slots"], p["chunks_per_cta"]) == (32768, 7, 1), p
+        assert p["chunks_per_row"] == cols * 4 // 32768 and p["grid"] == min(132, rows * p["chunks_per_row"])
+    assert plan(4096, 458752)["family"] == "cluster_rows"  # 1.75 MB: held twice by clusters of 16
+    assert plan(4096, 393216)["family"] == "cluster_rows"
+    assert plan(64, 2490368 + 262144)["family"] == "cluster_rows"  # 10.5 MB
     assert plan(64, 4194304)["family"] == "cluster_rows"
     assert plan(64, 4194304 - 8, "bfloat16", aligned=False, peelable=True)["family"] == "cluster_rows"
     for over in (dict(grid_rows=0), dict(cluster=16), dict(exchange=0), dict(exchange=1)):
@@ -294,7 +311,7 @@ def test_grid_rows():
     p = plan(7, 16, grid_rows=1)
     assert p["family"] == "grid_rows" and p["chunks_per_row"] == 1 and p["grid"] == 7
     assert plan(7, 4194304, grid_rows=1, item_chunks=4)["chunks_per_cta"] == 4
-    assert plan(7, 8 * 4194304, grid_rows=1)["family"] == "cluster_rows"  # 32 MB: past 132 x 13 chunks
+    assert plan(7, 8 * 4194304, grid_rows=1)["family"] == "cluster_rows"  # 128 MB: past 132 x 7 chunks
     small = dict(H200, sm_count=8)
     assert plan(7, 4194304, "bfloat16", dev=small, grid_rows=1)["family"] == "cluster_rows"
     assert plan(7, 8 * 6 * 16384, "bfloat16", dev=small, grid_rows=1, item_chunks=2)["family"] == "cluster_rows"  # 48 chunks: 8 x 6
@@ -392,7 +409,7 @@ def test_every_plan_covers_its_row(dtype):
                     assert not p["resident"] or p["smem_bytes"] >= cols * e
                     assert p["smem_bytes"] <= dev["smem_optin"]
                 elif fam == "grid_rows":  # items of chunks_per_cta chunks, any CTA of the grid
-                    assert aligned and dev["max_cluster"] > 0 and e == 2 and p["resident"]
+                    assert aligned and dev["max_cluster"] > 0 and e in (2, 4) and p["resident"]
                     assert p["chunks_per_row"] == math.ceil(cols * e / p["chunk_bytes"])
                     assert p["chunks_per_row"] < dev["sm_count"] * (p["ring_slots"] - p["chunks_per_cta"] + 1)
                     assert p["smem_bytes"] <= dev["smem_optin"] and p["grid"] <= dev["sm_count"]
