@@ -264,17 +264,18 @@ Plan plan_grid_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
   return plan;
 }
 
-// Where grid_rows takes the place of cluster_rows, if the grid's rings hold the row three times over
-// (while a row's items are merged, its CTAs' rings hold the rows after it):
+// Where grid_rows takes the place of cluster_rows, if the grid's rings hold the row two and a half
+// times over (while a row's items are merged, its CTAs' rings hold the rows after it):
 // * 16-bit rows that the widest clusters stream keeping less than 3/4 of each slice in the ring
-//   (the rest read twice, from DRAM): on an H200, rows past 2 359 296 elements and up to 5 046 272;
+//   (the rest read twice, from DRAM): on an H200, rows past 2 359 296 elements and up to 6 055 520;
 // * fp32 rows that no cluster holds (streamed clusters, grid groups): on an H200, rows past 458 752
-//   elements and up to 2 523 136.
+//   elements and up to 3 027 760.
 // Measured there (docs/design.md, "Rows held once in a grid's rings" and "fp32 rows in the grid's
-// rings"): rows of 4 M bf16 (8 MB) 1.40-1.44 x -> 1.28 x copy; fp32 rows of 512 K 1.20 -> 1.07 x,
-// 1 M 1.12 -> 1.09 x, 1.4 M 1.29 -> 1.09 x, 2 M 1.34 -> 1.18 x, 2.3 M 1.46 -> 1.20 x. Not fp32
-// rows of 4 M (16 MB, more than half the rings: 1.43-1.48 x -> 1.53-1.86 x), nor rows the clusters
-// hold (262 144 fp32, 1 M bf16: slower).
+// rings"): rows of 4 M bf16 (8 MB) 1.40-1.44 x -> 1.28 x copy, 5 M bf16 (10 MB) 1.46 -> 1.35 x;
+// fp32 rows of 512 K 1.20 -> 1.07 x, 1 M 1.12 -> 1.09 x, 1.4 M 1.29 -> 1.09 x, 2 M 1.34 -> 1.18 x,
+// 2.3 M 1.46 -> 1.20 x, 2.6 M (10.5 MB) 1.40 -> 1.29 x. Not fp32 rows of 3 M (12 MB: 1.35 x ->
+// 1.33 x, too close) nor 4 M (16 MB, more than half the rings: 1.43-1.48 x -> 1.53-1.86 x), nor
+// rows the clusters hold (262 144 fp32, 1 M bf16: slower).
 // Returns that plan, or none.
 Plan grid_rows_wanted(const Problem& p, const DeviceInfo& d, const Overrides& o, const Plan& clusters) {
   const bool streamed16 = p.elem_bytes == 2 && !clusters.resident && !clusters.grid_exchange &&
@@ -282,8 +283,8 @@ Plan grid_rows_wanted(const Problem& p, const DeviceInfo& d, const Overrides& o,
   const bool unheld32 = p.elem_bytes == 4 && (!clusters.resident || clusters.grid_exchange);
   if (!(streamed16 || unheld32) || d.sm_count <= 0) return Plan{};
   const Plan grid = plan_grid_rows(p, d, o);
-  const bool thrice = 3 * p.cols * p.elem_bytes <= int64_t{d.sm_count} * grid.ring_slots * grid.chunk_bytes;
-  return grid.family == Family::grid_rows && thrice ? grid : Plan{};
+  const bool held = 5 * p.cols * p.elem_bytes <= 2 * int64_t{d.sm_count} * grid.ring_slots * grid.chunk_bytes;
+  return grid.family == Family::grid_rows && held ? grid : Plan{};
 }
 
 // Shared memory of cluster_tiles besides the ring's chunks and barriers (cluster_tiles.cu):

@@ -277,12 +277,12 @@ def test_grid_groups_elsewhere():
 
 def test_grid_rows():
     """16-bit rows that the widest clusters stream keeping less than 3/4 of each slice, and fp32 rows
-    that no cluster holds, where the grid's rings hold them three times over (rows of 4 M 16-bit: 7
-    of 16 chunks kept; 8 MB against 132 rings of 7 x 32 KB), are held once in a cooperative grid's
-    rings, items of one chunk claimed by any CTA. Not 16-bit rows the clusters keep most of (2 M),
-    fp32 rows the clusters hold, rows the rings hold less than three times (16-bit 5.25 M, fp32
-    2.75 M and 4 M), rows off 16 bytes (peeled clusters), with the knob at 0 or a cluster or
-    exchange asked for, nor off Hopper."""
+    that no cluster holds, where the grid's rings hold them two and a half times over (rows of 4 M
+    16-bit: 7 of 16 chunks kept; 8 MB against 132 rings of 7 x 32 KB), are held once in a
+    cooperative grid's rings, items of one chunk claimed by any CTA. Not 16-bit rows the clusters
+    keep most of (2 M), fp32 rows the clusters hold, rows the rings hold less than 2.5 times (16-bit
+    past 6 055 520, fp32 past 3 027 760: 3 M, 4 M), rows off 16 bytes (peeled clusters), with the
+    knob at 0 or a cluster or exchange asked for, nor off Hopper."""
     for dtype in ("bfloat16", "float16"):
         for rows in (1, 119, 4096):
             p = plan(rows, 4194304, dtype)
@@ -291,16 +291,20 @@ def test_grid_rows():
             assert p["threads"] == 576 and p["grid"] == min(132, rows * 256) and p["smem_bytes"] <= H200["smem_optin"]
     assert plan(64, 3 * 1048576, "bfloat16")["family"] == "grid_rows"  # 6 MB: 12 chunks a CTA, 7 kept
     assert plan(64, 2 * 1048576, "bfloat16")["family"] == "cluster_rows"  # 8 chunks a CTA, 7 kept
-    assert plan(64, 5 * 1048576 + 262144, "bfloat16")["family"] == "cluster_rows"  # 10.5 MB: over a third of the rings
-    # fp32 rows that no cluster holds (streamed clusters, grid groups), up to a third of the rings:
-    # 2 MB (grid groups of 22) to 9.5 MB, in the same 32 KB chunks.
-    for rows, cols in [(512, 524288), (238, 1048576), (4096, 1441792), (119, 2097152), (4, 2490368)]:
+    assert plan(64, 5 * 1048576 + 262144, "bfloat16")["family"] == "grid_rows"  # 10.5 MB
+    assert plan(64, 6055520, "bfloat16")["family"] == "grid_rows"  # 12 111 040 bytes: 2/5 of 132 rings of 7 x 32 KB
+    assert plan(64, 6055528, "bfloat16")["family"] == "cluster_rows"
+    # fp32 rows that no cluster holds (streamed clusters, grid groups), up to 2/5 of the rings:
+    # 2 MB (grid groups of 22) to 11.5 MB, in the same 32 KB chunks.
+    for rows, cols in [(512, 524288), (238, 1048576), (4096, 1441792), (119, 2097152), (4, 2490368), (91, 2752512),
+                       (64, 3027760)]:
         p = plan(rows, cols)
         assert p["family"] == "grid_rows" and (p["chunk_bytes"], p["ring_slots"], p["chunks_per_cta"]) == (32768, 7, 1), p
-        assert p["chunks_per_row"] == cols * 4 // 32768 and p["grid"] == min(132, rows * p["chunks_per_row"])
+        assert p["chunks_per_row"] == -(-cols * 4 // 32768) and p["grid"] == min(132, rows * p["chunks_per_row"])
     assert plan(4096, 458752)["family"] == "cluster_rows"  # 1.75 MB: held twice by clusters of 16
     assert plan(4096, 393216)["family"] == "cluster_rows"
-    assert plan(64, 2490368 + 262144)["family"] == "cluster_rows"  # 10.5 MB
+    assert plan(64, 3027764)["family"] == "cluster_rows"
+    assert plan(64, 3145728)["family"] == "cluster_rows"  # 12 MB
     assert plan(64, 4194304)["family"] == "cluster_rows"
     assert plan(64, 4194304 - 8, "bfloat16", aligned=False, peelable=True)["family"] == "cluster_rows"
     for over in (dict(grid_rows=0), dict(cluster=16), dict(exchange=0), dict(exchange=1)):
