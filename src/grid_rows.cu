@@ -1,6 +1,7 @@
 // grid_rows (Hopper, sm_90): rows held once in the shared memory of a whole cooperative grid, in
-// items of a few chunks that any CTA claims. For rows that the widest clusters can only stream,
-// reading most of each slice twice (16-bit rows of 4 M: plan.cpp, grid_rows_wanted).
+// items of a few chunks that any CTA claims. For rows that no cluster holds: 16-bit rows the widest
+// clusters can only stream, reading most of each slice twice (rows of 4 M), and fp32 rows of the
+// grid groups and streamed clusters (plan.cpp, grid_rows_wanted).
 //
 // One CTA per SM, every CTA resident at once. A row is cut into items of `item_chunks` chunks,
 // numbered in order over all rows; a CTA's producer thread reserves an item's worth of free slots

@@ -16,7 +16,7 @@ enum class Family : int {
                      // CTA off Hopper), two passes, the second re-reading from the L2 cache
   cluster_tiles = 5, // Hopper, forward along a non-last axis: a cluster per tile of 256 bytes of
                      // inner positions over the whole axis, held in a ring of chunks (one read)
-  grid_rows = 6,     // Hopper, rows the clusters would stream: held once in the rings of a
+  grid_rows = 6,     // Hopper, rows that no cluster holds: held once in the rings of a
                      // cooperative grid, in items of chunks that any CTA claims
 };
 
