@@ -112,6 +112,7 @@ py::dict plan_dict(const softlight::Plan& r) {
   out["ring_slots"] = r.ring_slots;
   out["chunks_per_row"] = r.chunks_per_row;
   out["chunks_per_cta"] = r.chunks_per_cta;
+  out["spill_chunks"] = r.spill_chunks;
   out["hints"] = r.hints;
   out["lanes"] = r.lanes;
   out["tiles"] = r.tiles;
@@ -123,7 +124,7 @@ py::dict plan(int64_t rows, int64_t cols, int elem_bytes, bool aligned16, int cc
               int cc_minor, int sm_count, int64_t smem_optin, int max_cluster, int cluster,
               int chunk_bytes, int threads, int hints, bool peelable, bool aligned8, int exchange, int claim, int iters,
               int64_t register_rows_bytes, bool flat16, int flat, int rows_per_lane, int peel_clusters,
-              int register_cluster, int grid_rows, int item_chunks) {
+              int register_cluster, int grid_rows, int item_chunks, int64_t spill_chunks) {
   softlight::Problem p;
   p.rows = rows;
   p.cols = cols;
@@ -144,6 +145,7 @@ py::dict plan(int64_t rows, int64_t cols, int elem_bytes, bool aligned16, int cc
   over.register_cluster = register_cluster;
   over.grid_rows = grid_rows;
   over.item_chunks = item_chunks;
+  over.spill_chunks = spill_chunks;
   return plan_dict(softlight::plan_rows(p, d, over));
 }
 
@@ -284,5 +286,6 @@ PYBIND11_MODULE(_C, m) {
         py::arg("exchange") = -1, py::arg("claim") = -1, py::arg("iters") = 0,
         py::arg("register_rows_bytes") = 0, py::arg("flat16") = false, py::arg("flat") = -1,
         py::arg("rows_per_lane") = -1, py::arg("peel_clusters") = -1,
-        py::arg("register_cluster") = -1, py::arg("grid_rows") = -1, py::arg("item_chunks") = 0);
+        py::arg("register_cluster") = -1, py::arg("grid_rows") = -1, py::arg("item_chunks") = 0,
+        py::arg("spill_chunks") = -1);
 }

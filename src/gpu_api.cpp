@@ -112,7 +112,7 @@ softlight_status launch_with_cluster_fallback(DeviceInfo dev, const Overrides& o
 // SOFTLIGHT_HINTS, SOFTLIGHT_TILE_BYTES, SOFTLIGHT_EXCHANGE, SOFTLIGHT_GROUPS, SOFTLIGHT_CLAIM,
 // SOFTLIGHT_ITERS, SOFTLIGHT_REGISTER_ROWS_BYTES, SOFTLIGHT_FLAT,
 // SOFTLIGHT_ROWS_PER_LANE, SOFTLIGHT_PEEL_CLUSTERS, SOFTLIGHT_REGISTER_CLUSTER, SOFTLIGHT_GRID_ROWS,
-// SOFTLIGHT_ITEM_CHUNKS, SOFTLIGHT_SPLIT_LANES,
+// SOFTLIGHT_ITEM_CHUNKS, SOFTLIGHT_SPILL_CHUNKS, SOFTLIGHT_SPLIT_LANES,
 // SOFTLIGHT_SPLIT_SEGMENT_BYTES (unset: the planner's choice);
 // SOFTLIGHT_VERBOSE prints cluster launches.
 Overrides overrides_from_env() {
@@ -133,6 +133,7 @@ Overrides overrides_from_env() {
   if (const char* s = std::getenv("SOFTLIGHT_REGISTER_CLUSTER")) o.register_cluster = std::atoi(s);
   if (const char* s = std::getenv("SOFTLIGHT_GRID_ROWS")) o.grid_rows = std::atoi(s);
   if (const char* s = std::getenv("SOFTLIGHT_ITEM_CHUNKS")) o.item_chunks = std::atoi(s);
+  if (const char* s = std::getenv("SOFTLIGHT_SPILL_CHUNKS")) o.spill_chunks = std::atoll(s);
   if (o.chunk_bytes % 16 != 0 || o.chunk_bytes < 0) o.chunk_bytes = 0;
   return o;
 }

@@ -48,6 +48,7 @@ struct GridShape {
   int item_chunks;
   int64_t chunks_per_row;
   int64_t items_per_row;
+  int64_t spill_chunks;         // a row's first chunks folded in the ring, written a row later from L2
   double scale;
   void* lse;
   unsigned long long* counter;  // the next ticket (starts all ones)
@@ -59,12 +60,13 @@ constexpr uint32_t kUnposted = 0xffffffffu;  // the high word of a slot not yet 
 constexpr int kStatsBar = 1;
 constexpr int kMergeQueue = kGridRowsMergeQueue;  // posted items, statistics warps to merger; rows, merger to writers
 
-template <class T, int U> struct GridCta {
+template <class T, int U, bool Spill> struct GridCta {
   using A = float;
   GridShape sh;
   unsigned char* ring;
   uint64_t* full;
   uint64_t* empty;
+  uint64_t* refill;          // [ring_slots] a spilled slot loaded again with the row before's chunk
   volatile int64_t* meta;    // [ring_slots] the chunk each slot holds (rows x chunks_per_row: none)
   volatile int64_t* queue;   // [kMergeQueue] posted items, by number over all rows (all items: no more)
   volatile int* queued;      // entries the statistics warps have written
@@ -75,11 +77,15 @@ template <class T, int U> struct GridCta {
   // slots (slots are handed back in ring order), so no entry is rewritten while a writer needs it.
   volatile int64_t* row_tag;     // [kMergeQueue] the row merged there (-1: none yet)
   volatile uint64_t* row_word;   // [kMergeQueue] its (max, log-sum), packed
-  int64_t rows, total_chunks;
+  int64_t rows;
+  int64_t end_chunk;         // meta of the slot that ends the walk (past the spilled tail's chunks)
+  int64_t total_items;       // claimable items: every row's, then the last row's spilled chunks again
   int64_t row_bytes;
   int group, gtid, lane;
   A scale;
 
+  // Chunks a row spills (none unless Spill).
+  __device__ __forceinline__ int64_t spill() const { return Spill ? sh.spill_chunks : 0; }
   __device__ __forceinline__ uint32_t bytes_of(int64_t k) const {
     return static_cast<uint32_t>(min(int64_t{sh.chunk_bytes}, row_bytes - k * sh.chunk_bytes));
   }
@@ -142,7 +148,6 @@ template <class T, int U> struct GridCta {
   }
   __device__ __forceinline__ void produce(const T* x, int64_t xs) const {
     RingPos pos;
-    const int64_t total_items = rows * sh.items_per_row;
     const bool ahead = 2 * sh.item_chunks <= sh.ring_slots;
     bool claimed = false;
     unsigned long long next = 0;
@@ -158,7 +163,7 @@ template <class T, int U> struct GridCta {
       claimed = ahead && slots_free(after, sh.item_chunks, false);
       if (claimed) next = claim();
       if (ticket >= static_cast<unsigned long long>(total_items)) {
-        meta[pos.slot] = total_chunks;
+        meta[pos.slot] = end_chunk;
         mbar_arrive(smem_addr(full + pos.slot));
         return;
       }
@@ -169,38 +174,63 @@ template <class T, int U> struct GridCta {
       const unsigned char* src = reinterpret_cast<const unsigned char*>(x + row * xs);
       for (int64_t k = k0; k < k0 + n; ++k) {
         const uint32_t bytes = bytes_of(k);
+        const uint32_t dst = smem_addr(ring + size_t(pos.slot) * sh.chunk_bytes), bar = smem_addr(full + pos.slot);
         meta[pos.slot] = row * sh.chunks_per_row + k;
-        mbar_arrive_expect_tx(smem_addr(full + pos.slot), bytes);
-        bulk_load(smem_addr(ring + size_t(pos.slot) * sh.chunk_bytes), src + k * sh.chunk_bytes, bytes,
-                  smem_addr(full + pos.slot));
+        if (!Spill) {
+          mbar_arrive_expect_tx(bar, bytes);
+          bulk_load(dst, src + k * sh.chunk_bytes, bytes, bar);
+        } else if (row == rows) {
+          mbar_arrive(bar);  // the last row's spilled chunk: nothing to load here (see stats)
+        } else {
+          // Spilled chunks are read again a row later: kept in L2; the rest read once.
+          mbar_arrive_expect_tx(bar, bytes);
+          if (k < spill()) bulk_load_policy<true>(dst, src + k * sh.chunk_bytes, bytes, bar);
+          else bulk_load_policy<false>(dst, src + k * sh.chunk_bytes, bytes, bar);
+        }
         pos.advance(sh.ring_slots);
       }
     }
   }
 
   // Statistics warps: each item's (max, sum), posted once its last chunk is folded.
-  __device__ __forceinline__ void stats() const {
+  __device__ __forceinline__ void stats(const T* x, int64_t xs) const {
     RingPos pos;
     MaxSum<A> part{neg_inf<A>(), A(0)};
     const A f = exp_factor(scale);
     for (;;) {
       mbar_wait_cta(smem_addr(full + pos.slot), pos.phase);
       const int64_t g = meta[pos.slot];
-      if (g >= total_chunks) {
-        if (gtid == 0) enqueue(rows * sh.items_per_row);
+      if (g >= end_chunk) {
+        if (gtid == 0) enqueue(total_items);
         return;
       }
       const int64_t row = g / sh.chunks_per_row, k = g - row * sh.chunks_per_row;
-      part = merge_max_sum(part, fold_chunk(slot_data(pos.slot), static_cast<int>(bytes_of(k) / 16)), f);
+      const bool real = !Spill || row < rows;  // else the spilled tail: nothing to fold
+      const uint32_t slot = pos.slot;
+      if (real) part = merge_max_sum(part, fold_chunk(slot_data(slot), static_cast<int>(bytes_of(k) / 16)), f);
       pos.advance(sh.ring_slots);
-      if ((k + 1) % sh.item_chunks == 0 || k + 1 == sh.chunks_per_row) {
-        const MaxSum<A> item = block_max_sum(part, scratch, group, kStatsBar, f);
-        if (gtid == 0) {
-          const int64_t number = row * sh.items_per_row + k / sh.item_chunks;
-          store_relaxed_gpu(sh.item_stats + number, pack_pair(item.m, item.s));
-          enqueue(number);
+      const bool ends_item = (k + 1) % sh.item_chunks == 0 || k + 1 == sh.chunks_per_row;
+      if (ends_item) {
+        const int64_t number = row * sh.items_per_row + k / sh.item_chunks;
+        if (real) {
+          const MaxSum<A> item = block_max_sum(part, scratch, group, kStatsBar, f);
+          if (gtid == 0) store_relaxed_gpu(sh.item_stats + number, pack_pair(item.m, item.s));
         }
+        if (gtid == 0) enqueue(number);
         part = {neg_inf<A>(), A(0)};
+      }
+      if (Spill && k < spill() && row > 0) {
+        // Folded (every statistics thread is past a barrier since its reads): the slot loads the
+        // same chunk of the row before, from L2, for the writers.
+        if (real && !ends_item) sync_threads_named(kStatsBar, group);
+        if (gtid == 0) {
+          const uint32_t bytes = bytes_of(k), bar = smem_addr(refill + slot);
+          asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+          mbar_arrive_expect_tx(bar, bytes);
+          bulk_load_policy<false>(smem_addr(ring + size_t(slot) * sh.chunk_bytes),
+                                  reinterpret_cast<const unsigned char*>(x + (row - 1) * xs) + k * sh.chunk_bytes, bytes,
+                                  bar);
+        }
       }
     }
   }
@@ -219,7 +249,7 @@ template <class T, int U> struct GridCta {
   // sees (the row's items in this CTA are consecutive), then hands the row to the writers.
   __device__ __forceinline__ void merge() const {
     const A f = exp_factor(scale);
-    const int64_t total_items = rows * sh.items_per_row;
+    const int64_t spill_items = spill() / sh.item_chunks;
     int64_t last = -1;
     int seen = -1;  // rows merged
     for (int n = 0;; ++n) {
@@ -231,8 +261,11 @@ template <class T, int U> struct GridCta {
       __syncwarp();
       if (lane == 0) *merged = n + 1;
       if (item >= total_items) return;
-      const int64_t r = item / sh.items_per_row;
-      if (r == last) continue;
+      // The row whose statistics the writers need at this item: a spilled item's writers write the
+      // row before it.
+      const int64_t q = item / sh.items_per_row, i = item - q * sh.items_per_row;
+      const int64_t r = i < spill_items ? q - 1 : q;
+      if (r < 0 || r == last) continue;
       last = r;
       ++seen;
       const MaxSum<A> p = shfl_merge_max_sum(fold_posted(sh.item_stats + r * sh.items_per_row, f), f);
@@ -241,7 +274,7 @@ template <class T, int U> struct GridCta {
         row_word[seen % kMergeQueue] = pack_pair(p.m, log_sum);
         __threadfence_block();
         row_tag[seen % kMergeQueue] = r;
-        if (sh.lse != nullptr && item == r * sh.items_per_row) static_cast<A*>(sh.lse)[r] = p.m * scale + log_sum;
+        if (sh.lse != nullptr && item == r * sh.items_per_row + spill_items) static_cast<A*>(sh.lse)[r] = p.m * scale + log_sum;
       }
     }
   }
@@ -269,14 +302,22 @@ template <class T, int U> struct GridCta {
   // Writers: walk the ring, each thread waiting for a chunk's row statistics itself.
   __device__ __forceinline__ void write(T* y, int64_t ys) const {
     RingPos pos;
+    uint64_t refills = 0;  // parity of each slot's refill barrier
     int64_t current = -1;
     int seen = -1;             // rows taken, as the merger counts them
     MaxSum<A> st{A(0), A(0)};  // (max, log-sum) of `current`
     for (;;) {
       mbar_wait_cta(smem_addr(full + pos.slot), pos.phase);
       const int64_t g = meta[pos.slot];
-      if (g >= total_chunks) return;
-      const int64_t row = g / sh.chunks_per_row, k = g - row * sh.chunks_per_row;
+      if (g >= end_chunk) return;
+      const int64_t q = g / sh.chunks_per_row, k = g - q * sh.chunks_per_row;
+      const bool spilled = k < spill();
+      const int64_t row = spilled ? q - 1 : q;  // a spilled slot writes the same chunk of the row before
+      if (Spill && row < 0) {
+        release(pos.slot);
+        pos.advance(sh.ring_slots);
+        continue;
+      }
       if (row != current) {
         ++seen;
         while (row_tag[seen % kMergeQueue] != row) __nanosleep(32);
@@ -285,6 +326,10 @@ template <class T, int U> struct GridCta {
         current = row;
       }
       uint4* dst = reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(y + row * ys) + k * sh.chunk_bytes);
+      if (Spill && spilled) {
+        mbar_wait_cta(smem_addr(refill + pos.slot), static_cast<uint32_t>(refills >> pos.slot) & 1u);
+        refills ^= uint64_t{1} << pos.slot;
+      }
       write_chunk(slot_data(pos.slot), dst, static_cast<int>(bytes_of(k) / 16), st.m, st.s);
       release(pos.slot);
       pos.advance(sh.ring_slots);
@@ -293,19 +338,20 @@ template <class T, int U> struct GridCta {
 };
 #endif  // SOFTLIGHT_HOPPER
 
-template <class T, int U>
+template <class T, int U, bool Spill>
 __global__ void __launch_bounds__(kClusterMaxThreads, 1)
 grid_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t ys, int64_t rows, int64_t cols,
                  GridShape sh) {
 #ifdef SOFTLIGHT_HOPPER
   extern __shared__ __align__(128) unsigned char smem[];
-  GridCta<T, U> cta;
+  GridCta<T, U, Spill> cta;
   cta.sh = sh;
   cta.scale = static_cast<float>(sh.scale);
   cta.ring = smem;
   cta.full = reinterpret_cast<uint64_t*>(smem + size_t(sh.ring_slots) * sh.chunk_bytes);
   cta.empty = cta.full + sh.ring_slots;
-  cta.meta = reinterpret_cast<volatile int64_t*>(cta.empty + sh.ring_slots);
+  cta.refill = cta.empty + sh.ring_slots;
+  cta.meta = reinterpret_cast<volatile int64_t*>(cta.refill + sh.ring_slots);
   cta.queue = cta.meta + sh.ring_slots;
   cta.queued = reinterpret_cast<volatile int*>(cta.queue + kMergeQueue);
   cta.merged = cta.queued + 1;
@@ -314,7 +360,8 @@ grid_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t
   cta.row_word = reinterpret_cast<volatile uint64_t*>(cta.row_tag + kMergeQueue);
   cta.rows = rows;
   cta.row_bytes = cols * int64_t{sizeof(T)};
-  cta.total_chunks = rows * sh.chunks_per_row;
+  cta.end_chunk = (Spill ? rows + 1 : rows) * sh.chunks_per_row;
+  cta.total_items = rows * sh.items_per_row + cta.spill() / sh.item_chunks;
   cta.group = (static_cast<int>(blockDim.x) - 64) / 2;
   const int warp = threadIdx.x >> 5, group_warps = cta.group >> 5;
   cta.gtid = static_cast<int>(threadIdx.x) % cta.group;
@@ -323,6 +370,7 @@ grid_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t
     for (int i = 0; i < sh.ring_slots; ++i) {
       mbar_init(smem_addr(cta.full + i), 1);
       mbar_init(smem_addr(cta.empty + i), group_warps);
+      mbar_init(smem_addr(cta.refill + i), 1);
       cta.meta[i] = -1;
     }
     for (int i = 0; i < kMergeQueue; ++i) cta.row_tag[i] = -1;
@@ -332,7 +380,7 @@ grid_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t
   }
   __syncthreads();
   if (warp < group_warps) {
-    cta.stats();
+    cta.stats(x, xs);
   } else if (warp < 2 * group_warps) {
     cta.write(y, ys);
   } else if (threadIdx.x == 2 * cta.group) {
@@ -352,26 +400,31 @@ cudaError_t launch_grid_rows(const Plan& p, const RowsArgs& a, cudaStream_t stre
       return cudaErrorInvalidValue;
     } else {
       const int group = (p.threads - 64) / 2;
-      auto kernel = p.chunk_bytes / 16 >= 4 * group ? grid_rows_kernel<T, 4> : grid_rows_kernel<T, 2>;
+      const bool wide = p.chunk_bytes / 16 >= 4 * group, spill = p.spill_chunks > 0;
+      auto kernel = wide ? (spill ? grid_rows_kernel<T, 4, true> : grid_rows_kernel<T, 4, false>)
+                         : (spill ? grid_rows_kernel<T, 2, true> : grid_rows_kernel<T, 2, false>);
       ClusterLaunch l;
       cudaError_t e = prepare_cluster_launch(kernel, p, stream, &l);
       if (e != cudaSuccess) return e;
       // Every ring full of one row must leave a row unfinished (see the deadlock argument above).
-      if (l.clusters * (p.ring_slots - p.chunks_per_cta + 1) <= p.chunks_per_row) return cudaErrorInvalidClusterSize;
+      if (l.clusters * (p.ring_slots - p.chunks_per_cta + 1) <= p.chunks_per_row - p.spill_chunks ||
+          p.spill_chunks % p.chunks_per_cta != 0 || p.spill_chunks >= p.chunks_per_row)
+        return cudaErrorInvalidClusterSize;
       const int64_t items_per_row = (p.chunks_per_row + p.chunks_per_cta - 1) / p.chunks_per_cta;
       // Workspace, all ones: the counter, then the item slots.
       const size_t words = 1 + static_cast<size_t>(a.rows * items_per_row);
       if (std::getenv("SOFTLIGHT_VERBOSE"))
-        std::fprintf(stderr, "softlight: grid_rows ctas=%lld threads=%d chunk=%d slots=%d item=%d items/row=%lld\n",
+        std::fprintf(stderr, "softlight: grid_rows ctas=%lld threads=%d chunk=%d slots=%d item=%d items/row=%lld spill=%lld\n",
                      static_cast<long long>(l.clusters), p.threads, p.chunk_bytes, p.ring_slots,
-                     static_cast<int>(p.chunks_per_cta), static_cast<long long>(items_per_row));
+                     static_cast<int>(p.chunks_per_cta), static_cast<long long>(items_per_row),
+                     static_cast<long long>(p.spill_chunks));
       cudaMemPool_t pool;
       void* ws = nullptr;
       if ((e = workspace_pool(&pool)) || (e = cudaMallocFromPoolAsync(&ws, words * 8, pool, stream))) return e;
       e = cudaMemsetAsync(ws, 0xff, words * 8, stream);
       uint64_t* w = static_cast<uint64_t*>(ws);
       GridShape sh{p.chunk_bytes, p.ring_slots, static_cast<int>(p.chunks_per_cta), p.chunks_per_row, items_per_row,
-                   a.scale, a.lse, reinterpret_cast<unsigned long long*>(w), w + 1};
+                   p.spill_chunks, a.scale, a.lse, reinterpret_cast<unsigned long long*>(w), w + 1};
       if (e == cudaSuccess)
         e = cudaLaunchKernelEx(&l.cfg, kernel, static_cast<const T*>(a.x), a.x_stride, static_cast<T*>(a.y), a.y_stride,
                                a.rows, a.cols, sh);

@@ -258,8 +258,14 @@ Plan plan_grid_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
   plan.grid_exchange = true;  // a cooperative launch
   plan.resident = true;
   plan.grid = std::min<int64_t>(p.rows * ceil_div(plan.chunks_per_row, plan.chunks_per_cta), d.sm_count);
+  // Rows past 2/5 of the grid's rings keep their second half in the rings; the first half is
+  // spilled: folded, released, and read again from L2 when the same chunk of the next row passes.
+  const int64_t row_bytes = p.cols * p.elem_bytes;
+  const bool past = 5 * row_bytes > 2 * int64_t{d.sm_count} * plan.ring_slots * plan.chunk_bytes;
+  const int64_t spill = o.spill_chunks >= 0 ? o.spill_chunks : past ? plan.chunks_per_row - ceil_div(row_bytes / 2, plan.chunk_bytes) : 0;
+  plan.spill_chunks = std::clamp<int64_t>(spill, 0, plan.chunks_per_row - 1) / plan.chunks_per_cta * plan.chunks_per_cta;
   if (plan.ring_slots < plan.chunks_per_cta || plan.ring_slots >= kGridRowsMergeQueue ||
-      plan.chunks_per_row >= int64_t{d.sm_count} * (plan.ring_slots - plan.chunks_per_cta + 1))
+      plan.chunks_per_row - plan.spill_chunks >= int64_t{d.sm_count} * (plan.ring_slots - plan.chunks_per_cta + 1))
     return Plan{};
   return plan;
 }
@@ -283,7 +289,9 @@ Plan grid_rows_wanted(const Problem& p, const DeviceInfo& d, const Overrides& o,
   const bool unheld32 = p.elem_bytes == 4 && (!clusters.resident || clusters.grid_exchange);
   if (!(streamed16 || unheld32) || d.sm_count <= 0) return Plan{};
   const Plan grid = plan_grid_rows(p, d, o);
-  const bool held = 5 * p.cols * p.elem_bytes <= 2 * int64_t{d.sm_count} * grid.ring_slots * grid.chunk_bytes;
+  const int64_t rings = int64_t{d.sm_count} * grid.ring_slots * grid.chunk_bytes;
+  const int64_t held_bytes = p.cols * p.elem_bytes - grid.spill_chunks * grid.chunk_bytes;
+  const bool held = 5 * held_bytes <= 2 * rings;
   return grid.family == Family::grid_rows && held ? grid : Plan{};
 }
 

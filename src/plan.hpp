@@ -81,6 +81,7 @@ struct Overrides {
   int register_cluster = -1;  // warp_rows, Hopper: rows in registers over a cluster, threads per CTA (0 off)
   int grid_rows = -1;    // 0 never grid_rows, 1 wherever it can run
   int item_chunks = 0;   // grid_rows: chunks an item (1 to 8)
+  int64_t spill_chunks = -1;  // grid_rows: a row's first chunks written a row later from L2 (0 none)
 };
 
 struct Plan {
@@ -118,6 +119,8 @@ struct Plan {
   int aux_slots = 0;       // backward: chunks of the second ring, which streams y to the writers
   int64_t chunks_per_row = 0;
   int64_t chunks_per_cta = 0;  // grid_rows: chunks an item (grid_exchange: a cooperative launch)
+  int64_t spill_chunks = 0;    // grid_rows: a row's first chunks, folded in the rings and released,
+                               // written when the same chunk of the next row passes (x read again, from L2)
   int hints = 0;           // cache hints (see Overrides)
   // split_rows (cluster above: CTAs per position, splitting the axis) and cluster_tiles (cluster,
   // chunks and ring above)
@@ -190,11 +193,11 @@ constexpr int kGroupMinHeldChunks = 5;
 // cluster_rows, fp32 forward: the widest cluster that slices of 4 chunks are halved into (plan.cpp).
 constexpr int kHalfSliceMaxCluster = 8;
 constexpr int kBlockRowsReserveBytes = 1024;
-// grid_rows: shared memory per ring slot besides its chunk (two mbarriers and the slot's chunk
+// grid_rows: shared memory per ring slot besides its chunk (three mbarriers and the slot's chunk
 // number), and the fixed rest (the merger's queue of posted items and its two counts, the
 // statistics warps' scratch, the merged rows handed to the writers: a tag and a word each). The
 // queue outnumbers the ring's slots (plan.cpp; grid_rows.cu, the deadlock argument).
-constexpr int kGridRowsSlotBytes = 24;
+constexpr int kGridRowsSlotBytes = 32;
 constexpr int kGridRowsMergeQueue = 64;
 constexpr int kGridRowsReserveBytes = kGridRowsMergeQueue * 8 + 8 + 32 * 4 + kGridRowsMergeQueue * 16;
 constexpr int kGridRowsItemChunks = 1;

@@ -41,6 +41,7 @@ def planned(rows, cols, dtype, aligned=True, peelable=False):
     knobs["register_cluster"] = int(os.environ.get("SOFTLIGHT_REGISTER_CLUSTER", "-1"))
     knobs["grid_rows"] = int(os.environ.get("SOFTLIGHT_GRID_ROWS", "-1"))
     knobs["item_chunks"] = int(os.environ.get("SOFTLIGHT_ITEM_CHUNKS", "0"))
+    knobs["spill_chunks"] = int(os.environ.get("SOFTLIGHT_SPILL_CHUNKS", "-1"))
     e = ELEM[dtype]
     # aligned: a contiguous array from torch's allocator (its base on 16 bytes and more).
     return _C.plan(rows, cols, e, aligned and cols * e % 16 == 0, **device_plan_args(), **knobs,
@@ -577,11 +578,12 @@ def test_peeled_rows_in_registers_over_a_cluster(monkeypatch, cols, threads, dty
     assert bool((wide[:, cols:] == POISON).all()), "nothing written past a row"
 
 
-@pytest.mark.parametrize("rows,cols", [(5, 2_097_152), (7, 524_288), (3, 3_027_760)])
+@pytest.mark.parametrize("rows,cols", [(5, 2_097_152), (7, 524_288), (3, 3_027_760), (4, 4_194_304), (3, 6_058_800)])
 def test_fp32_rows_no_cluster_holds_go_to_grid_rows(rows, cols):
-    """fp32 rows of 2 MB to 11.5 MB as the planner sends them on a Hopper GPU of 132 SMs: held once in
-    the grid's rings (grid_rows), no knob set, the longest with a partial last chunk; special values,
-    temperature and LSE against float64."""
+    """fp32 rows of 2 MB to 23 MB as the planner sends them on a Hopper GPU of 132 SMs: held in the
+    grid's rings (grid_rows), those past a fifth of the rings partly spilled (read again from L2), no
+    knob set, rows of 11.5 and 23 MB with a partial last chunk; special values, temperature and LSE
+    against float64."""
     p = planned(rows, cols, "float32")
     if p["family"] != "grid_rows":
         pytest.skip(f"this GPU plans no grid_rows for {rows}x{cols} float32: {p}")
@@ -597,7 +599,8 @@ def test_fp32_rows_no_cluster_holds_go_to_grid_rows(rows, cols):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
-@pytest.mark.parametrize("knobs", ["", "ITEM_CHUNKS=2", "ITEM_CHUNKS=4 THREADS=288", "ITEM_CHUNKS=8 CHUNK_BYTES=8192"])
+@pytest.mark.parametrize("knobs", ["", "ITEM_CHUNKS=2", "ITEM_CHUNKS=4 THREADS=288", "ITEM_CHUNKS=8 CHUNK_BYTES=8192",
+                                   "SPILL_CHUNKS=1", "SPILL_CHUNKS=4 ITEM_CHUNKS=2", "SPILL_CHUNKS=1000000"])
 @pytest.mark.parametrize("rows,cols", [(37, 100_000), (9, 1_048_576), (3, 4_194_304), (700, 8192), (3000, 1000), (2, 16)])
 def test_grid_rows(monkeypatch, rows, cols, knobs, dtype):
     """Rows held once in a cooperative grid's rings, items claimed by any CTA (SOFTLIGHT_GRID_ROWS=1):
@@ -631,6 +634,10 @@ def test_grid_rows(monkeypatch, rows, cols, knobs, dtype):
     assert bool((wide[:, cols:] == POISON).all()), f"{what}: written past a row"
     for _ in range(3):  # back to back on the stream: each launch's workspace starts afresh
         run_and_check(random_rows(rows, cols, dtype), dtype, what + ", again")
+    z = x.clone()  # in place: spilled chunks are read again after other chunks of y are written
+    softlight.log_softmax(z, out=z)
+    torch.cuda.synchronize()
+    assert_close_to_float64(z, x, dtype, what + ", in place")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

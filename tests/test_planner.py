@@ -257,9 +257,9 @@ def test_grid_groups_elsewhere():
     # Rows a group of every SM holds only once: held once only where the rows are too few for the
     # clusters to cover the SMs (7 of 16 CTAs on 132 SMs), or grid groups are asked for; else
     # streamed (test_streamed_grid_groups).
-    p = plan(6, 4194304)
+    p = cluster_plan(6, 4194304)
     assert p["grid_exchange"] and p["cluster"] == 132 and p["resident"] and p["chunks_per_cta"] == 8
-    assert not plan(9, 4194304)["resident"]
+    assert not cluster_plan(9, 4194304)["resident"]  # (else grid_rows, rows spilled: test_grid_rows)
     assert plan(64, 4194304, exchange=1)["cluster"] == 132
     assert not plan(4096, 262144)["grid_exchange"]  # 16-CTA clusters hold it twice
     assert not plan(4096, 393216, "bfloat16")["grid_exchange"]  # measured slower in 16 bits
@@ -293,19 +293,18 @@ def test_grid_rows():
     assert plan(64, 2 * 1048576, "bfloat16")["family"] == "cluster_rows"  # 8 chunks a CTA, 7 kept
     assert plan(64, 5 * 1048576 + 262144, "bfloat16")["family"] == "grid_rows"  # 10.5 MB
     assert plan(64, 6055520, "bfloat16")["family"] == "grid_rows"  # 12 111 040 bytes: 2/5 of 132 rings of 7 x 32 KB
-    assert plan(64, 6055528, "bfloat16")["family"] == "cluster_rows"
-    # fp32 rows that no cluster holds (streamed clusters, grid groups), up to 2/5 of the rings:
-    # 2 MB (grid groups of 22) to 11.5 MB, in the same 32 KB chunks.
+    assert plan(64, 12117600, "bfloat16")["family"] == "grid_rows"  # spilled, half kept: 2/5 of the rings
+    assert plan(64, 12117608, "bfloat16")["family"] == "cluster_rows"
+    # fp32 rows that no cluster holds (streamed clusters, grid groups), up to 2/5 of the rings kept:
+    # 2 MB (grid groups of 22) to 23 MB, in the same 32 KB chunks.
     for rows, cols in [(512, 524288), (238, 1048576), (4096, 1441792), (119, 2097152), (4, 2490368), (91, 2752512),
-                       (64, 3027760)]:
+                       (64, 3027760), (64, 3027764), (80, 3145728), (60, 4194304), (6, 4194304), (64, 6058800)]:
         p = plan(rows, cols)
         assert p["family"] == "grid_rows" and (p["chunk_bytes"], p["ring_slots"], p["chunks_per_cta"]) == (32768, 7, 1), p
         assert p["chunks_per_row"] == -(-cols * 4 // 32768) and p["grid"] == min(132, rows * p["chunks_per_row"])
     assert plan(4096, 458752)["family"] == "cluster_rows"  # 1.75 MB: held twice by clusters of 16
     assert plan(4096, 393216)["family"] == "cluster_rows"
-    assert plan(64, 3027764)["family"] == "cluster_rows"
-    assert plan(64, 3145728)["family"] == "cluster_rows"  # 12 MB
-    assert plan(64, 4194304)["family"] == "cluster_rows"
+    assert plan(64, 6058808)["family"] == "cluster_rows"  # past 2/5 of the rings, half kept
     assert plan(64, 4194304 - 8, "bfloat16", aligned=False, peelable=True)["family"] == "cluster_rows"
     for over in (dict(grid_rows=0), dict(cluster=16), dict(exchange=0), dict(exchange=1)):
         assert plan(64, 4194304, "bfloat16", **over)["family"] == "cluster_rows", over
@@ -315,18 +314,40 @@ def test_grid_rows():
     p = plan(7, 16, grid_rows=1)
     assert p["family"] == "grid_rows" and p["chunks_per_row"] == 1 and p["grid"] == 7
     assert plan(7, 4194304, grid_rows=1, item_chunks=4)["chunks_per_cta"] == 4
-    assert plan(7, 8 * 4194304, grid_rows=1)["family"] == "cluster_rows"  # 128 MB: past 132 x 7 chunks
+    assert plan(7, 8 * 4194304, grid_rows=1)["family"] == "cluster_rows"  # 128 MB: half of it past 132 x 7 chunks
     small = dict(H200, sm_count=8)
-    assert plan(7, 4194304, "bfloat16", dev=small, grid_rows=1)["family"] == "cluster_rows"
-    assert plan(7, 8 * 6 * 16384, "bfloat16", dev=small, grid_rows=1, item_chunks=2)["family"] == "cluster_rows"  # 48 chunks: 8 x 6
-    assert plan(7, 8 * 6 * 16384 - 16384, "bfloat16", dev=small, grid_rows=1, item_chunks=2)["family"] == "grid_rows"
-    assert plan(7, 8 * 7 * 16384, "bfloat16", dev=small, grid_rows=1)["family"] == "cluster_rows"  # items of one: 8 x 7
-    assert plan(7, 8 * 7 * 16384 - 16384, "bfloat16", dev=small, grid_rows=1)["family"] == "grid_rows"
+    whole = dict(grid_rows=1, spill_chunks=0)  # nothing spilled
+    assert plan(7, 4194304, "bfloat16", dev=small, **whole)["family"] == "cluster_rows"
+    assert plan(7, 8 * 6 * 16384, "bfloat16", dev=small, item_chunks=2, **whole)["family"] == "cluster_rows"  # 48 chunks: 8 x 6
+    assert plan(7, 8 * 6 * 16384 - 16384, "bfloat16", dev=small, item_chunks=2, **whole)["family"] == "grid_rows"
+    assert plan(7, 8 * 7 * 16384, "bfloat16", dev=small, **whole)["family"] == "cluster_rows"  # items of one: 8 x 7
+    assert plan(7, 8 * 7 * 16384 - 16384, "bfloat16", dev=small, **whole)["family"] == "grid_rows"
+    # Spilled chunks do not count: the kept ones must leave the row unfinished.
+    assert plan(7, 8 * 7 * 16384, "bfloat16", dev=small, grid_rows=1, spill_chunks=1)["family"] == "grid_rows"
     assert plan(7, 1024, "float64", grid_rows=1)["family"] != "grid_rows"
-    # Fewer ring slots than the merger's queue has entries (64): 56 slots of 4 KB, not 111 of 2 KB.
+    # Fewer ring slots than the merger's queue has entries (64): 55 slots of 4 KB, not 110 of 2 KB.
     p = plan(7, 1048576, grid_rows=1, chunk_bytes=4096)
-    assert p["family"] == "grid_rows" and p["ring_slots"] == 56
+    assert p["family"] == "grid_rows" and p["ring_slots"] == 55
     assert plan(7, 1048576, grid_rows=1, chunk_bytes=2048)["family"] != "grid_rows"
+
+
+def test_grid_rows_spill():
+    """Rows past 2/5 of the grid's rings (11.8 MB on an H200) keep their second half in the rings; the
+    chunks of the first half are spilled (folded, released, and read again from L2 a row later), up to
+    rows whose half is 2/5 of the rings. The knob sets the count (0: none), at most all but the last
+    chunk, in whole items."""
+    spill = lambda *a, **o: plan(*a, **o)["spill_chunks"]  # noqa: E731
+    assert spill(238, 1048576) == 0 and spill(119, 2097152) == 0 and spill(119, 4194304, "bfloat16") == 0
+    assert spill(64, 3027760) == 0  # 2/5 of the rings
+    assert spill(64, 3027764) == 370 - 185 and spill(80, 3145728) == 384 - 192 and spill(60, 4194304) == 512 - 256
+    assert spill(60, 8388608, "bfloat16") == 256 and spill(64, 6058800) == 740 - 370
+    assert plan(60, 4194304, spill_chunks=100)["family"] == "cluster_rows"  # 412 chunks kept: past 2/5 (369)
+    forced = dict(grid_rows=1)
+    assert spill(60, 4194304, spill_chunks=0, **forced) == 0 and spill(60, 4194304, spill_chunks=100, **forced) == 100
+    assert spill(60, 4194304, spill_chunks=10 ** 6, **forced) == 511
+    assert spill(60, 4194304, spill_chunks=101, item_chunks=2, **forced) == 100
+    assert spill(4096, 393216, grid_rows=1) == 0  # 1.5 MB
+    assert spill(60, 4194304, grid_rows=0) == 0  # not grid_rows
 
 
 def test_founding_shape_bfloat16_on_h200():
