@@ -48,11 +48,11 @@ struct GridShape {
   int item_chunks;
   int64_t chunks_per_row;
   int64_t items_per_row;
-  int64_t spill_chunks;         // a row's first chunks folded in the ring, written a row later from L2
   double scale;
   void* lse;
   unsigned long long* counter;  // the next ticket (starts all ones)
   uint64_t* item_stats;         // by item: (max, sum) packed, all ones until posted
+  int64_t spill_chunks;         // a row's first chunks folded in the ring, written a row later from L2
 };
 
 #ifdef SOFTLIGHT_HOPPER
@@ -66,7 +66,6 @@ template <class T, int U, bool Spill> struct GridCta {
   unsigned char* ring;
   uint64_t* full;
   uint64_t* empty;
-  uint64_t* refill;          // [ring_slots] a spilled slot loaded again with the row before's chunk
   volatile int64_t* meta;    // [ring_slots] the chunk each slot holds (rows x chunks_per_row: none)
   volatile int64_t* queue;   // [kMergeQueue] posted items, by number over all rows (all items: no more)
   volatile int* queued;      // entries the statistics warps have written
@@ -77,15 +76,19 @@ template <class T, int U, bool Spill> struct GridCta {
   // slots (slots are handed back in ring order), so no entry is rewritten while a writer needs it.
   volatile int64_t* row_tag;     // [kMergeQueue] the row merged there (-1: none yet)
   volatile uint64_t* row_word;   // [kMergeQueue] its (max, log-sum), packed
-  int64_t rows;
-  int64_t end_chunk;         // meta of the slot that ends the walk (past the spilled tail's chunks)
-  int64_t total_items;       // claimable items: every row's, then the last row's spilled chunks again
+  uint64_t* refill;              // [ring_slots] Spill: a spilled slot loaded again with the row before's chunk
+  int64_t rows, total_chunks;
   int64_t row_bytes;
   int group, gtid, lane;
   A scale;
 
-  // Chunks a row spills (none unless Spill).
+  // Chunks a row spills (none unless Spill); the walk ends at a slot whose chunk is end_chunk(),
+  // past the last row's spilled chunks, which are claimed again after every row (total_items()).
   __device__ __forceinline__ int64_t spill() const { return Spill ? sh.spill_chunks : 0; }
+  __device__ __forceinline__ int64_t end_chunk() const { return Spill ? total_chunks + sh.chunks_per_row : total_chunks; }
+  __device__ __forceinline__ int64_t total_items() const {
+    return Spill ? rows * sh.items_per_row + sh.spill_chunks / sh.item_chunks : rows * sh.items_per_row;
+  }
   __device__ __forceinline__ uint32_t bytes_of(int64_t k) const {
     return static_cast<uint32_t>(min(int64_t{sh.chunk_bytes}, row_bytes - k * sh.chunk_bytes));
   }
@@ -148,6 +151,7 @@ template <class T, int U, bool Spill> struct GridCta {
   }
   __device__ __forceinline__ void produce(const T* x, int64_t xs) const {
     RingPos pos;
+    const int64_t total_items = this->total_items();
     const bool ahead = 2 * sh.item_chunks <= sh.ring_slots;
     bool claimed = false;
     unsigned long long next = 0;
@@ -163,7 +167,7 @@ template <class T, int U, bool Spill> struct GridCta {
       claimed = ahead && slots_free(after, sh.item_chunks, false);
       if (claimed) next = claim();
       if (ticket >= static_cast<unsigned long long>(total_items)) {
-        meta[pos.slot] = end_chunk;
+        meta[pos.slot] = end_chunk();
         mbar_arrive(smem_addr(full + pos.slot));
         return;
       }
@@ -174,12 +178,16 @@ template <class T, int U, bool Spill> struct GridCta {
       const unsigned char* src = reinterpret_cast<const unsigned char*>(x + row * xs);
       for (int64_t k = k0; k < k0 + n; ++k) {
         const uint32_t bytes = bytes_of(k);
-        const uint32_t dst = smem_addr(ring + size_t(pos.slot) * sh.chunk_bytes), bar = smem_addr(full + pos.slot);
         meta[pos.slot] = row * sh.chunks_per_row + k;
-        if (!Spill) {
-          mbar_arrive_expect_tx(bar, bytes);
-          bulk_load(dst, src + k * sh.chunk_bytes, bytes, bar);
-        } else if (row == rows) {
+        if constexpr (!Spill) {
+          mbar_arrive_expect_tx(smem_addr(full + pos.slot), bytes);
+          bulk_load(smem_addr(ring + size_t(pos.slot) * sh.chunk_bytes), src + k * sh.chunk_bytes, bytes,
+                    smem_addr(full + pos.slot));
+          pos.advance(sh.ring_slots);
+          continue;
+        }
+        const uint32_t dst = smem_addr(ring + size_t(pos.slot) * sh.chunk_bytes), bar = smem_addr(full + pos.slot);
+        if (row == rows) {
           mbar_arrive(bar);  // the last row's spilled chunk: nothing to load here (see stats)
         } else {
           // Spilled chunks are read again a row later: kept in L2; the rest read once.
@@ -200,8 +208,8 @@ template <class T, int U, bool Spill> struct GridCta {
     for (;;) {
       mbar_wait_cta(smem_addr(full + pos.slot), pos.phase);
       const int64_t g = meta[pos.slot];
-      if (g >= end_chunk) {
-        if (gtid == 0) enqueue(total_items);
+      if (g >= end_chunk()) {
+        if (gtid == 0) enqueue(total_items());
         return;
       }
       const int64_t row = g / sh.chunks_per_row, k = g - row * sh.chunks_per_row;
@@ -211,12 +219,13 @@ template <class T, int U, bool Spill> struct GridCta {
       pos.advance(sh.ring_slots);
       const bool ends_item = (k + 1) % sh.item_chunks == 0 || k + 1 == sh.chunks_per_row;
       if (ends_item) {
-        const int64_t number = row * sh.items_per_row + k / sh.item_chunks;
-        if (real) {
-          const MaxSum<A> item = block_max_sum(part, scratch, group, kStatsBar, f);
-          if (gtid == 0) store_relaxed_gpu(sh.item_stats + number, pack_pair(item.m, item.s));
+        MaxSum<A> item{};
+        if (real) item = block_max_sum(part, scratch, group, kStatsBar, f);
+        if (gtid == 0) {
+          const int64_t number = row * sh.items_per_row + k / sh.item_chunks;
+          if (real) store_relaxed_gpu(sh.item_stats + number, pack_pair(item.m, item.s));
+          enqueue(number);
         }
-        if (gtid == 0) enqueue(number);
         part = {neg_inf<A>(), A(0)};
       }
       if (Spill && k < spill() && row > 0) {
@@ -249,7 +258,7 @@ template <class T, int U, bool Spill> struct GridCta {
   // sees (the row's items in this CTA are consecutive), then hands the row to the writers.
   __device__ __forceinline__ void merge() const {
     const A f = exp_factor(scale);
-    const int64_t spill_items = spill() / sh.item_chunks;
+    const int64_t total_items = this->total_items(), spill_items = spill() / sh.item_chunks;
     int64_t last = -1;
     int seen = -1;  // rows merged
     for (int n = 0;; ++n) {
@@ -263,9 +272,9 @@ template <class T, int U, bool Spill> struct GridCta {
       if (item >= total_items) return;
       // The row whose statistics the writers need at this item: a spilled item's writers write the
       // row before it.
-      const int64_t q = item / sh.items_per_row, i = item - q * sh.items_per_row;
-      const int64_t r = i < spill_items ? q - 1 : q;
-      if (r < 0 || r == last) continue;
+      const int64_t q = item / sh.items_per_row;
+      const int64_t r = Spill && item - q * sh.items_per_row < spill_items ? q - 1 : q;
+      if ((Spill && r < 0) || r == last) continue;
       last = r;
       ++seen;
       const MaxSum<A> p = shfl_merge_max_sum(fold_posted(sh.item_stats + r * sh.items_per_row, f), f);
@@ -309,9 +318,9 @@ template <class T, int U, bool Spill> struct GridCta {
     for (;;) {
       mbar_wait_cta(smem_addr(full + pos.slot), pos.phase);
       const int64_t g = meta[pos.slot];
-      if (g >= end_chunk) return;
+      if (g >= end_chunk()) return;
       const int64_t q = g / sh.chunks_per_row, k = g - q * sh.chunks_per_row;
-      const bool spilled = k < spill();
+      const bool spilled = Spill && k < spill();
       const int64_t row = spilled ? q - 1 : q;  // a spilled slot writes the same chunk of the row before
       if (Spill && row < 0) {
         release(pos.slot);
@@ -326,7 +335,7 @@ template <class T, int U, bool Spill> struct GridCta {
         current = row;
       }
       uint4* dst = reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(y + row * ys) + k * sh.chunk_bytes);
-      if (Spill && spilled) {
+      if (spilled) {
         mbar_wait_cta(smem_addr(refill + pos.slot), static_cast<uint32_t>(refills >> pos.slot) & 1u);
         refills ^= uint64_t{1} << pos.slot;
       }
@@ -350,18 +359,17 @@ grid_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t
   cta.ring = smem;
   cta.full = reinterpret_cast<uint64_t*>(smem + size_t(sh.ring_slots) * sh.chunk_bytes);
   cta.empty = cta.full + sh.ring_slots;
-  cta.refill = cta.empty + sh.ring_slots;
-  cta.meta = reinterpret_cast<volatile int64_t*>(cta.refill + sh.ring_slots);
+  cta.meta = reinterpret_cast<volatile int64_t*>(cta.empty + sh.ring_slots);
   cta.queue = cta.meta + sh.ring_slots;
   cta.queued = reinterpret_cast<volatile int*>(cta.queue + kMergeQueue);
   cta.merged = cta.queued + 1;
   cta.scratch = reinterpret_cast<float*>(const_cast<int*>(cta.merged + 1));
   cta.row_tag = reinterpret_cast<volatile int64_t*>(cta.scratch + 32);
   cta.row_word = reinterpret_cast<volatile uint64_t*>(cta.row_tag + kMergeQueue);
+  if constexpr (Spill) cta.refill = const_cast<uint64_t*>(cta.row_word + kMergeQueue);  // ring_slots more words
   cta.rows = rows;
   cta.row_bytes = cols * int64_t{sizeof(T)};
-  cta.end_chunk = (Spill ? rows + 1 : rows) * sh.chunks_per_row;
-  cta.total_items = rows * sh.items_per_row + cta.spill() / sh.item_chunks;
+  cta.total_chunks = rows * sh.chunks_per_row;
   cta.group = (static_cast<int>(blockDim.x) - 64) / 2;
   const int warp = threadIdx.x >> 5, group_warps = cta.group >> 5;
   cta.gtid = static_cast<int>(threadIdx.x) % cta.group;
@@ -370,7 +378,7 @@ grid_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t
     for (int i = 0; i < sh.ring_slots; ++i) {
       mbar_init(smem_addr(cta.full + i), 1);
       mbar_init(smem_addr(cta.empty + i), group_warps);
-      mbar_init(smem_addr(cta.refill + i), 1);
+      if (Spill) mbar_init(smem_addr(cta.refill + i), 1);
       cta.meta[i] = -1;
     }
     for (int i = 0; i < kMergeQueue; ++i) cta.row_tag[i] = -1;
@@ -424,7 +432,7 @@ cudaError_t launch_grid_rows(const Plan& p, const RowsArgs& a, cudaStream_t stre
       e = cudaMemsetAsync(ws, 0xff, words * 8, stream);
       uint64_t* w = static_cast<uint64_t*>(ws);
       GridShape sh{p.chunk_bytes, p.ring_slots, static_cast<int>(p.chunks_per_cta), p.chunks_per_row, items_per_row,
-                   p.spill_chunks, a.scale, a.lse, reinterpret_cast<unsigned long long*>(w), w + 1};
+                   a.scale, a.lse, reinterpret_cast<unsigned long long*>(w), w + 1, p.spill_chunks};
       if (e == cudaSuccess)
         e = cudaLaunchKernelEx(&l.cfg, kernel, static_cast<const T*>(a.x), a.x_stride, static_cast<T*>(a.y), a.y_stride,
                                a.rows, a.cols, sh);

@@ -264,6 +264,11 @@ Plan plan_grid_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
   const bool past = 5 * row_bytes > 2 * int64_t{d.sm_count} * plan.ring_slots * plan.chunk_bytes;
   const int64_t spill = o.spill_chunks >= 0 ? o.spill_chunks : past ? plan.chunks_per_row - ceil_div(row_bytes / 2, plan.chunk_bytes) : 0;
   plan.spill_chunks = std::clamp<int64_t>(spill, 0, plan.chunks_per_row - 1) / plan.chunks_per_cta * plan.chunks_per_cta;
+  if (plan.spill_chunks > 0) {  // another mbarrier a slot
+    const int64_t slot_bytes = plan.chunk_bytes + kGridRowsSlotBytes + kGridRowsSpillSlotBytes;
+    plan.ring_slots = static_cast<int>((d.smem_per_block_optin - kGridRowsReserveBytes) / slot_bytes);
+    plan.smem_bytes = int64_t{plan.ring_slots} * slot_bytes + kGridRowsReserveBytes;
+  }
   if (plan.ring_slots < plan.chunks_per_cta || plan.ring_slots >= kGridRowsMergeQueue ||
       plan.chunks_per_row - plan.spill_chunks >= int64_t{d.sm_count} * (plan.ring_slots - plan.chunks_per_cta + 1))
     return Plan{};

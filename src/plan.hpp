@@ -193,12 +193,14 @@ constexpr int kGroupMinHeldChunks = 5;
 // cluster_rows, fp32 forward: the widest cluster that slices of 4 chunks are halved into (plan.cpp).
 constexpr int kHalfSliceMaxCluster = 8;
 constexpr int kBlockRowsReserveBytes = 1024;
-// grid_rows: shared memory per ring slot besides its chunk (three mbarriers and the slot's chunk
+// grid_rows: shared memory per ring slot besides its chunk (two mbarriers and the slot's chunk
 // number), and the fixed rest (the merger's queue of posted items and its two counts, the
 // statistics warps' scratch, the merged rows handed to the writers: a tag and a word each). The
-// queue outnumbers the ring's slots (plan.cpp; grid_rows.cu, the deadlock argument).
-constexpr int kGridRowsSlotBytes = 32;
+// queue outnumbers the ring's slots (plan.cpp; grid_rows.cu, the deadlock argument). Spilled rows
+// take another mbarrier a slot (kGridRowsSpillSlotBytes).
+constexpr int kGridRowsSlotBytes = 24;
 constexpr int kGridRowsMergeQueue = 64;
+constexpr int kGridRowsSpillSlotBytes = 8;
 constexpr int kGridRowsReserveBytes = kGridRowsMergeQueue * 8 + 8 + 32 * 4 + kGridRowsMergeQueue * 16;
 constexpr int kGridRowsItemChunks = 1;
 // grid_rows' chunks, in every type: a row's items are merged in every CTA holding one of them, at a

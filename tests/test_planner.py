@@ -325,9 +325,9 @@ def test_grid_rows():
     # Spilled chunks do not count: the kept ones must leave the row unfinished.
     assert plan(7, 8 * 7 * 16384, "bfloat16", dev=small, grid_rows=1, spill_chunks=1)["family"] == "grid_rows"
     assert plan(7, 1024, "float64", grid_rows=1)["family"] != "grid_rows"
-    # Fewer ring slots than the merger's queue has entries (64): 55 slots of 4 KB, not 110 of 2 KB.
+    # Fewer ring slots than the merger's queue has entries (64): 56 slots of 4 KB, not 111 of 2 KB.
     p = plan(7, 1048576, grid_rows=1, chunk_bytes=4096)
-    assert p["family"] == "grid_rows" and p["ring_slots"] == 55
+    assert p["family"] == "grid_rows" and p["ring_slots"] == 56
     assert plan(7, 1048576, grid_rows=1, chunk_bytes=2048)["family"] != "grid_rows"
 
 
