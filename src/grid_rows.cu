@@ -1,7 +1,8 @@
 // grid_rows (Hopper, sm_90): rows held once in the shared memory of a whole cooperative grid, in
 // items of a few chunks that any CTA claims. For rows that no cluster holds: 16-bit rows the widest
 // clusters can only stream, reading most of each slice twice (rows of 4 M), and fp32 rows of the
-// grid groups and streamed clusters (plan.cpp, grid_rows_wanted).
+// grid groups and streamed clusters (plan.cpp, grid_rows_wanted); rows past 2/5 of the rings hold
+// only their second half (Spill, below).
 //
 // One CTA per SM, every CTA resident at once. A row is cut into items of `item_chunks` chunks,
 // numbered in order over all rows; a CTA's producer thread reserves an item's worth of free slots
@@ -24,6 +25,13 @@
 // but the producer (for free slots), so a row's statistics reach every CTA holding it about one
 // L2 round trip after its last item is posted.
 //
+// Spill (rows past 2/5 of the rings): a row's first spill_chunks chunks are loaded and folded as
+// the rest, but their slot then serves the row before: once folded, a statistics thread loads that
+// row's same chunk into it from L2 (where the first load marked it evict-last) with a bulk copy on
+// the slot's refill barrier, and the writers write it with the row before's statistics. The last
+// row's spilled chunks are claimed again after every row (slots with nothing to load). The rows the
+// writers need never decrease in ring order, so the merger hands them over as above.
+//
 // No deadlock: items are claimed in order and a producer claims only with an item's slots free,
 // so every claimed item loads and its partial posts (the planner keeps a ring's slots fewer than the
 // merger queue's entries, so the statistics warps never wait on a merger that waits on a row, and
@@ -31,7 +39,8 @@
 // earliest row not all posted has all rows before it posted and merged, so every ring can drain
 // down to that row's chunks; while the row is not all claimed some CTA has an item's slots free,
 // unless every ring is full of the row, which the planner rules out (chunks a row < CTAs x
-// (slots - item chunks + 1)).
+// (slots - item chunks + 1)). A spilled slot waits only for the row before, all of whose items
+// were claimed before it, so the bound counts the chunks a row keeps.
 #include <cstdio>
 #include <cstdlib>
 

@@ -276,7 +276,9 @@ Plan plan_grid_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
 }
 
 // Where grid_rows takes the place of cluster_rows, if the grid's rings hold the row two and a half
-// times over (while a row's items are merged, its CTAs' rings hold the rows after it):
+// times over (while a row's items are merged, its CTAs' rings hold the rows after it), or, past
+// that, half the row (the first half spilled, read again from L2: plan_grid_rows), up to 24 235 200
+// bytes on an H200 (fp32 rows of 6 058 800, 16-bit of 12 117 600):
 // * 16-bit rows that the widest clusters stream keeping less than 3/4 of each slice in the ring
 //   (the rest read twice, from DRAM): on an H200, rows past 2 359 296 elements and up to 6 055 520;
 // * fp32 rows that no cluster holds (streamed clusters, grid groups): on an H200, rows past 458 752
@@ -284,9 +286,9 @@ Plan plan_grid_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
 // Measured there (docs/design.md, "Rows held once in a grid's rings" and "fp32 rows in the grid's
 // rings"): rows of 4 M bf16 (8 MB) 1.40-1.44 x -> 1.28 x copy, 5 M bf16 (10 MB) 1.46 -> 1.35 x;
 // fp32 rows of 512 K 1.20 -> 1.07 x, 1 M 1.12 -> 1.09 x, 1.4 M 1.29 -> 1.09 x, 2 M 1.34 -> 1.18 x,
-// 2.3 M 1.46 -> 1.20 x, 2.6 M (10.5 MB) 1.40 -> 1.29 x. Not fp32 rows of 3 M (12 MB: 1.35 x ->
-// 1.33 x, too close) nor 4 M (16 MB, more than half the rings: 1.43-1.48 x -> 1.53-1.86 x), nor
-// rows the clusters hold (262 144 fp32, 1 M bf16: slower).
+// 2.3 M 1.46 -> 1.20 x, 2.6 M (10.5 MB) 1.40 -> 1.29 x. Spilled ("Rows spilled to L2"): fp32 rows of
+// 3 M (12 MB) 1.34 -> 1.29 x, 4 M 1.45 -> 1.36 x, 5.25 M 1.61 -> 1.50 x, bf16 rows of 8 M 1.55 -> 1.40 x.
+// Not rows the clusters hold (262 144 fp32, 1 M bf16: slower).
 // Returns that plan, or none.
 Plan grid_rows_wanted(const Problem& p, const DeviceInfo& d, const Overrides& o, const Plan& clusters) {
   const bool streamed16 = p.elem_bytes == 2 && !clusters.resident && !clusters.grid_exchange &&
