@@ -258,11 +258,14 @@ Plan plan_grid_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
   plan.grid_exchange = true;  // a cooperative launch
   plan.resident = true;
   plan.grid = std::min<int64_t>(p.rows * ceil_div(plan.chunks_per_row, plan.chunks_per_cta), d.sm_count);
-  // Rows past 2/5 of the grid's rings keep their second half in the rings; the first half is
-  // spilled: folded, released, and read again from L2 when the same chunk of the next row passes.
+  // Rows past a quarter of the grid's rings keep the larger of half the row and a fifth of the
+  // rings; the chunks before are spilled: folded, released, and read again from L2 when the same
+  // chunk of the next row passes (docs/design.md, "Rows spilled to L2": rows of 6 MB gained nothing).
   const int64_t row_bytes = p.cols * p.elem_bytes;
-  const bool past = 5 * row_bytes > 2 * int64_t{d.sm_count} * plan.ring_slots * plan.chunk_bytes;
-  const int64_t spill = o.spill_chunks >= 0 ? o.spill_chunks : past ? plan.chunks_per_row - ceil_div(row_bytes / 2, plan.chunk_bytes) : 0;
+  const int64_t rings = int64_t{d.sm_count} * plan.ring_slots * plan.chunk_bytes;
+  const int64_t keep = std::max(row_bytes / 2, rings / kGridRowsKeepShare);
+  const int64_t spill = o.spill_chunks >= 0 ? o.spill_chunks
+                        : 4 * row_bytes > rings ? plan.chunks_per_row - ceil_div(keep, plan.chunk_bytes) : 0;
   plan.spill_chunks = std::clamp<int64_t>(spill, 0, plan.chunks_per_row - 1) / plan.chunks_per_cta * plan.chunks_per_cta;
   if (plan.spill_chunks > 0) {  // another mbarrier a slot
     const int64_t slot_bytes = plan.chunk_bytes + kGridRowsSlotBytes + kGridRowsSpillSlotBytes;
@@ -287,8 +290,10 @@ Plan plan_grid_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
 // rings"): rows of 4 M bf16 (8 MB) 1.40-1.44 x -> 1.28 x copy, 5 M bf16 (10 MB) 1.46 -> 1.35 x;
 // fp32 rows of 512 K 1.20 -> 1.07 x, 1 M 1.12 -> 1.09 x, 1.4 M 1.29 -> 1.09 x, 2 M 1.34 -> 1.18 x,
 // 2.3 M 1.46 -> 1.20 x, 2.6 M (10.5 MB) 1.40 -> 1.29 x. Spilled ("Rows spilled to L2"): fp32 rows of
-// 3 M (12 MB) 1.34 -> 1.29 x, 4 M 1.45 -> 1.36 x, 5.25 M 1.61 -> 1.50 x, bf16 rows of 8 M 1.55 -> 1.40 x.
-// Not rows the clusters hold (262 144 fp32, 1 M bf16: slower).
+// 3 M (12 MB) 1.34 -> 1.29 x, 4 M 1.45 -> 1.36 x, 5.25 M 1.61 -> 1.50 x, bf16 rows of 8 M 1.55 -> 1.40 x;
+// held whole before, rows of 8 to 10.5 MB: 4 M bf16 1.29 -> 1.25 x, 2 M fp32 1.08 -> 1.06 x, 5 M bf16
+// 1.36 -> 1.26 x, 2.6 M fp32 1.21 -> 1.14 x (not rows of 6 MB: even or slower). Not rows the clusters
+// hold (262 144 fp32, 1 M bf16: slower).
 // Returns that plan, or none.
 Plan grid_rows_wanted(const Problem& p, const DeviceInfo& d, const Overrides& o, const Plan& clusters) {
   const bool streamed16 = p.elem_bytes == 2 && !clusters.resident && !clusters.grid_exchange &&

@@ -201,6 +201,8 @@ constexpr int kBlockRowsReserveBytes = 1024;
 constexpr int kGridRowsSlotBytes = 24;
 constexpr int kGridRowsMergeQueue = 64;
 constexpr int kGridRowsSpillSlotBytes = 8;
+// grid_rows: rows keep at least this share of the grid's rings before any chunk is spilled (plan.cpp).
+constexpr int kGridRowsKeepShare = 5;
 constexpr int kGridRowsReserveBytes = kGridRowsMergeQueue * 8 + 8 + 32 * 4 + kGridRowsMergeQueue * 16;
 constexpr int kGridRowsItemChunks = 1;
 // grid_rows' chunks, in every type: a row's items are merged in every CTA holding one of them, at a

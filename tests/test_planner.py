@@ -332,13 +332,16 @@ def test_grid_rows():
 
 
 def test_grid_rows_spill():
-    """Rows past 2/5 of the grid's rings (11.8 MB on an H200) keep their second half in the rings; the
-    chunks of the first half are spilled (folded, released, and read again from L2 a row later), up to
-    rows whose half is 2/5 of the rings. The knob sets the count (0: none), at most all but the last
-    chunk, in whole items."""
+    """Rows past a quarter of the grid's rings (7.2 MiB on an H200) keep the larger of half the row
+    and a fifth of the rings (5.8 MiB) in them; the chunks before are spilled (folded, released, and
+    read again from L2 a row later), up to rows whose half is 2/5 of the rings. The knob sets the
+    count (0: none), at most all but the last chunk, in whole items."""
     spill = lambda *a, **o: plan(*a, **o)["spill_chunks"]  # noqa: E731
-    assert spill(238, 1048576) == 0 and spill(119, 2097152) == 0 and spill(119, 4194304, "bfloat16") == 0
-    assert spill(64, 3027760) == 0  # 2/5 of the rings
+    assert spill(238, 1048576) == 0  # 4 MB: held whole
+    assert spill(159, 3145728, "bfloat16") == 0 and spill(159, 1572864) == 0  # 6 MB: held whole
+    assert spill(64, 1892352) == 0 and spill(64, 1892356) == 232 - 185  # a quarter of 132 rings of 7 x 32 KB
+    assert spill(119, 2097152) == 256 - 185 and spill(119, 4194304, "bfloat16") == 256 - 185  # 8 MB: 185 kept
+    assert spill(64, 3027760) == 370 - 185  # 2/5 of the rings
     assert spill(64, 3027764) == 370 - 185 and spill(80, 3145728) == 384 - 192 and spill(60, 4194304) == 512 - 256
     assert spill(60, 8388608, "bfloat16") == 256 and spill(64, 6058800) == 740 - 370
     assert plan(60, 4194304, spill_chunks=100)["family"] == "cluster_rows"  # 412 chunks kept: past 2/5 (369)
