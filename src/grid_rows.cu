@@ -1,8 +1,8 @@
 // grid_rows (Hopper, sm_90): rows held once in the shared memory of a whole cooperative grid, in
 // items of a few chunks that any CTA claims. For rows that no cluster holds: 16-bit rows the widest
 // clusters can only stream, reading most of each slice twice (rows of 4 M), and fp32 rows of the
-// grid groups and streamed clusters (plan.cpp, grid_rows_wanted); rows past 2/5 of the rings hold
-// only their second half (Spill, below).
+// grid groups and streamed clusters (plan.cpp, grid_rows_wanted); rows past a quarter of the rings
+// hold only part of each row (Spill, below).
 //
 // One CTA per SM, every CTA resident at once. A row is cut into items of `item_chunks` chunks,
 // numbered in order over all rows; a CTA's producer thread reserves an item's worth of free slots
@@ -25,8 +25,8 @@
 // but the producer (for free slots), so a row's statistics reach every CTA holding it about one
 // L2 round trip after its last item is posted.
 //
-// Spill (rows past 2/5 of the rings): a row's first spill_chunks chunks are loaded and folded as
-// the rest, but their slot then serves the row before: once folded, a statistics thread loads that
+// Spill (rows past a quarter of the rings): a row's first spill_chunks chunks are loaded and folded
+// as the rest, but their slot then serves the row before: once folded, a statistics thread loads that
 // row's same chunk into it from L2 (where the first load marked it evict-last) with a bulk copy on
 // the slot's refill barrier, and the writers write it with the row before's statistics. The last
 // row's spilled chunks are claimed again after every row (slots with nothing to load). The rows the
