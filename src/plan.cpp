@@ -240,6 +240,11 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
   return plan;
 }
 
+// grid_rows: the bytes all of a grid's rings hold (one CTA per SM).
+int64_t grid_rings_bytes(const Plan& plan, const DeviceInfo& d) {
+  return int64_t{d.sm_count} * plan.ring_slots * plan.chunk_bytes;
+}
+
 // grid_rows: a cooperative grid of one CTA per SM, each with a ring of chunks; items of
 // `item_chunks` chunks. None where every ring full of one row could leave it unfinished (chunks a
 // row >= SMs x (slots - item chunks + 1)) or the ring has as many slots as the merger's queue has
@@ -250,8 +255,12 @@ Plan plan_grid_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
   plan.vec = 16 / p.elem_bytes;
   plan.threads = std::min(cluster_threads(o), kClusterMaxThreads - 64) + 32;  // and the merger warp
   plan.chunk_bytes = o.chunk_bytes > 0 ? o.chunk_bytes : kGridRowsChunk;
-  plan.ring_slots = static_cast<int>((d.smem_per_block_optin - kGridRowsReserveBytes) / (plan.chunk_bytes + kGridRowsSlotBytes));
-  plan.smem_bytes = int64_t{plan.ring_slots} * (plan.chunk_bytes + kGridRowsSlotBytes) + kGridRowsReserveBytes;
+  // As many slots of `slot_bytes` (a chunk and its barriers and number) as fit beside the rest.
+  const auto fit_ring = [&](int64_t slot_bytes) {
+    plan.ring_slots = static_cast<int>((d.smem_per_block_optin - kGridRowsReserveBytes) / slot_bytes);
+    plan.smem_bytes = int64_t{plan.ring_slots} * slot_bytes + kGridRowsReserveBytes;
+  };
+  fit_ring(plan.chunk_bytes + kGridRowsSlotBytes);
   plan.chunks_per_row = ceil_div(p.cols * p.elem_bytes, plan.chunk_bytes);
   plan.chunks_per_cta = o.item_chunks >= 1 && o.item_chunks <= 8 ? o.item_chunks : kGridRowsItemChunks;
   plan.cluster = 1;
@@ -262,16 +271,12 @@ Plan plan_grid_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
   // rings; the chunks before are spilled: folded, released, and read again from L2 when the same
   // chunk of the next row passes (docs/design.md, "Rows spilled to L2": rows of 6 MB gained nothing).
   const int64_t row_bytes = p.cols * p.elem_bytes;
-  const int64_t rings = int64_t{d.sm_count} * plan.ring_slots * plan.chunk_bytes;
+  const int64_t rings = grid_rings_bytes(plan, d);
   const int64_t keep = std::max(row_bytes / 2, rings / kGridRowsKeepShare);
   const int64_t spill = o.spill_chunks >= 0 ? o.spill_chunks
                         : 4 * row_bytes > rings ? plan.chunks_per_row - ceil_div(keep, plan.chunk_bytes) : 0;
   plan.spill_chunks = std::clamp<int64_t>(spill, 0, plan.chunks_per_row - 1) / plan.chunks_per_cta * plan.chunks_per_cta;
-  if (plan.spill_chunks > 0) {  // another mbarrier a slot
-    const int64_t slot_bytes = plan.chunk_bytes + kGridRowsSlotBytes + kGridRowsSpillSlotBytes;
-    plan.ring_slots = static_cast<int>((d.smem_per_block_optin - kGridRowsReserveBytes) / slot_bytes);
-    plan.smem_bytes = int64_t{plan.ring_slots} * slot_bytes + kGridRowsReserveBytes;
-  }
+  if (plan.spill_chunks > 0) fit_ring(plan.chunk_bytes + kGridRowsSlotBytes + kGridRowsSpillSlotBytes);  // a refill barrier
   if (plan.ring_slots < plan.chunks_per_cta || plan.ring_slots >= kGridRowsMergeQueue ||
       plan.chunks_per_row - plan.spill_chunks >= int64_t{d.sm_count} * (plan.ring_slots - plan.chunks_per_cta + 1))
     return Plan{};
@@ -301,9 +306,8 @@ Plan grid_rows_wanted(const Problem& p, const DeviceInfo& d, const Overrides& o,
   const bool unheld32 = p.elem_bytes == 4 && (!clusters.resident || clusters.grid_exchange);
   if (!(streamed16 || unheld32) || d.sm_count <= 0) return Plan{};
   const Plan grid = plan_grid_rows(p, d, o);
-  const int64_t rings = int64_t{d.sm_count} * grid.ring_slots * grid.chunk_bytes;
   const int64_t held_bytes = p.cols * p.elem_bytes - grid.spill_chunks * grid.chunk_bytes;
-  const bool held = 5 * held_bytes <= 2 * rings;
+  const bool held = 5 * held_bytes <= 2 * grid_rings_bytes(grid, d);
   return grid.family == Family::grid_rows && held ? grid : Plan{};
 }
 
