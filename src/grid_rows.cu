@@ -127,6 +127,9 @@ template <class T, int U, bool Spill> struct GridCta {
     }
     return cp;
   }
+  // Spilled rows' y is stored evict-first (st.global.cs), so that it does not push out of L2 the
+  // spilled chunks (marked evict-last) before their second read: at rows of 4 M fp32, 1.30 -> 1.11 GB
+  // read from DRAM (docs/design.md, "Spilled rows' y stored evict-first").
   __device__ __forceinline__ void write_chunk(const uint4* src, uint4* dst, int vectors, A m, A log_sum) const {
     int base = gtid;
     for (; base + (U - 1) * group < vectors; base += U * group) {
@@ -134,12 +137,14 @@ template <class T, int U, bool Spill> struct GridCta {
 #pragma unroll
       for (int u = 0; u < U; ++u) p[u] = src[base + u * group];
 #pragma unroll
-      for (int u = 0; u < U; ++u) store_log_softmax_pack<T>(reinterpret_cast<T*>(dst + base + u * group), p[u], m, scale, log_sum);
+      for (int u = 0; u < U; ++u)
+        store_log_softmax_pack<T>(reinterpret_cast<T*>(dst + base + u * group), p[u], m, scale, log_sum, Spill);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u)
       if (base + u * group < vectors)
-        store_log_softmax_pack<T>(reinterpret_cast<T*>(dst + base + u * group), src[base + u * group], m, scale, log_sum);
+        store_log_softmax_pack<T>(reinterpret_cast<T*>(dst + base + u * group), src[base + u * group], m, scale,
+                                  log_sum, Spill);
   }
 
   // Producer: reserve an item's slots, claim the item, load its chunks; at the end, a slot whose
