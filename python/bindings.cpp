@@ -113,6 +113,7 @@ py::dict plan_dict(const softlight::Plan& r) {
   out["chunks_per_row"] = r.chunks_per_row;
   out["chunks_per_cta"] = r.chunks_per_cta;
   out["spill_chunks"] = r.spill_chunks;
+  out["wait_last"] = r.wait_last;
   out["hints"] = r.hints;
   out["lanes"] = r.lanes;
   out["tiles"] = r.tiles;

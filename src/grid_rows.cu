@@ -69,7 +69,7 @@ constexpr uint32_t kUnposted = 0xffffffffu;  // the high word of a slot not yet 
 constexpr int kStatsBar = 1;
 constexpr int kMergeQueue = kGridRowsMergeQueue;  // posted items, statistics warps to merger; rows, merger to writers
 
-template <class T, int U, bool Spill> struct GridCta {
+template <class T, int U, bool Spill, bool WaitLast> struct GridCta {
   using A = float;
   GridShape sh;
   unsigned char* ring;
@@ -302,9 +302,17 @@ template <class T, int U, bool Spill> struct GridCta {
     }
   }
   // Lane i's fold of a row's item partials i, i + 32, ... in order, four loads in flight at once,
-  // each polled until posted.
+  // each polled until posted (WaitLast: once the row's last item is posted).
   __device__ __forceinline__ MaxSum<A> fold_posted(const uint64_t* slots, A f) const {
     MaxSum<A> p{neg_inf<A>(), A(0)};
+    // WaitLast: the row's last item, claimed last, is most often posted last; one lane polls it
+    // first, so that the warp's 32 lanes do not all poll the row's words while it is read.
+    if constexpr (WaitLast) {
+      if (lane == 0)
+        while (static_cast<uint32_t>(load_relaxed_gpu(slots + sh.items_per_row - 1) >> 32) == kUnposted)
+          __nanosleep(32);
+      __syncwarp();
+    }
     for (int64_t i = lane; i < sh.items_per_row; i += 4 * 32) {
       uint64_t w[4];
 #pragma unroll
@@ -361,13 +369,13 @@ template <class T, int U, bool Spill> struct GridCta {
 };
 #endif  // SOFTLIGHT_HOPPER
 
-template <class T, int U, bool Spill>
+template <class T, int U, bool Spill, bool WaitLast>
 __global__ void __launch_bounds__(kClusterMaxThreads, 1)
 grid_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t ys, int64_t rows, int64_t cols,
                  GridShape sh) {
 #ifdef SOFTLIGHT_HOPPER
   extern __shared__ __align__(128) unsigned char smem[];
-  GridCta<T, U, Spill> cta;
+  GridCta<T, U, Spill, WaitLast> cta;
   cta.sh = sh;
   cta.scale = static_cast<float>(sh.scale);
   cta.ring = smem;
@@ -423,8 +431,11 @@ cudaError_t launch_grid_rows(const Plan& p, const RowsArgs& a, cudaStream_t stre
     } else {
       const int group = (p.threads - 64) / 2;
       const bool wide = p.chunk_bytes / 16 >= 4 * group, spill = p.spill_chunks > 0;
-      auto kernel = wide ? (spill ? grid_rows_kernel<T, 4, true> : grid_rows_kernel<T, 4, false>)
-                         : (spill ? grid_rows_kernel<T, 2, true> : grid_rows_kernel<T, 2, false>);
+      // Rows held whole always have the merger wait for a row's last item (the planner's wait_last).
+      auto kernel = wide ? (!spill ? grid_rows_kernel<T, 4, false, true>
+                            : p.wait_last ? grid_rows_kernel<T, 4, true, true> : grid_rows_kernel<T, 4, true, false>)
+                         : (!spill ? grid_rows_kernel<T, 2, false, true>
+                            : p.wait_last ? grid_rows_kernel<T, 2, true, true> : grid_rows_kernel<T, 2, true, false>);
       ClusterLaunch l;
       cudaError_t e = prepare_cluster_launch(kernel, p, stream, &l);
       if (e != cudaSuccess) return e;

@@ -121,6 +121,8 @@ struct Plan {
   int64_t chunks_per_cta = 0;  // grid_rows: chunks an item (grid_exchange: a cooperative launch)
   int64_t spill_chunks = 0;    // grid_rows: a row's first chunks, folded in the rings and released,
                                // written when the same chunk of the next row passes (x read again, from L2)
+  bool wait_last = false;      // grid_rows: the merger polls a row's last item with one lane before the rest
+                               // (rows not spilled: always)
   int hints = 0;           // cache hints (see Overrides)
   // split_rows (cluster above: CTAs per position, splitting the axis) and cluster_tiles (cluster,
   // chunks and ring above)

@@ -353,6 +353,17 @@ def test_grid_rows_spill():
     assert spill(60, 4194304, grid_rows=0) == 0  # not grid_rows
 
 
+def test_grid_rows_wait_last():
+    """The merger polls a row's last item with one lane first where a row spills less than a third
+    of its chunks; rows that spill more have all 32 lanes poll the row's partials."""
+    wait = lambda *a, **o: plan(*a, **o)["wait_last"]  # noqa: E731
+    assert plan(238, 1048576)["family"] == "grid_rows" and wait(238, 1048576)  # held whole
+    assert wait(119, 4194304, "bfloat16") and wait(119, 2097152)  # 71 of 256 chunks spilled
+    assert not wait(91, 2752512) and not wait(80, 3145728) and not wait(60, 4194304)  # 151 of 336, half, half
+    assert wait(60, 4194304, grid_rows=1, spill_chunks=170) and not wait(60, 4194304, grid_rows=1, spill_chunks=171)
+    assert not wait(4096, 393216)  # not grid_rows
+
+
 def test_founding_shape_bfloat16_on_h200():
     p = plan(4096, 393216, "bfloat16")
     assert p["family"] == "cluster_rows" and p["resident"] and p["cluster"] == 8
