@@ -64,6 +64,13 @@ struct GridShape {
   int64_t spill_chunks;         // a row's first chunks folded in the ring, written a row later from L2
 };
 
+// Trace points, for tools/grid_rows_trace.cu (none in the library's build): 0 an item claimed, 1 a
+// chunk landed in the ring, 2 an item posted, 3 a row's statistics handed to the writers, 4 the first
+// writer warp starting a row, 5 it handing back a slot of the row.
+#ifndef SOFTLIGHT_GRID_ROWS_TRACE
+#define SOFTLIGHT_GRID_ROWS_TRACE(event, row) ((void)0)
+#endif
+
 #ifdef SOFTLIGHT_HOPPER
 constexpr uint32_t kUnposted = 0xffffffffu;  // the high word of a slot not yet written
 constexpr int kStatsBar = 1;
@@ -187,6 +194,7 @@ template <class T, int U, bool Spill, bool WaitLast> struct GridCta {
       }
       const int64_t item = static_cast<int64_t>(ticket);
       const int64_t row = item / sh.items_per_row;
+      if (row < rows) SOFTLIGHT_GRID_ROWS_TRACE(0, row);
       const int64_t k0 = (item - row * sh.items_per_row) * sh.item_chunks;
       const int64_t n = min(int64_t{sh.item_chunks}, sh.chunks_per_row - k0);
       const unsigned char* src = reinterpret_cast<const unsigned char*>(x + row * xs);
@@ -228,6 +236,7 @@ template <class T, int U, bool Spill, bool WaitLast> struct GridCta {
       }
       const int64_t row = g / sh.chunks_per_row, k = g - row * sh.chunks_per_row;
       const bool real = !Spill || row < rows;  // else the spilled tail: nothing to fold
+      if (real && gtid == 0) SOFTLIGHT_GRID_ROWS_TRACE(1, row);
       const uint32_t slot = pos.slot;
       if (real) part = merge_max_sum(part, fold_chunk(slot_data(slot), static_cast<int>(bytes_of(k) / 16)), f);
       pos.advance(sh.ring_slots);
@@ -238,6 +247,7 @@ template <class T, int U, bool Spill, bool WaitLast> struct GridCta {
         if (gtid == 0) {
           const int64_t number = row * sh.items_per_row + k / sh.item_chunks;
           if (real) store_relaxed_gpu(sh.item_stats + number, pack_pair(item.m, item.s));
+          if (real) SOFTLIGHT_GRID_ROWS_TRACE(2, row);
           enqueue(number);
         }
         part = {neg_inf<A>(), A(0)};
@@ -297,6 +307,7 @@ template <class T, int U, bool Spill, bool WaitLast> struct GridCta {
         row_word[seen % kMergeQueue] = pack_pair(p.m, log_sum);
         __threadfence_block();
         row_tag[seen % kMergeQueue] = r;
+        SOFTLIGHT_GRID_ROWS_TRACE(3, r);
         if (sh.lse != nullptr && item == r * sh.items_per_row + spill_items) static_cast<A*>(sh.lse)[r] = p.m * scale + log_sum;
       }
     }
@@ -355,6 +366,7 @@ template <class T, int U, bool Spill, bool WaitLast> struct GridCta {
         __threadfence_block();
         st = unpack_pair(row_word[seen % kMergeQueue]);
         current = row;
+        if (gtid == 0) SOFTLIGHT_GRID_ROWS_TRACE(4, row);
       }
       uint4* dst = reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(y + row * ys) + k * sh.chunk_bytes);
       if (spilled) {
@@ -363,6 +375,7 @@ template <class T, int U, bool Spill, bool WaitLast> struct GridCta {
       }
       write_chunk(slot_data(pos.slot), dst, static_cast<int>(bytes_of(k) / 16), st.m, st.s);
       release(pos.slot);
+      if (gtid == 0) SOFTLIGHT_GRID_ROWS_TRACE(5, row);
       pos.advance(sh.ring_slots);
     }
   }

@@ -3,6 +3,7 @@ op must move, the table, and the committed results' schema (every docs/perf JSON
 this keeps them readable by the tools that render them)."""
 import json
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -237,3 +238,13 @@ def test_sweep_targets_counts_only_checked_results(tmp_path):
     assert "behind: float32 1024 (quack by 2.0 %)" in out
     assert "from 1024 elements: bfloat16 4096 (1.060 x)\n" in out
     assert "float16      32768  1.020 x copy  no anchor" in out
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_grid_rows_trace_builds(tmp_path):
+    """tools/grid_rows_trace.cu compiles the library's grid_rows kernel with its trace points on, so
+    a change to the kernel that breaks them shows here, without a GPU."""
+    cmd = ["nvcc", "-std=c++17", "-O1", "-arch=sm_90a", f"-I{ROOT / 'src'}", f"-I{ROOT / 'include'}", "-c",
+           str(ROOT / "tools" / "grid_rows_trace.cu"), "-o", str(tmp_path / "trace.o")]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]

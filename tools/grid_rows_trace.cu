@@ -1,0 +1,168 @@
+// Probe: when does each row of a grid_rows call pass each step? The library's grid_rows kernel,
+// built here with its trace points on, records for every row the first and last time (%globaltimer,
+// over all CTAs) at which an item of it was claimed, a chunk of it landed in a ring, an item of it was
+// posted, its statistics reached a CTA's writers, the first writer warp started it and handed back a
+// slot of it. Prints each row's times from the start of the call, then the phases averaged over the
+// rows past the first two: the row's period (first claim to first claim), its claims' span, the tail
+// of its loads (last claim to last landed), its last fold and post, the merge (last post to the
+// statistics in the first and the last CTA), and the writes after that.
+// Build and run on an sm_90 GPU (the plan is the planner's, as the library would launch it):
+//   nvcc -std=c++17 -O3 -arch=sm_90a -Isrc -Iinclude -o /tmp/grid_rows_trace tools/grid_rows_trace.cu \
+//     src/plan.cpp && /tmp/grid_rows_trace 60 4194304 float32
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string_view>
+#include <vector>
+
+__device__ unsigned long long* g_trace;  // [event][row][first, last]
+__device__ long long g_rows;
+
+__device__ __forceinline__ void trace_point(int event, long long row) {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  unsigned long long* p = g_trace + (event * g_rows + row) * 2;
+  atomicMin(p, t);
+  atomicMax(p + 1, t);
+}
+#define SOFTLIGHT_GRID_ROWS_TRACE(event, row) ::trace_point(event, row)
+
+#include "grid_rows.cu"
+
+namespace softlight {
+// The library keeps its workspaces in a pool of its own (cluster_rows.cu); here the device's default
+// pool, told to keep what it allocates, as the library's does.
+cudaError_t workspace_pool(cudaMemPool_t* pool) {
+  int device = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e == cudaSuccess) e = cudaDeviceGetDefaultMemPool(pool, device);
+  uint64_t keep = UINT64_MAX;
+  return e ? e : cudaMemPoolSetAttribute(*pool, cudaMemPoolAttrReleaseThreshold, &keep);
+}
+}  // namespace softlight
+
+using namespace softlight;
+
+__global__ void fill(uint16_t* p16, float* p32, size_t n, int bf16) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i * 2654435761u) ^ static_cast<uint32_t>(i >> 32);
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    const float v = (static_cast<float>(h & 0xffffff) / 16777216.0f - 0.5f) * 12.0f;
+    if (p32) {
+      p32[i] = v;
+    } else if (bf16) {
+      p16[i] = static_cast<uint16_t>(__float_as_uint(v) >> 16);
+    } else {
+      const __half hv = __float2half_rn(v);
+      memcpy(&p16[i], &hv, 2);
+    }
+  }
+}
+
+#define CHECK(call)                                                                  \
+  do {                                                                               \
+    const cudaError_t e_ = (call);                                                   \
+    if (e_ != cudaSuccess) {                                                         \
+      std::fprintf(stderr, "%s: %s\n", #call, cudaGetErrorString(e_));               \
+      return 1;                                                                      \
+    }                                                                                \
+  } while (0)
+
+int main(int argc, char** argv) {
+  if (argc < 4) {
+    std::fprintf(stderr, "usage: %s rows cols float32|bfloat16|float16\n", argv[0]);
+    return 2;
+  }
+  const long long rows = std::atoll(argv[1]), cols = std::atoll(argv[2]);
+  const std::string_view name = argv[3];
+  const softlight_dtype dtype = name == "float32" ? SOFTLIGHT_FLOAT32 : name == "bfloat16" ? SOFTLIGHT_BFLOAT16 : SOFTLIGHT_FLOAT16;
+  const int elem = dtype == SOFTLIGHT_FLOAT32 ? 4 : 2;
+  const size_t n = size_t(rows) * cols;
+  void *x, *y;
+  CHECK(cudaMalloc(&x, n * elem));
+  CHECK(cudaMalloc(&y, n * elem));
+  fill<<<1024, 256>>>(elem == 2 ? static_cast<uint16_t*>(x) : nullptr, elem == 4 ? static_cast<float*>(x) : nullptr, n,
+                      dtype == SOFTLIGHT_BFLOAT16);
+  CHECK(cudaDeviceSynchronize());
+
+  DeviceInfo d;
+  int device = 0, v = 0;
+  CHECK(cudaGetDevice(&device));
+  CHECK(cudaDeviceGetAttribute(&d.cc_major, cudaDevAttrComputeCapabilityMajor, device));
+  CHECK(cudaDeviceGetAttribute(&d.cc_minor, cudaDevAttrComputeCapabilityMinor, device));
+  CHECK(cudaDeviceGetAttribute(&d.sm_count, cudaDevAttrMultiProcessorCount, device));
+  CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  d.smem_per_block_optin = v;
+  d.max_cluster = kMaxCluster;
+  Problem prob;
+  prob.rows = rows;
+  prob.cols = cols;
+  prob.elem_bytes = elem;
+  prob.aligned16 = prob.aligned8 = prob.peelable = prob.flat16 = (cols * elem) % 16 == 0;
+  const Plan plan = plan_rows(prob, d, Overrides{});
+  if (plan.family != Family::grid_rows) {
+    std::fprintf(stderr, "%lld x %lld %s is planned as %s, not grid_rows\n", rows, cols, argv[3], family_name(plan.family));
+    return 1;
+  }
+  std::printf("# %lld x %lld %s: grid_rows, %d slots of %d bytes, items of %lld chunks, %lld chunks a row, %lld spilled, "
+              "wait_last %d\n",
+              rows, cols, argv[3], plan.ring_slots, plan.chunk_bytes, static_cast<long long>(plan.chunks_per_cta),
+              static_cast<long long>(plan.chunks_per_row), static_cast<long long>(plan.spill_chunks), plan.wait_last ? 1 : 0);
+
+  constexpr int kEvents = 6;
+  const size_t words = size_t(kEvents) * rows * 2;
+  unsigned long long* trace;
+  CHECK(cudaMalloc(&trace, words * 8));
+  CHECK(cudaMemcpyToSymbol(g_trace, &trace, sizeof(trace)));
+  CHECK(cudaMemcpyToSymbol(g_rows, &rows, sizeof(rows)));
+  std::vector<unsigned long long> h(words);
+  for (size_t i = 0; i < words; i += 2) h[i] = ~0ull, h[i + 1] = 0;
+  const RowsArgs args{x, cols, y, cols, rows, cols, dtype, 1.0, nullptr};
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  float ms = 0;
+  for (int rep = 0; rep < 3; ++rep) {  // the last call's trace is printed
+    CHECK(cudaMemcpy(trace, h.data(), words * 8, cudaMemcpyHostToDevice));
+    CHECK(cudaEventRecord(e0));
+    CHECK(launch_grid_rows(plan, args, nullptr));
+    CHECK(cudaEventRecord(e1));
+    CHECK(cudaEventSynchronize(e1));
+    CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  }
+  CHECK(cudaMemcpy(h.data(), trace, words * 8, cudaMemcpyDeviceToHost));
+  const auto at = [&](int event, long long row, int last) { return h[(size_t(event) * rows + row) * 2 + last]; };
+  const unsigned long long t0 = at(0, 0, 0);
+  const auto us = [&](int event, long long row, int last) { return (double(at(event, row, last)) - double(t0)) / 1e3; };
+  std::printf("# call %.3f ms (with the trace points' atomics)\n", ms);
+  std::printf("# row  claimed first last  landed first last  posted last  stats first last  writes first  written last (us)\n");
+  for (long long r = 0; r < rows; ++r)
+    std::printf("%5lld %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f\n", r, us(0, r, 0), us(0, r, 1), us(1, r, 0),
+                us(1, r, 1), us(2, r, 1), us(3, r, 0), us(3, r, 1), us(4, r, 0), us(5, r, 1));
+  double period = 0, claims = 0, tail = 0, post = 0, merge_first = 0, merge_last = 0, writes = 0, overlap = 0;
+  long long counted = 0;
+  for (long long r = 2; r + 1 < rows; ++r, ++counted) {
+    period += us(0, r + 1, 0) - us(0, r, 0);
+    claims += us(0, r, 1) - us(0, r, 0);
+    tail += us(1, r, 1) - us(0, r, 1);
+    post += us(2, r, 1) - us(1, r, 1);
+    merge_first += us(3, r, 0) - us(2, r, 1);
+    merge_last += us(3, r, 1) - us(2, r, 1);
+    writes += us(5, r, 1) - us(3, r, 1);
+    overlap += us(0, r + 1, 0) - us(0, r, 1);
+  }
+  if (counted > 0) {
+    const double c = double(counted);
+    std::printf("# averages over rows 2 to %lld (us): period %.2f; claims span %.2f, next row's first claim %+.2f after "
+                "the last; last claim to last landed %.2f; to last post %.2f; merge: stats in the first CTA %.2f, in the "
+                "last %.2f after the last post; last slot handed back %.2f after that\n",
+                rows - 2, period / c, claims / c, overlap / c, tail / c, post / c, merge_first / c, merge_last / c,
+                writes / c);
+  }
+  return 0;
+}
