@@ -64,11 +64,16 @@ struct GridShape {
   int64_t spill_chunks;         // a row's first chunks folded in the ring, written a row later from L2
 };
 
-// Trace points, for tools/grid_rows_trace.cu (none in the library's build): 0 an item claimed, 1 a
-// chunk landed in the ring, 2 an item posted, 3 a row's statistics handed to the writers, 4 the first
-// writer warp starting a row, 5 it handing back a slot of the row.
+// Trace points, for tools/grid_rows_trace.cu (none in the library's build). Events: 0 an item
+// claimed, 1 a chunk landed in the ring, 2 an item posted, 3 a row's statistics handed to the
+// writers, 4 the first writer warp starting a row, 5 it handing back a slot of the row. Spans (time
+// from one CLOCK to another, by row): 0 the producer waiting for free slots, 1 its claims, 2 the
+// statistics warps waiting for a chunk to land, 3 folding it, 4 the writers waiting for a filled
+// slot, 5 for the row's statistics, 6 for a refill, 7 writing a chunk, 8 the merger reading a row.
 #ifndef SOFTLIGHT_GRID_ROWS_TRACE
 #define SOFTLIGHT_GRID_ROWS_TRACE(event, row) ((void)0)
+#define SOFTLIGHT_GRID_ROWS_CLOCK() 0ull
+#define SOFTLIGHT_GRID_ROWS_SPAN(span, row, from, to) ((void)(from), (void)(to))
 #endif
 
 #ifdef SOFTLIGHT_HOPPER
@@ -177,10 +182,10 @@ template <class T, int U, bool Spill, bool WaitLast> struct GridCta {
     bool claimed = false;
     unsigned long long next = 0;
     for (;;) {
-      if (!claimed) {
-        slots_free(pos, sh.item_chunks, true);
-        next = claim();
-      }
+      const unsigned long long t0 = SOFTLIGHT_GRID_ROWS_CLOCK();
+      if (!claimed) slots_free(pos, sh.item_chunks, true);
+      const unsigned long long t1 = SOFTLIGHT_GRID_ROWS_CLOCK();
+      if (!claimed) next = claim();
       const unsigned long long ticket = next;
       RingPos after = pos;
       after.advance(sh.ring_slots, sh.item_chunks);
@@ -194,7 +199,11 @@ template <class T, int U, bool Spill, bool WaitLast> struct GridCta {
       }
       const int64_t item = static_cast<int64_t>(ticket);
       const int64_t row = item / sh.items_per_row;
-      if (row < rows) SOFTLIGHT_GRID_ROWS_TRACE(0, row);
+      if (row < rows) {
+        SOFTLIGHT_GRID_ROWS_TRACE(0, row);
+        SOFTLIGHT_GRID_ROWS_SPAN(0, row, t0, t1);
+        SOFTLIGHT_GRID_ROWS_SPAN(1, row, t1, SOFTLIGHT_GRID_ROWS_CLOCK());
+      }
       const int64_t k0 = (item - row * sh.items_per_row) * sh.item_chunks;
       const int64_t n = min(int64_t{sh.item_chunks}, sh.chunks_per_row - k0);
       const unsigned char* src = reinterpret_cast<const unsigned char*>(x + row * xs);
@@ -228,6 +237,7 @@ template <class T, int U, bool Spill, bool WaitLast> struct GridCta {
     MaxSum<A> part{neg_inf<A>(), A(0)};
     const A f = exp_factor(scale);
     for (;;) {
+      const unsigned long long t0 = SOFTLIGHT_GRID_ROWS_CLOCK();
       mbar_wait_cta(smem_addr(full + pos.slot), pos.phase);
       const int64_t g = meta[pos.slot];
       if (g >= end_chunk()) {
@@ -236,9 +246,14 @@ template <class T, int U, bool Spill, bool WaitLast> struct GridCta {
       }
       const int64_t row = g / sh.chunks_per_row, k = g - row * sh.chunks_per_row;
       const bool real = !Spill || row < rows;  // else the spilled tail: nothing to fold
-      if (real && gtid == 0) SOFTLIGHT_GRID_ROWS_TRACE(1, row);
+      const unsigned long long t1 = SOFTLIGHT_GRID_ROWS_CLOCK();
+      if (real && gtid == 0) {
+        SOFTLIGHT_GRID_ROWS_TRACE(1, row);
+        SOFTLIGHT_GRID_ROWS_SPAN(2, row, t0, t1);
+      }
       const uint32_t slot = pos.slot;
       if (real) part = merge_max_sum(part, fold_chunk(slot_data(slot), static_cast<int>(bytes_of(k) / 16)), f);
+      if (real && gtid == 0) SOFTLIGHT_GRID_ROWS_SPAN(3, row, t1, SOFTLIGHT_GRID_ROWS_CLOCK());
       pos.advance(sh.ring_slots);
       const bool ends_item = (k + 1) % sh.item_chunks == 0 || k + 1 == sh.chunks_per_row;
       if (ends_item) {
@@ -301,7 +316,9 @@ template <class T, int U, bool Spill, bool WaitLast> struct GridCta {
       if ((Spill && r < 0) || r == last) continue;
       last = r;
       ++seen;
+      const unsigned long long t0 = SOFTLIGHT_GRID_ROWS_CLOCK();
       const MaxSum<A> p = shfl_merge_max_sum(fold_posted(sh.item_stats + r * sh.items_per_row, f), f);
+      if (lane == 0) SOFTLIGHT_GRID_ROWS_SPAN(8, r, t0, SOFTLIGHT_GRID_ROWS_CLOCK());
       if (lane == 0) {
         const A log_sum = log_acc(p.s);
         row_word[seen % kMergeQueue] = pack_pair(p.m, log_sum);
@@ -349,6 +366,7 @@ template <class T, int U, bool Spill, bool WaitLast> struct GridCta {
     int seen = -1;             // rows taken, as the merger counts them
     MaxSum<A> st{A(0), A(0)};  // (max, log-sum) of `current`
     for (;;) {
+      const unsigned long long t0 = SOFTLIGHT_GRID_ROWS_CLOCK();
       mbar_wait_cta(smem_addr(full + pos.slot), pos.phase);
       const int64_t g = meta[pos.slot];
       if (g >= end_chunk()) return;
@@ -360,6 +378,7 @@ template <class T, int U, bool Spill, bool WaitLast> struct GridCta {
         pos.advance(sh.ring_slots);
         continue;
       }
+      const unsigned long long t1 = SOFTLIGHT_GRID_ROWS_CLOCK();
       if (row != current) {
         ++seen;
         while (row_tag[seen % kMergeQueue] != row) __nanosleep(32);
@@ -368,14 +387,22 @@ template <class T, int U, bool Spill, bool WaitLast> struct GridCta {
         current = row;
         if (gtid == 0) SOFTLIGHT_GRID_ROWS_TRACE(4, row);
       }
+      const unsigned long long t2 = SOFTLIGHT_GRID_ROWS_CLOCK();
       uint4* dst = reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(y + row * ys) + k * sh.chunk_bytes);
       if (spilled) {
         mbar_wait_cta(smem_addr(refill + pos.slot), static_cast<uint32_t>(refills >> pos.slot) & 1u);
         refills ^= uint64_t{1} << pos.slot;
       }
+      const unsigned long long t3 = SOFTLIGHT_GRID_ROWS_CLOCK();
       write_chunk(slot_data(pos.slot), dst, static_cast<int>(bytes_of(k) / 16), st.m, st.s);
       release(pos.slot);
-      if (gtid == 0) SOFTLIGHT_GRID_ROWS_TRACE(5, row);
+      if (gtid == 0) {
+        SOFTLIGHT_GRID_ROWS_TRACE(5, row);
+        SOFTLIGHT_GRID_ROWS_SPAN(4, row, t0, t1);
+        SOFTLIGHT_GRID_ROWS_SPAN(5, row, t1, t2);
+        SOFTLIGHT_GRID_ROWS_SPAN(6, row, t2, t3);
+        SOFTLIGHT_GRID_ROWS_SPAN(7, row, t3, SOFTLIGHT_GRID_ROWS_CLOCK());
+      }
       pos.advance(sh.ring_slots);
     }
   }

@@ -1,16 +1,21 @@
-// Probe: when does each row of a grid_rows call pass each step? The library's grid_rows kernel,
-// built here with its trace points on, records for every row the first and last time (%globaltimer,
-// over all CTAs) at which an item of it was claimed, a chunk of it landed in a ring, an item of it was
-// posted, its statistics reached a CTA's writers, the first writer warp started it and handed back a
-// slot of it. Prints each row's times from the start of the call, then the phases averaged over the
-// rows past the first two: the row's period (first claim to first claim), its claims' span, the tail
-// of its loads (last claim to last landed), its last fold and post, the merge (last post to the
-// statistics in the first and the last CTA), and the writes after that.
+// Probe: when does each row of a grid_rows call pass each step, and what does each role wait on? The
+// library's grid_rows kernel, built here with its trace points on, records for every row the first
+// and last time (%globaltimer, over all CTAs) at which an item of it was claimed, a chunk of it
+// landed in a ring, an item of it was posted, its statistics reached a CTA's writers, the first
+// writer warp started it and handed back a slot of it; and, summed over the CTAs, the time each
+// role spent on the row: the producer waiting for free slots and claiming, the statistics warps
+// waiting for chunks and folding them, the writers (their first warp) waiting for a filled slot, for
+// the row's statistics, for refills, and writing, and the merger reading the row's partials.
+// Prints each row's times from the start of the call, then averages over the rows past the first
+// two: the row's period (first claim to first claim), its claims' span, the tail of its loads (last
+// claim to last landed), its last fold and post, the merge (last post to the statistics in the first
+// and the last CTA), the writes after that, and each role's time a CTA per row.
 // Build and run on an sm_90 GPU (the plan is the planner's, as the library would launch it):
 //   nvcc -std=c++17 -O3 -arch=sm_90a -Isrc -Iinclude -o /tmp/grid_rows_trace tools/grid_rows_trace.cu \
 //     src/plan.cpp && /tmp/grid_rows_trace 60 4194304 float32
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -19,6 +24,7 @@
 #include <vector>
 
 __device__ unsigned long long* g_trace;  // [event][row][first, last]
+__device__ unsigned long long* g_span;   // [span][row], ns summed over CTAs
 __device__ long long g_rows;
 
 __device__ __forceinline__ void trace_point(int event, long long row) {
@@ -28,7 +34,17 @@ __device__ __forceinline__ void trace_point(int event, long long row) {
   atomicMin(p, t);
   atomicMax(p + 1, t);
 }
+__device__ __forceinline__ unsigned long long trace_clock() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ void trace_span(int span, long long row, unsigned long long from, unsigned long long to) {
+  atomicAdd(g_span + span * g_rows + row, to - from);
+}
 #define SOFTLIGHT_GRID_ROWS_TRACE(event, row) ::trace_point(event, row)
+#define SOFTLIGHT_GRID_ROWS_CLOCK() ::trace_clock()
+#define SOFTLIGHT_GRID_ROWS_SPAN(span, row, from, to) ::trace_span(span, row, from, to)
 
 #include "grid_rows.cu"
 
@@ -114,11 +130,13 @@ int main(int argc, char** argv) {
               rows, cols, argv[3], plan.ring_slots, plan.chunk_bytes, static_cast<long long>(plan.chunks_per_cta),
               static_cast<long long>(plan.chunks_per_row), static_cast<long long>(plan.spill_chunks), plan.wait_last ? 1 : 0);
 
-  constexpr int kEvents = 6;
-  const size_t words = size_t(kEvents) * rows * 2;
-  unsigned long long* trace;
+  constexpr int kEvents = 6, kSpans = 9;
+  const size_t words = size_t(kEvents) * rows * 2, span_words = size_t(kSpans) * rows;
+  unsigned long long *trace, *spans;
   CHECK(cudaMalloc(&trace, words * 8));
+  CHECK(cudaMalloc(&spans, span_words * 8));
   CHECK(cudaMemcpyToSymbol(g_trace, &trace, sizeof(trace)));
+  CHECK(cudaMemcpyToSymbol(g_span, &spans, sizeof(spans)));
   CHECK(cudaMemcpyToSymbol(g_rows, &rows, sizeof(rows)));
   std::vector<unsigned long long> h(words);
   for (size_t i = 0; i < words; i += 2) h[i] = ~0ull, h[i + 1] = 0;
@@ -129,6 +147,7 @@ int main(int argc, char** argv) {
   float ms = 0;
   for (int rep = 0; rep < 3; ++rep) {  // the last call's trace is printed
     CHECK(cudaMemcpy(trace, h.data(), words * 8, cudaMemcpyHostToDevice));
+    CHECK(cudaMemset(spans, 0, span_words * 8));
     CHECK(cudaEventRecord(e0));
     CHECK(launch_grid_rows(plan, args, nullptr));
     CHECK(cudaEventRecord(e1));
@@ -136,6 +155,8 @@ int main(int argc, char** argv) {
     CHECK(cudaEventElapsedTime(&ms, e0, e1));
   }
   CHECK(cudaMemcpy(h.data(), trace, words * 8, cudaMemcpyDeviceToHost));
+  std::vector<unsigned long long> hs(span_words);
+  CHECK(cudaMemcpy(hs.data(), spans, span_words * 8, cudaMemcpyDeviceToHost));
   const auto at = [&](int event, long long row, int last) { return h[(size_t(event) * rows + row) * 2 + last]; };
   const unsigned long long t0 = at(0, 0, 0);
   const auto us = [&](int event, long long row, int last) { return (double(at(event, row, last)) - double(t0)) / 1e3; };
@@ -163,6 +184,20 @@ int main(int argc, char** argv) {
                 "last %.2f after the last post; last slot handed back %.2f after that\n",
                 rows - 2, period / c, claims / c, overlap / c, tail / c, post / c, merge_first / c, merge_last / c,
                 writes / c);
+    // Each role's time on a row, a CTA (one CTA per SM: the grid is at most the SM count).
+    const double ctas = double(std::min<long long>(d.sm_count, rows * ((plan.chunks_per_row + plan.chunks_per_cta - 1) /
+                                                                       plan.chunks_per_cta)));
+    static const char* names[kSpans] = {"producer waits for free slots", "producer claims",
+                                        "statistics wait for a chunk", "statistics fold",
+                                        "writers wait for a filled slot", "writers wait for the row's statistics",
+                                        "writers wait for a refill", "writers write", "merger reads the row"};
+    std::printf("# time a CTA per row (us), averaged over rows 2 to %lld:", rows - 2);
+    for (int s = 0; s < kSpans; ++s) {
+      double sum = 0;
+      for (long long r = 2; r + 1 < rows; ++r) sum += double(hs[size_t(s) * rows + r]);
+      std::printf("%s %s %.2f", s ? ";" : "", names[s], sum / c / ctas / 1e3);
+    }
+    std::printf("\n");
   }
   return 0;
 }
