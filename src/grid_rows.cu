@@ -461,6 +461,13 @@ grid_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t
 #endif
 }
 
+// The kernel for a plan: rows held whole always have the merger wait for a row's last item (the
+// planner's wait_last).
+template <class T, int U> auto grid_rows_kernel_for(bool spill, bool wait_last) {
+  return !spill ? grid_rows_kernel<T, U, false, true>
+                : wait_last ? grid_rows_kernel<T, U, true, true> : grid_rows_kernel<T, U, true, false>;
+}
+
 }  // namespace
 
 cudaError_t launch_grid_rows(const Plan& p, const RowsArgs& a, cudaStream_t stream) {
@@ -471,11 +478,8 @@ cudaError_t launch_grid_rows(const Plan& p, const RowsArgs& a, cudaStream_t stre
     } else {
       const int group = (p.threads - 64) / 2;
       const bool wide = p.chunk_bytes / 16 >= 4 * group, spill = p.spill_chunks > 0;
-      // Rows held whole always have the merger wait for a row's last item (the planner's wait_last).
-      auto kernel = wide ? (!spill ? grid_rows_kernel<T, 4, false, true>
-                            : p.wait_last ? grid_rows_kernel<T, 4, true, true> : grid_rows_kernel<T, 4, true, false>)
-                         : (!spill ? grid_rows_kernel<T, 2, false, true>
-                            : p.wait_last ? grid_rows_kernel<T, 2, true, true> : grid_rows_kernel<T, 2, true, false>);
+      auto kernel =
+          wide ? grid_rows_kernel_for<T, 4>(spill, p.wait_last) : grid_rows_kernel_for<T, 2>(spill, p.wait_last);
       ClusterLaunch l;
       cudaError_t e = prepare_cluster_launch(kernel, p, stream, &l);
       if (e != cudaSuccess) return e;

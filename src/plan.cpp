@@ -278,7 +278,7 @@ Plan plan_grid_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
   plan.spill_chunks = std::clamp<int64_t>(spill, 0, plan.chunks_per_row - 1) / plan.chunks_per_cta * plan.chunks_per_cta;
   if (plan.spill_chunks > 0) fit_ring(plan.chunk_bytes + kGridRowsSlotBytes + kGridRowsSpillSlotBytes);  // a refill barrier
   // Rows that spill less than a third of their chunks have the merger wait for a row's last item
-  // with one lane before its 32 lanes read the row's partials: 16-bit rows of 4 M 4-7 % faster. Rows
+  // with one lane before its 32 lanes read the row's partials: bf16 rows of 4 M 3-7 % faster. Rows
   // that spill half wait on each row's merge (their spilled slots need the row before's statistics)
   // and lose more to the extra round trip than they gain (docs/design.md, "The merger's wait").
   plan.wait_last = 3 * plan.spill_chunks < plan.chunks_per_row;

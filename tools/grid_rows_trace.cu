@@ -12,7 +12,8 @@
 // and the last CTA), the writes after that, and each role's time a CTA per row.
 // Build and run on an sm_90 GPU (the plan is the planner's, as the library would launch it):
 //   nvcc -std=c++17 -O3 -arch=sm_90a -Isrc -Iinclude -o /tmp/grid_rows_trace tools/grid_rows_trace.cu \
-//     src/plan.cpp && /tmp/grid_rows_trace 60 4194304 float32
+//     src/plan.cpp src/cluster_rows.cu && /tmp/grid_rows_trace 60 4194304 float32
+// (src/cluster_rows.cu for the library's workspace pool.)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -48,17 +49,6 @@ __device__ __forceinline__ void trace_span(int span, long long row, unsigned lon
 
 #include "grid_rows.cu"
 
-namespace softlight {
-// The library keeps its workspaces in a pool of its own (cluster_rows.cu); here the device's default
-// pool, told to keep what it allocates, as the library's does.
-cudaError_t workspace_pool(cudaMemPool_t* pool) {
-  int device = 0;
-  cudaError_t e = cudaGetDevice(&device);
-  if (e == cudaSuccess) e = cudaDeviceGetDefaultMemPool(pool, device);
-  uint64_t keep = UINT64_MAX;
-  return e ? e : cudaMemPoolSetAttribute(*pool, cudaMemPoolAttrReleaseThreshold, &keep);
-}
-}  // namespace softlight
 
 using namespace softlight;
 
