@@ -30,7 +30,10 @@
 // row's same chunk into it from L2 (where the first load marked it evict-last) with a bulk copy on
 // the slot's refill barrier, and the writers write it with the row before's statistics. The last
 // row's spilled chunks are claimed again after every row (slots with nothing to load). The rows the
-// writers need never decrease in ring order, so the merger hands them over as above.
+// writers need never decrease in ring order, so the merger hands them over as above. The writers
+// hand a slot back only once the statistics warps have read it: a kept chunk's row statistics come
+// after its fold, and a spilled slot's refill barrier completes after its fold (with no load for
+// the first row's), so the producer never loads a slot again before it is folded.
 //
 // No deadlock: items are claimed in order and a producer claims only with an item's slots free,
 // so every claimed item loads and its partial posts (the planner keeps a ring's slots fewer than the
@@ -267,17 +270,24 @@ template <class T, int U, bool Spill, bool WaitLast> struct GridCta {
         }
         part = {neg_inf<A>(), A(0)};
       }
-      if (Spill && k < spill() && row > 0) {
+      if (Spill && k < spill()) {
         // Folded (every statistics thread is past a barrier since its reads): the slot loads the
-        // same chunk of the row before, from L2, for the writers.
+        // same chunk of the row before, from L2, for the writers. The first row's spilled slots have
+        // nothing to write; their refill barrier completes with no load, so that the writers hand
+        // them back only once they are folded (else the producer could load a slot again, a lap
+        // on, before the statistics warps had read it).
         if (real && !ends_item) sync_threads_named(kStatsBar, group);
         if (gtid == 0) {
           const uint32_t bytes = bytes_of(k), bar = smem_addr(refill + slot);
-          asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-          mbar_arrive_expect_tx(bar, bytes);
-          bulk_load_policy<false>(smem_addr(ring + size_t(slot) * sh.chunk_bytes),
-                                  reinterpret_cast<const unsigned char*>(x + (row - 1) * xs) + k * sh.chunk_bytes, bytes,
-                                  bar);
+          if (row > 0) {
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            mbar_arrive_expect_tx(bar, bytes);
+            bulk_load_policy<false>(smem_addr(ring + size_t(slot) * sh.chunk_bytes),
+                                    reinterpret_cast<const unsigned char*>(x + (row - 1) * xs) + k * sh.chunk_bytes,
+                                    bytes, bar);
+          } else {
+            mbar_arrive(bar);
+          }
         }
       }
     }
@@ -373,7 +383,9 @@ template <class T, int U, bool Spill, bool WaitLast> struct GridCta {
       const int64_t q = g / sh.chunks_per_row, k = g - q * sh.chunks_per_row;
       const bool spilled = Spill && k < spill();
       const int64_t row = spilled ? q - 1 : q;  // a spilled slot writes the same chunk of the row before
-      if (Spill && row < 0) {
+      if (Spill && row < 0) {  // the first row's spilled chunk, once folded: nothing to write
+        mbar_wait_cta(smem_addr(refill + pos.slot), static_cast<uint32_t>(refills >> pos.slot) & 1u);
+        refills ^= uint64_t{1} << pos.slot;
         release(pos.slot);
         pos.advance(sh.ring_slots);
         continue;
