@@ -221,6 +221,21 @@ def test_16bit_rows_of_two_chunks_go_to_two_ctas():
     assert plan_axis(15625, 32768, dtype="bfloat16", backward=True)["cluster"] == 1
 
 
+def test_16bit_rows_held_by_clusters_of_8_take_groups_of_128():
+    # 16-bit forward rows held twice in 32 KB chunks by clusters of 8 (384 to 768 KB): CTAs of 288
+    # threads. Not clusters of 4 or 16, fp32, the backward, or threads or chunks asked for.
+    for cols in (196616, 262144, 393216):
+        for dtype in ("bfloat16", "float16"):
+            p = plan(1907, cols, dtype)
+            assert (p["family"], p["cluster"], p["double_buffered"], p["threads"]) == ("cluster_rows", 8, True, 288), (cols, dtype, p)
+    assert plan(1907, 196608, "bfloat16")["cluster"] == 4 and plan(1907, 196608, "bfloat16")["threads"] == 544
+    assert plan(477, 1048576, "bfloat16")["cluster"] == 16 and plan(477, 1048576, "bfloat16")["threads"] == 544
+    assert plan(954, 262144)["threads"] == 544 and plan(636, 393216)["threads"] == 544
+    assert plan(1907, 262144, "bfloat16", threads=544)["threads"] == 544
+    assert plan(1907, 262144, "bfloat16", chunk_bytes=32768)["threads"] == 544
+    assert plan_axis(1907, 262144, dtype="bfloat16", backward=True)["threads"] == 544
+
+
 def test_chunks_read_twice_are_held_in_l2_where_few():
     # Streamed forward slices: the chunks the ring does not keep are loaded evict-last (hint bit 2)
     # where they are at most a quarter of the kept ones; not for held slices, the backward, many
