@@ -223,8 +223,9 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
   // 16-bit forward rows held twice in 32 KB chunks by clusters of 8 (rows of 384 to 768 KB): two
   // consumer groups of 128 threads instead of 256. Measured on an H200 in three runs of knobs
   // (docs/design.md, "Consumer groups of 128 threads"): rows of 262 144 and 393 216 in bf16 and
-  // fp16 0.2-0.9 % faster; not rows of 1 M (16-CTA clusters, 0.1-0.3 % slower), nor fp32.
-  if (p.elem_bytes == 2 && !backward && o.threads <= 0 && o.chunk_bytes <= 0 && !plan.grid_exchange &&
+  // fp16 0.2-0.9 % faster; not rows of 1 M (16-CTA clusters, 0.1-0.3 % slower), nor fp32. Peeled
+  // rows (not measured) keep 256.
+  if (p.elem_bytes == 2 && !backward && p.aligned16 && o.threads <= 0 && o.chunk_bytes <= 0 && !plan.grid_exchange &&
       plan.cluster == kNarrowGroupsCluster && plan.double_buffered && plan.chunk_bytes == kClusterChunk16)
     plan.threads = kNarrowGroupsThreads;
   // Streamed forward slices read the chunks the ring does not keep twice: from L2 the second time,

@@ -223,7 +223,7 @@ def test_16bit_rows_of_two_chunks_go_to_two_ctas():
 
 def test_16bit_rows_held_by_clusters_of_8_take_groups_of_128():
     # 16-bit forward rows held twice in 32 KB chunks by clusters of 8 (384 to 768 KB): CTAs of 288
-    # threads. Not clusters of 4 or 16, fp32, the backward, or threads or chunks asked for.
+    # threads. Not clusters of 4 or 16, fp32, the backward, peeled rows, or threads or chunks asked for.
     for cols in (196616, 262144, 393216):
         for dtype in ("bfloat16", "float16"):
             p = plan(1907, cols, dtype)
@@ -234,6 +234,8 @@ def test_16bit_rows_held_by_clusters_of_8_take_groups_of_128():
     assert plan(1907, 262144, "bfloat16", threads=544)["threads"] == 544
     assert plan(1907, 262144, "bfloat16", chunk_bytes=32768)["threads"] == 544
     assert plan_axis(1907, 262144, dtype="bfloat16", backward=True)["threads"] == 544
+    peeled = plan(1907, 262143, "bfloat16", peelable=True)
+    assert (peeled["family"], peeled["peel"], peeled["cluster"], peeled["threads"]) == ("cluster_rows", True, 8, 544)
 
 
 def test_chunks_read_twice_are_held_in_l2_where_few():
