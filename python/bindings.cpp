@@ -169,6 +169,33 @@ py::dict plan_axis(int64_t outer, int64_t dim, int64_t inner, int elem_bytes, bo
                                         softlight::SplitOverrides{}, over));
 }
 
+// The tuning knobs the library reads from the environment at each call (SOFTLIGHT_<NAME>), by name.
+py::dict env_knobs() {
+  const softlight::Knobs k = softlight::knobs_from_env();
+  const softlight::Overrides& o = k.rows;
+  py::dict out;
+  out["cluster"] = o.cluster;
+  out["chunk_bytes"] = o.chunk_bytes;
+  out["threads"] = o.threads;
+  out["hints"] = o.hints;
+  out["tile_bytes"] = o.tile_bytes;
+  out["exchange"] = o.exchange;
+  out["groups"] = o.groups;
+  out["claim"] = o.claim;
+  out["iters"] = o.iters;
+  out["register_rows_bytes"] = o.register_rows_bytes;
+  out["flat"] = o.flat;
+  out["rows_per_lane"] = o.rows_per_lane;
+  out["peel_clusters"] = o.peel_clusters;
+  out["register_cluster"] = o.register_cluster;
+  out["grid_rows"] = o.grid_rows;
+  out["item_chunks"] = o.item_chunks;
+  out["spill_chunks"] = o.spill_chunks;
+  out["split_lanes"] = k.split.lanes;
+  out["split_segment_bytes"] = k.split.segment_bytes;
+  return out;
+}
+
 softlight_dtype as_dtype(int code) { return static_cast<softlight_dtype>(code); }
 
 using Strides = std::array<int64_t, 3>;
@@ -276,6 +303,7 @@ PYBIND11_MODULE(_C, m) {
       py::arg("dy"), py::arg("dy_stride"), py::arg("y"), py::arg("y_stride"), py::arg("dx"),
       py::arg("dx_stride"), py::arg("rows"), py::arg("cols"), py::arg("dtype"), py::arg("threads") = 0);
   m.def("dlpack_view", &dlpack_view, py::arg("capsule"));
+  m.def("env_knobs", &env_knobs);
   m.def("plan_axis", &plan_axis, py::arg("outer"), py::arg("dim"), py::arg("inner"), py::arg("elem_bytes"),
         py::arg("rows"), py::arg("aligned16"), py::arg("backward"), py::arg("cc_major"), py::arg("sm_count"),
         py::arg("smem_optin"), py::arg("max_cluster"), py::arg("tiles_aligned") = false, py::arg("cluster") = 0,

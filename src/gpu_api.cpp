@@ -2,8 +2,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstdlib>
 #include <initializer_list>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <utility>
 
@@ -53,7 +54,7 @@ class DeviceScope {
   bool changed_ = false;
 };
 
-cudaError_t device_info(int device, DeviceInfo* d) {
+cudaError_t query_device_info(int device, DeviceInfo* d) {
   int v = 0;
   cudaError_t e;
   if ((e = cudaDeviceGetAttribute(&d->cc_major, cudaDevAttrComputeCapabilityMajor, device))) return e;
@@ -65,6 +66,25 @@ cudaError_t device_info(int device, DeviceInfo* d) {
   // Hopper schedules clusters of up to 16 CTAs (8 portably); the launcher steps down if the
   // chosen size cannot be placed.
   d->max_cluster = v ? kMaxCluster : 0;
+  return cudaSuccess;
+}
+
+// A device's attributes do not change while the process runs: each device is queried once (five
+// runtime calls less on every later call).
+cudaError_t device_info(int device, DeviceInfo* d) {
+  static std::mutex mu;
+  static std::map<int, DeviceInfo> known;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (const auto it = known.find(device); it != known.end()) {
+      *d = it->second;
+      return cudaSuccess;
+    }
+  }
+  const cudaError_t e = query_device_info(device, d);
+  if (e != cudaSuccess) return e;
+  std::lock_guard<std::mutex> lock(mu);
+  known.emplace(device, *d);
   return cudaSuccess;
 }
 
@@ -106,44 +126,6 @@ softlight_status launch_with_cluster_fallback(DeviceInfo dev, const Overrides& o
     e = launch(plan);
   }
   return e == cudaSuccess ? SOFTLIGHT_SUCCESS : cuda_status(e);
-}
-
-// Tuning knobs for experiments: SOFTLIGHT_CLUSTER, SOFTLIGHT_CHUNK_BYTES, SOFTLIGHT_THREADS,
-// SOFTLIGHT_HINTS, SOFTLIGHT_TILE_BYTES, SOFTLIGHT_EXCHANGE, SOFTLIGHT_GROUPS, SOFTLIGHT_CLAIM,
-// SOFTLIGHT_ITERS, SOFTLIGHT_REGISTER_ROWS_BYTES, SOFTLIGHT_FLAT,
-// SOFTLIGHT_ROWS_PER_LANE, SOFTLIGHT_PEEL_CLUSTERS, SOFTLIGHT_REGISTER_CLUSTER, SOFTLIGHT_GRID_ROWS,
-// SOFTLIGHT_ITEM_CHUNKS, SOFTLIGHT_SPILL_CHUNKS, SOFTLIGHT_SPLIT_LANES,
-// SOFTLIGHT_SPLIT_SEGMENT_BYTES (unset: the planner's choice);
-// SOFTLIGHT_VERBOSE prints cluster launches.
-Overrides overrides_from_env() {
-  Overrides o;
-  if (const char* s = std::getenv("SOFTLIGHT_CLUSTER")) o.cluster = std::atoi(s);
-  if (const char* s = std::getenv("SOFTLIGHT_CHUNK_BYTES")) o.chunk_bytes = std::atoi(s);
-  if (const char* s = std::getenv("SOFTLIGHT_THREADS")) o.threads = std::atoi(s);
-  if (const char* s = std::getenv("SOFTLIGHT_HINTS")) o.hints = std::atoi(s);
-  if (const char* s = std::getenv("SOFTLIGHT_TILE_BYTES")) o.tile_bytes = std::atoi(s);
-  if (const char* s = std::getenv("SOFTLIGHT_EXCHANGE")) o.exchange = std::atoi(s);
-  if (const char* s = std::getenv("SOFTLIGHT_GROUPS")) o.groups = std::atoi(s);
-  if (const char* s = std::getenv("SOFTLIGHT_CLAIM")) o.claim = std::atoi(s);
-  if (const char* s = std::getenv("SOFTLIGHT_ITERS")) o.iters = std::atoi(s);
-  if (const char* s = std::getenv("SOFTLIGHT_REGISTER_ROWS_BYTES")) o.register_rows_bytes = std::atoll(s);
-  if (const char* s = std::getenv("SOFTLIGHT_FLAT")) o.flat = std::atoi(s);
-  if (const char* s = std::getenv("SOFTLIGHT_ROWS_PER_LANE")) o.rows_per_lane = std::atoi(s);
-  if (const char* s = std::getenv("SOFTLIGHT_PEEL_CLUSTERS")) o.peel_clusters = std::atoi(s);
-  if (const char* s = std::getenv("SOFTLIGHT_REGISTER_CLUSTER")) o.register_cluster = std::atoi(s);
-  if (const char* s = std::getenv("SOFTLIGHT_GRID_ROWS")) o.grid_rows = std::atoi(s);
-  if (const char* s = std::getenv("SOFTLIGHT_ITEM_CHUNKS")) o.item_chunks = std::atoi(s);
-  if (const char* s = std::getenv("SOFTLIGHT_SPILL_CHUNKS")) o.spill_chunks = std::atoll(s);
-  if (o.chunk_bytes % 16 != 0 || o.chunk_bytes < 0) o.chunk_bytes = 0;
-  return o;
-}
-
-SplitOverrides split_overrides_from_env() {
-  SplitOverrides o;
-  if (const char* v = std::getenv("SOFTLIGHT_SPLIT_LANES")) o.lanes = std::atoi(v);
-  if (const char* v = std::getenv("SOFTLIGHT_SPLIT_SEGMENT_BYTES")) o.segment_bytes = std::atoll(v);
-  if (o.lanes < 0 || o.lanes > 1024 || (o.lanes & (o.lanes - 1)) != 0) o.lanes = 0;
-  return o;
 }
 
 cudaError_t run_plan(const Plan& plan, const RowsArgs& args, cudaStream_t stream) {
@@ -199,7 +181,7 @@ softlight_status run_rows(const RowsArgs& args, const DeviceInfo& dev, cudaStrea
   prob.flat16 = reinterpret_cast<uintptr_t>(args.x) % 16 == 0 && reinterpret_cast<uintptr_t>(args.y) % 16 == 0 &&
                 (one || (args.x_stride == args.cols && args.y_stride == args.cols));
   return launch_with_cluster_fallback(
-      dev, overrides_from_env(), [&](const DeviceInfo& d, const Overrides& o) { return plan_rows(prob, d, o); },
+      dev, knobs_from_env().rows, [&](const DeviceInfo& d, const Overrides& o) { return plan_rows(prob, d, o); },
       [&](const Plan& p) { return run_plan(p, args, s); });
 }
 
@@ -230,9 +212,10 @@ softlight_status run_axis(const AxisCall& c, const DeviceInfo& dev, cudaStream_t
   prob.tiles_aligned = !rows && !c.backward && c.in0_s[2] == 1 && c.out_s[2] == 1 && nested && small &&
                        vectorizable({{c.in0, c.in0_s[0]}, {c.in0, c.in0_s[1]}, {c.out, c.out_s[0]}, {c.out, c.out_s[1]}},
                                     c.n[2], prob.elem_bytes);
-  const SplitOverrides split = split_overrides_from_env();
+  const Knobs knobs = knobs_from_env();
+  const SplitOverrides& split = knobs.split;
   return launch_with_cluster_fallback(
-      dev, overrides_from_env(),
+      dev, knobs.rows,
       [&](const DeviceInfo& d, const Overrides& o) { return plan_axis(prob, d, split, o); },
       [&](const Plan& p) {
         switch (p.family) {

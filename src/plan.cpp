@@ -1,6 +1,14 @@
 #include "plan.hpp"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#if defined(_WIN32)
+#define environ _environ
+#else
+extern char** environ;  // POSIX: the process environment
+#endif
 
 namespace softlight {
 
@@ -537,6 +545,54 @@ Plan plan_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
     }
   }
   return plan_block_rows(p, d, vec);
+}
+
+Knobs knobs_from_env() {
+  Knobs k;
+  Overrides& o = k.rows;
+  const struct {
+    const char* name;
+    int* as_int;
+    int64_t* as_int64;
+  } table[] = {{"CLUSTER", &o.cluster, nullptr},
+               {"CHUNK_BYTES", &o.chunk_bytes, nullptr},
+               {"THREADS", &o.threads, nullptr},
+               {"HINTS", &o.hints, nullptr},
+               {"TILE_BYTES", &o.tile_bytes, nullptr},
+               {"EXCHANGE", &o.exchange, nullptr},
+               {"GROUPS", &o.groups, nullptr},
+               {"CLAIM", &o.claim, nullptr},
+               {"ITERS", &o.iters, nullptr},
+               {"REGISTER_ROWS_BYTES", nullptr, &o.register_rows_bytes},
+               {"FLAT", &o.flat, nullptr},
+               {"ROWS_PER_LANE", &o.rows_per_lane, nullptr},
+               {"PEEL_CLUSTERS", &o.peel_clusters, nullptr},
+               {"REGISTER_CLUSTER", &o.register_cluster, nullptr},
+               {"GRID_ROWS", &o.grid_rows, nullptr},
+               {"ITEM_CHUNKS", &o.item_chunks, nullptr},
+               {"SPILL_CHUNKS", nullptr, &o.spill_chunks},
+               {"SPLIT_LANES", &k.split.lanes, nullptr},
+               {"SPLIT_SEGMENT_BYTES", nullptr, &k.split.segment_bytes}};
+  constexpr char kPrefix[] = "SOFTLIGHT_";
+  constexpr size_t kPrefixLen = sizeof(kPrefix) - 1;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    const char* var = *e;
+    if (std::strncmp(var, kPrefix, kPrefixLen) != 0) continue;
+    const char* name = var + kPrefixLen;
+    const char* eq = std::strchr(name, '=');
+    if (eq == nullptr) continue;
+    const size_t len = static_cast<size_t>(eq - name);
+    for (const auto& t : table) {
+      if (std::strlen(t.name) != len || std::strncmp(t.name, name, len) != 0) continue;
+      if (t.as_int != nullptr) *t.as_int = std::atoi(eq + 1);
+      if (t.as_int64 != nullptr) *t.as_int64 = std::atoll(eq + 1);
+      break;
+    }
+  }
+  if (o.chunk_bytes % 16 != 0 || o.chunk_bytes < 0) o.chunk_bytes = 0;
+  const int lanes = k.split.lanes;
+  if (lanes < 0 || lanes > 1024 || (lanes & (lanes - 1)) != 0) k.split.lanes = 0;
+  return k;
 }
 
 }  // namespace softlight

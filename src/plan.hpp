@@ -251,4 +251,16 @@ struct SplitOverrides {
 Plan plan_axis(const AxisProblem& p, const DeviceInfo& d, const SplitOverrides& o = SplitOverrides{},
                const Overrides& cluster_overrides = Overrides{});
 
+// The tuning knobs of experiments, read from the environment at each call: SOFTLIGHT_<NAME>=<integer>
+// for each field of Overrides (SOFTLIGHT_CLUSTER, SOFTLIGHT_CHUNK_BYTES, ..., SOFTLIGHT_SPILL_CHUNKS)
+// and of SplitOverrides (SOFTLIGHT_SPLIT_LANES, SOFTLIGHT_SPLIT_SEGMENT_BYTES); values the kernels
+// cannot take (a chunk size off 16 bytes, lanes not a power of two up to 1024) count as unset. One
+// pass over the environment: most calls find no SOFTLIGHT_ variable and stop there (twenty getenv
+// calls took about 0.9 us a call on an H200 machine).
+struct Knobs {
+  Overrides rows;
+  SplitOverrides split;
+};
+Knobs knobs_from_env();
+
 }  // namespace softlight

@@ -671,3 +671,51 @@ def test_16_bit_rows_one_cta_holds_twice_take_16_kb_chunks(cols, peelable, clust
     assert 2 * p["chunks_per_cta"] <= p["ring_slots"]
     assert _C.plan(9949, cols, 2, cols * 2 % 16 == 0, **H200, peelable=peelable, chunk_bytes=32768, register_cluster=0)["chunk_bytes"] == 32768
     assert _C.plan(9949, cols, 4, cols * 4 % 16 == 0, **H200, peelable=peelable, register_cluster=0)["chunk_bytes"] == 16384  # fp32: its own
+
+
+KNOB_DEFAULTS = dict(cluster=0, chunk_bytes=0, threads=0, hints=-1, tile_bytes=0, exchange=-1, groups=0, claim=-1,
+                     iters=0, register_rows_bytes=0, flat=-1, rows_per_lane=-1, peel_clusters=-1,
+                     register_cluster=-1, grid_rows=-1, item_chunks=0, spill_chunks=-1, split_lanes=0,
+                     split_segment_bytes=0)
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    import os
+    for k in list(os.environ):
+        if k.startswith("SOFTLIGHT_"):
+            monkeypatch.delenv(k)
+    return monkeypatch
+
+
+def test_knobs_unset_are_the_planners_defaults(clean_env):
+    clean_env.setenv("SOFTLIGHT", "1")  # not a knob: no name after the prefix
+    clean_env.setenv("SOFTLIGHT_CLUSTERS", "4")  # nor a name that only starts like one
+    clean_env.setenv("SOFTLIGHT_CLUSTE", "4")
+    clean_env.setenv("XSOFTLIGHT_CLUSTER", "4")
+    assert _C.env_knobs() == KNOB_DEFAULTS
+
+
+@pytest.mark.parametrize("name", sorted(KNOB_DEFAULTS))
+def test_each_knob_is_read_into_its_own_field(clean_env, name):
+    value = 4096 + 16 * len(name)  # a multiple of 16 (chunk bytes) and of no knob's default
+    if name == "split_lanes":
+        value = 256  # a power of two up to 1024
+    clean_env.setenv("SOFTLIGHT_" + name.upper(), str(value))
+    assert _C.env_knobs() == {**KNOB_DEFAULTS, name: value}
+
+
+def test_knobs_read_together_and_64_bit_values(clean_env):
+    clean_env.setenv("SOFTLIGHT_SPILL_CHUNKS", str(1 << 40))
+    clean_env.setenv("SOFTLIGHT_REGISTER_ROWS_BYTES", str(3 << 33))
+    clean_env.setenv("SOFTLIGHT_THREADS", "288")
+    clean_env.setenv("SOFTLIGHT_GRID_ROWS", "0")
+    assert _C.env_knobs() == {**KNOB_DEFAULTS, "spill_chunks": 1 << 40, "register_rows_bytes": 3 << 33,
+                              "threads": 288, "grid_rows": 0}
+
+
+@pytest.mark.parametrize("name, value", [("chunk_bytes", "1000"), ("chunk_bytes", "-16"), ("split_lanes", "48"),
+                                         ("split_lanes", "2048"), ("split_lanes", "-4")])
+def test_knob_values_the_kernels_cannot_take_count_as_unset(clean_env, name, value):
+    clean_env.setenv("SOFTLIGHT_" + name.upper(), value)
+    assert _C.env_knobs() == KNOB_DEFAULTS

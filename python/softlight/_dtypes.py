@@ -25,6 +25,8 @@ def from_dlpack(code, bits, lanes):
 
 def normalize(dtype):
     """Accepts 'float32', numpy dtypes, torch dtypes (torch.float32) and the like."""
+    if type(dtype) is str and dtype in DTYPES:
+        return dtype
     text = str(getattr(dtype, "name", dtype)).rsplit(".", 1)[-1]
     text = {"float": "float32", "half": "float16", "double": "float64", "bf16": "bfloat16"}.get(text, text)
     if text not in DTYPES:
