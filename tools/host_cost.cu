@@ -69,11 +69,16 @@ int main() {
     cfg.attrs = a;
     cfg.numAttrs = cluster ? 1 : 0;
     cfg.blockDim = dim3(544);
-    cfg.gridDim = dim3(cluster == 16 ? 112 : 132);
+    cfg.gridDim = dim3(cluster == 16 ? 112 : cluster == 8 ? 120 : 132);  // whole clusters, as many as fit
     cfg.dynamicSmemBytes = 220 * 1024;
     cfg.stream = st;
-    const double us = host_us(st, [&] { cudaLaunchKernelEx(&cfg, empty, (const float*)x, (float*)y, 0L); });
-    std::printf("cudaLaunchKernelEx cluster %-2d (220 KB, 544 thr)   %6.2f us\n", cluster, us);
+    cudaError_t launched = cudaSuccess;
+    const double us = host_us(st, [&] {
+      const cudaError_t e = cudaLaunchKernelEx(&cfg, empty, (const float*)x, (float*)y, 0L);
+      if (e != cudaSuccess) launched = e, cudaGetLastError();
+    });
+    std::printf("cudaLaunchKernelEx cluster %-2d (220 KB, 544 thr)   %6.2f us  %s\n", cluster, us,
+                launched == cudaSuccess ? "" : cudaGetErrorString(launched));
   }
   std::printf("empty<<<132, 256>>>                              %6.2f us\n",
               host_us(st, [&] { empty<<<132, 256, 0, st>>>((const float*)x, (float*)y, 0L); }));
