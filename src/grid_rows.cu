@@ -264,8 +264,10 @@ template <class T, int U, bool Spill, bool WaitLast> struct GridCta {
         if (real) item = block_max_sum(part, scratch, group, kStatsBar, f);
         if (gtid == 0) {
           const int64_t number = row * sh.items_per_row + k / sh.item_chunks;
-          if (real) store_relaxed_gpu(sh.item_stats + number, pack_pair(item.m, item.s));
-          if (real) SOFTLIGHT_GRID_ROWS_TRACE(2, row);
+          if (real) {
+            store_relaxed_gpu(sh.item_stats + number, pack_pair(item.m, item.s));
+            SOFTLIGHT_GRID_ROWS_TRACE(2, row);
+          }
           enqueue(number);
         }
         part = {neg_inf<A>(), A(0)};
@@ -328,8 +330,8 @@ template <class T, int U, bool Spill, bool WaitLast> struct GridCta {
       ++seen;
       const unsigned long long t0 = SOFTLIGHT_GRID_ROWS_CLOCK();
       const MaxSum<A> p = shfl_merge_max_sum(fold_posted(sh.item_stats + r * sh.items_per_row, f), f);
-      if (lane == 0) SOFTLIGHT_GRID_ROWS_SPAN(8, r, t0, SOFTLIGHT_GRID_ROWS_CLOCK());
       if (lane == 0) {
+        SOFTLIGHT_GRID_ROWS_SPAN(8, r, t0, SOFTLIGHT_GRID_ROWS_CLOCK());
         const A log_sum = log_acc(p.s);
         row_word[seen % kMergeQueue] = pack_pair(p.m, log_sum);
         __threadfence_block();
@@ -372,6 +374,10 @@ template <class T, int U, bool Spill, bool WaitLast> struct GridCta {
   __device__ __forceinline__ void write(T* y, int64_t ys) const {
     RingPos pos;
     uint64_t refills = 0;  // parity of each slot's refill barrier
+    const auto wait_refill = [&](uint32_t slot) {
+      mbar_wait_cta(smem_addr(refill + slot), static_cast<uint32_t>(refills >> slot) & 1u);
+      refills ^= uint64_t{1} << slot;
+    };
     int64_t current = -1;
     int seen = -1;             // rows taken, as the merger counts them
     MaxSum<A> st{A(0), A(0)};  // (max, log-sum) of `current`
@@ -384,8 +390,7 @@ template <class T, int U, bool Spill, bool WaitLast> struct GridCta {
       const bool spilled = Spill && k < spill();
       const int64_t row = spilled ? q - 1 : q;  // a spilled slot writes the same chunk of the row before
       if (Spill && row < 0) {  // the first row's spilled chunk, once folded: nothing to write
-        mbar_wait_cta(smem_addr(refill + pos.slot), static_cast<uint32_t>(refills >> pos.slot) & 1u);
-        refills ^= uint64_t{1} << pos.slot;
+        wait_refill(pos.slot);
         release(pos.slot);
         pos.advance(sh.ring_slots);
         continue;
@@ -401,10 +406,7 @@ template <class T, int U, bool Spill, bool WaitLast> struct GridCta {
       }
       const unsigned long long t2 = SOFTLIGHT_GRID_ROWS_CLOCK();
       uint4* dst = reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(y + row * ys) + k * sh.chunk_bytes);
-      if (spilled) {
-        mbar_wait_cta(smem_addr(refill + pos.slot), static_cast<uint32_t>(refills >> pos.slot) & 1u);
-        refills ^= uint64_t{1} << pos.slot;
-      }
+      if (spilled) wait_refill(pos.slot);
       const unsigned long long t3 = SOFTLIGHT_GRID_ROWS_CLOCK();
       write_chunk(slot_data(pos.slot), dst, static_cast<int>(bytes_of(k) / 16), st.m, st.s);
       release(pos.slot);

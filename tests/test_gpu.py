@@ -26,22 +26,16 @@ def rows_for(cols, dtype, budget=1 << 24):
     return int(max(1, min(129, budget // (cols * ELEM[dtype]))))
 
 
+PLAN_KNOBS = ("cluster", "chunk_bytes", "threads", "hints", "exchange", "claim", "iters", "register_rows_bytes",
+              "flat", "rows_per_lane", "peel_clusters", "register_cluster", "grid_rows", "item_chunks",
+              "spill_chunks")
+
+
 def planned(rows, cols, dtype, aligned=True, peelable=False):
     """The plan the library makes for this problem on this GPU (tuning knobs included). peelable:
     x and y rows misaligned alike (the rows of contiguous arrays)."""
-    import os
-    knobs = {k: int(os.environ.get(f"SOFTLIGHT_{k.upper()}", "0"))
-             for k in ("cluster", "chunk_bytes", "threads")}
-    knobs["hints"] = int(os.environ.get("SOFTLIGHT_HINTS", "-1"))
-    knobs["exchange"] = int(os.environ.get("SOFTLIGHT_EXCHANGE", "-1"))
-    knobs["claim"] = int(os.environ.get("SOFTLIGHT_CLAIM", "-1"))
-    knobs["flat"] = int(os.environ.get("SOFTLIGHT_FLAT", "-1"))
-    knobs["rows_per_lane"] = int(os.environ.get("SOFTLIGHT_ROWS_PER_LANE", "-1"))
-    knobs["iters"] = int(os.environ.get("SOFTLIGHT_ITERS", "0"))
-    knobs["register_cluster"] = int(os.environ.get("SOFTLIGHT_REGISTER_CLUSTER", "-1"))
-    knobs["grid_rows"] = int(os.environ.get("SOFTLIGHT_GRID_ROWS", "-1"))
-    knobs["item_chunks"] = int(os.environ.get("SOFTLIGHT_ITEM_CHUNKS", "0"))
-    knobs["spill_chunks"] = int(os.environ.get("SOFTLIGHT_SPILL_CHUNKS", "-1"))
+    # The knobs as the library reads them from the environment, those the planner takes.
+    knobs = {k: v for k, v in _C.env_knobs().items() if k in PLAN_KNOBS}
     e = ELEM[dtype]
     # aligned: a contiguous array from torch's allocator (its base on 16 bytes and more).
     return _C.plan(rows, cols, e, aligned and cols * e % 16 == 0, **device_plan_args(), **knobs,
