@@ -107,6 +107,7 @@ py::dict plan_dict(const softlight::Plan& r) {
   out["cluster"] = r.cluster;
   out["grid_exchange"] = r.grid_exchange;
   out["claim_rows"] = r.claim_rows;
+  out["striped"] = r.striped;
   out["chunk_bytes"] = r.chunk_bytes;
   out["aux_slots"] = r.aux_slots;
   out["ring_slots"] = r.ring_slots;
@@ -125,7 +126,7 @@ py::dict plan(int64_t rows, int64_t cols, int elem_bytes, bool aligned16, int cc
               int cc_minor, int sm_count, int64_t smem_optin, int max_cluster, int cluster,
               int chunk_bytes, int threads, int hints, bool peelable, bool aligned8, int exchange, int claim, int iters,
               int64_t register_rows_bytes, bool flat16, int flat, int rows_per_lane, int peel_clusters,
-              int register_cluster, int grid_rows, int item_chunks, int64_t spill_chunks) {
+              int register_cluster, int grid_rows, int item_chunks, int64_t spill_chunks, int stripe) {
   softlight::Problem p;
   p.rows = rows;
   p.cols = cols;
@@ -147,6 +148,7 @@ py::dict plan(int64_t rows, int64_t cols, int elem_bytes, bool aligned16, int cc
   over.grid_rows = grid_rows;
   over.item_chunks = item_chunks;
   over.spill_chunks = spill_chunks;
+  over.stripe = stripe;
   return plan_dict(softlight::plan_rows(p, d, over));
 }
 
@@ -191,6 +193,7 @@ py::dict env_knobs() {
   out["grid_rows"] = o.grid_rows;
   out["item_chunks"] = o.item_chunks;
   out["spill_chunks"] = o.spill_chunks;
+  out["stripe"] = o.stripe;
   out["split_lanes"] = k.split.lanes;
   out["split_segment_bytes"] = k.split.segment_bytes;
   return out;
@@ -316,5 +319,5 @@ PYBIND11_MODULE(_C, m) {
         py::arg("register_rows_bytes") = 0, py::arg("flat16") = false, py::arg("flat") = -1,
         py::arg("rows_per_lane") = -1, py::arg("peel_clusters") = -1,
         py::arg("register_cluster") = -1, py::arg("grid_rows") = -1, py::arg("item_chunks") = 0,
-        py::arg("spill_chunks") = -1);
+        py::arg("spill_chunks") = -1, py::arg("stripe") = -1);
 }

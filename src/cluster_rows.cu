@@ -1,4 +1,5 @@
-// cluster_rows (Hopper, sm_90): a cluster of C CTAs owns a row; CTA k owns the k-th slice of it.
+// cluster_rows (Hopper, sm_90): a cluster of C CTAs owns a row; CTA k owns the row's chunks k, k + C,
+// k + 2C, ... (its slice, striped; or the k-th contiguous run of chunks, see ClusterShape::striped).
 // The grid is persistent: cluster i takes rows i, i + clusters, ...
 //
 // Per CTA, a ring of `ring_slots` chunks in shared memory is fed by a producer thread with bulk
@@ -62,10 +63,20 @@ struct ClusterShape {
   int grid_group; // grid groups: CTAs per row
   void* exchange; // grid groups: the partials table (rows x C packed pairs, see above)
   unsigned long long* counter; // claimed rows: [the next ticket, clusters done claiming]; or null
+  int striped;    // a row's chunks dealt to its CTAs in turn, not in contiguous slices
 };
 
 // The kernel body exists in the sm_90 device pass only (SOFTLIGHT_HOPPER, hopper.cuh); other
 // passes see an empty kernel.
+// Trace points, for tools/cluster_rows_trace.cu (none in the library's build). Row events: 0 the
+// producer's first load of the row issued, 1 its last, 2 the statistics warps' partial of the row
+// ready, 3 the row's statistics merged by the writers, 4 the writers done with the row. CTA events:
+// 0 the CTA past its first cluster barrier, 1 past its last.
+#ifndef SOFTLIGHT_CLUSTER_ROWS_TRACE
+#define SOFTLIGHT_CLUSTER_ROWS_TRACE(event, row) ((void)0)
+#define SOFTLIGHT_CLUSTER_ROWS_CTA(event) ((void)0)
+#endif
+
 #ifdef SOFTLIGHT_HOPPER
 // Buffers for the cluster's partials, by row. The statistics warps start row j only once their
 // writers have started row j - 2 (and so re-armed the buffer of row j + 2). A peer therefore
@@ -106,7 +117,8 @@ template <class T, int U, bool Backward, bool Peel> struct ClusterCta {
   uint64_t* table;              // grid groups: packed partials by (row, rank), or null (clusters)
   int group;                    // threads per consumer group
   int gtid, lane;               // thread index within its group, lane
-  int64_t first_chunk, my_chunks, row_bytes;
+  // The CTA's chunks of a row: its k-th is the row's chunk first_chunk + k * chunk_step.
+  int64_t first_chunk, chunk_step, my_chunks, row_bytes;
   // Streamed forward: the statistics pass's last `kept` chunks (a ring's worth) stay in the ring
   // for the writers, who take them first, in the ring's order, and then the others, sent again,
   // from the last backwards. Only those are read twice, and from L2 the likelier for it (rows of
@@ -131,8 +143,10 @@ template <class T, int U, bool Backward, bool Peel> struct ClusterCta {
   __device__ __forceinline__ int64_t writers_chunk(int64_t k) const {
     return sh.resident ? k : k < kept ? my_chunks - kept + k : my_chunks - 1 - k;
   }
+  // Where the CTA's k-th chunk starts in the row (in its interior, peeled), and its bytes.
+  __device__ __forceinline__ int64_t offset_of(int64_t k) const { return (first_chunk + k * chunk_step) * sh.chunk_bytes; }
   __device__ __forceinline__ uint32_t bytes_of(int64_t k, int64_t interior) const {
-    return static_cast<uint32_t>(min(int64_t{sh.chunk_bytes}, interior - (first_chunk + k) * sh.chunk_bytes));
+    return static_cast<uint32_t>(min(int64_t{sh.chunk_bytes}, interior - offset_of(k)));
   }
   // A peeled row's edges, in elements: the head is [0, h), the tail [t, end).
   struct Edges {
@@ -289,6 +303,7 @@ template <class T, int U, bool Backward, bool Peel> struct ClusterCta {
     if (!sh.resident) pos.advance(sh.ring_slots, my_chunks - kept);  // the writers' sends of this row
     if (edge_thread) fold<2>(edges, part);
     part = block_max_sum(part, scratch, group, kBar, f);
+    if (gtid == 0) SOFTLIGHT_CLUSTER_ROWS_TRACE(2, row_index);
     if (table != nullptr) {
       if constexpr (sizeof(A) == 4)
         if (gtid == 0) store_relaxed_gpu(table + row_index * csize + rank, pack_pair(part.m, part.s));
@@ -307,7 +322,7 @@ template <class T, int U, bool Backward, bool Peel> struct ClusterCta {
   __device__ __forceinline__ void write(RingPos& pos, RingPos& apos, int64_t iter, int64_t row_index,
                                         const T* xr, T* yr) const {
     const int64_t head = head_bytes(xr), interior = interior_bytes(head);
-    T* dst = reinterpret_cast<T*>(reinterpret_cast<unsigned char*>(yr) + head + first_chunk * sh.chunk_bytes);
+    unsigned char* dst = reinterpret_cast<unsigned char*>(yr) + head;
     if (!sh.resident) pos.advance(sh.ring_slots, my_chunks - kept);  // the statistics pass, but what it kept
     // Lane r takes the partials of CTAs r, r + 32, ...; five shuffle steps merge the lanes' (a
     // serial merge of 16 is long enough to show at the founding shape, and the writers wait on it
@@ -330,6 +345,7 @@ template <class T, int U, bool Backward, bool Peel> struct ClusterCta {
       if (lane < static_cast<int>(csize)) row = partials[buf * kMaxCluster + lane];
     }
     row = shfl_merge_max_sum(row, f);
+    if (gtid == 0) SOFTLIGHT_CLUSTER_ROWS_TRACE(3, row_index);
     // Re-arm this buffer for row iter + kStatsBuffers (see kStatsBuffers), then let the
     // statistics warps move on.
     if (gtid == 0) {
@@ -349,7 +365,7 @@ template <class T, int U, bool Backward, bool Peel> struct ClusterCta {
       const int64_t k = writers_chunk(step);
       mbar_wait_cta(smem_addr(full + pos.slot), pos.phase);  // long complete when resident
       const T* c = slot_data(pos.slot);
-      T* out = dst + k * (sh.chunk_bytes / int64_t{sizeof(T)});
+      T* out = reinterpret_cast<T*>(dst + offset_of(k));
       const int vectors = static_cast<int>(bytes_of(k, interior) / 16);
       if constexpr (Backward) {
         mbar_wait_cta(smem_addr(aux_full + apos.slot), apos.phase);
@@ -387,7 +403,10 @@ template <class T, int U, bool Backward, bool Peel> struct ClusterCta {
       release(pos.slot);
       pos.advance(sh.ring_slots);
     }
-    if (gtid == 0) *rows_done = static_cast<int>(iter + 1);
+    if (gtid == 0) {
+      SOFTLIGHT_CLUSTER_ROWS_TRACE(4, row_index);
+      *rows_done = static_cast<int>(iter + 1);
+    }
   }
 };
 #endif  // SOFTLIGHT_HOPPER
@@ -429,8 +448,17 @@ cluster_rows_kernel(const T* __restrict__ x, int64_t xs, const T* __restrict__ a
   cta.gtid = static_cast<int>(threadIdx.x) % cta.group;
   cta.lane = threadIdx.x & 31;
   cta.row_bytes = cols * int64_t{sizeof(T)};
-  cta.first_chunk = int64_t{cta.rank} * sh.chunks_per_cta;
-  cta.my_chunks = max(int64_t{0}, min(sh.chunks_per_cta, sh.chunks_per_row - cta.first_chunk));
+  // Striped: CTA k takes the row's chunks k, k + C, ... (C CTAs a row), so that a row's CTAs read
+  // and write it front to back together. Else a contiguous slice of chunks_per_cta.
+  if (sh.striped) {
+    cta.first_chunk = cta.rank;
+    cta.chunk_step = cta.csize;
+    cta.my_chunks = cta.first_chunk < sh.chunks_per_row ? (sh.chunks_per_row - cta.first_chunk + cta.csize - 1) / cta.csize : 0;
+  } else {
+    cta.first_chunk = int64_t{cta.rank} * sh.chunks_per_cta;
+    cta.chunk_step = 1;
+    cta.my_chunks = max(int64_t{0}, min(sh.chunks_per_cta, sh.chunks_per_row - cta.first_chunk));
+  }
   cta.kept = sh.resident || Backward ? 0 : min(cta.my_chunks, int64_t{sh.ring_slots});
   cta.cluster_id = blockIdx.x / cta.csize;
   cta.clusters = gridDim.x / cta.csize;
@@ -455,6 +483,7 @@ cluster_rows_kernel(const T* __restrict__ x, int64_t xs, const T* __restrict__ a
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   cluster_sync();
+  if (threadIdx.x == 0) SOFTLIGHT_CLUSTER_ROWS_CTA(0);
 
   if (warp < group_warps) {
     RingPos pos;
@@ -467,14 +496,13 @@ cluster_rows_kernel(const T* __restrict__ x, int64_t xs, const T* __restrict__ a
     // Backward: a second producer thread keeps the y ring full, in the writers' order.
     RingPos pos;
     for (int64_t iter = 0, row; (row = cta.row_of(iter)) < rows; ++iter) {
-      const unsigned char* src =
-          reinterpret_cast<const unsigned char*>(aux + row * as) + cta.first_chunk * sh.chunk_bytes;
+      const unsigned char* src = reinterpret_cast<const unsigned char*>(aux + row * as);
       for (int64_t step = 0; step < cta.my_chunks; ++step) {
         const int64_t k = cta.writers_chunk(step);
         mbar_wait_cta(smem_addr(cta.aux_empty + pos.slot), pos.phase ^ 1);
         const uint32_t bytes = cta.bytes_of(k, cta.row_bytes);
         mbar_arrive_expect_tx(smem_addr(cta.aux_full + pos.slot), bytes);
-        bulk_load(smem_addr(cta.aux + size_t(pos.slot) * sh.chunk_bytes), src + k * sh.chunk_bytes, bytes,
+        bulk_load(smem_addr(cta.aux + size_t(pos.slot) * sh.chunk_bytes), src + cta.offset_of(k), bytes,
                   smem_addr(cta.aux_full + pos.slot));
         pos.advance(sh.aux_slots);
       }
@@ -488,8 +516,8 @@ cluster_rows_kernel(const T* __restrict__ x, int64_t xs, const T* __restrict__ a
     for (int64_t iter = 0, row; (row = cta.row_of(iter)) < rows; ++iter) {
       const unsigned long long next = more ? cta.claim() : 0;
       const int64_t head = cta.head_bytes(x + row * xs), interior = cta.interior_bytes(head);
-      const unsigned char* src =
-          reinterpret_cast<const unsigned char*>(x + row * xs) + head + cta.first_chunk * sh.chunk_bytes;
+      const unsigned char* src = reinterpret_cast<const unsigned char*>(x + row * xs) + head;
+      SOFTLIGHT_CLUSTER_ROWS_TRACE(0, row);
       for (int pass = 0; pass < (sh.resident ? 1 : 2); ++pass) {
         for (int64_t step = pass == 0 ? 0 : cta.kept; step < cta.my_chunks; ++step) {
           const int64_t k = pass == 0 ? step : cta.writers_chunk(step);
@@ -502,21 +530,23 @@ cluster_rows_kernel(const T* __restrict__ x, int64_t xs, const T* __restrict__ a
           const bool again = !Backward && (sh.hints & kHintReadTwiceInL2) && !sh.resident &&
                              (pass == 1 || step < cta.my_chunks - cta.kept);
           if (again && pass == 0) {
-            bulk_load_policy<true>(dst, src + k * sh.chunk_bytes, bytes, smem_addr(cta.full + pos.slot));
+            bulk_load_policy<true>(dst, src + cta.offset_of(k), bytes, smem_addr(cta.full + pos.slot));
           } else if ((sh.hints & 1) || again) {
-            bulk_load_policy<false>(dst, src + k * sh.chunk_bytes, bytes, smem_addr(cta.full + pos.slot));
+            bulk_load_policy<false>(dst, src + cta.offset_of(k), bytes, smem_addr(cta.full + pos.slot));
           } else {
-            bulk_load(dst, src + k * sh.chunk_bytes, bytes, smem_addr(cta.full + pos.slot));
+            bulk_load(dst, src + cta.offset_of(k), bytes, smem_addr(cta.full + pos.slot));
           }
           pos.advance(sh.ring_slots);
         }
       }
+      SOFTLIGHT_CLUSTER_ROWS_TRACE(1, row);
       if (more && !(more = cta.publish(iter + 1, next))) cta.retire();
     }
   }
   // No CTA may leave while a peer can still write into its shared memory.
   __syncwarp();
   cluster_sync();
+  if (threadIdx.x == 0) SOFTLIGHT_CLUSTER_ROWS_CTA(1);
 #endif
 }
 
@@ -620,7 +650,8 @@ cudaError_t launch(const Plan& p, const Operands& a, cudaStream_t stream) {
   if (e != cudaSuccess) return e;
 
   ClusterShape sh{p.chunk_bytes, p.ring_slots, p.chunks_per_row, p.chunks_per_cta, p.resident ? 1 : 0, a.scale,
-                  a.lse, p.hints, Backward ? p.aux_slots : 0, p.grid_exchange ? p.cluster : 0, nullptr, nullptr};
+                  a.lse, p.hints, Backward ? p.aux_slots : 0, p.grid_exchange ? p.cluster : 0, nullptr, nullptr,
+                  p.striped ? 1 : 0};
   // Rows are claimed only where a cluster has more than one to take (rows fit the queue's 32 bits).
   const bool claim = p.claim_rows && a.rows > l.clusters && a.rows < (int64_t{1} << 32) - 1;
   if (std::getenv("SOFTLIGHT_VERBOSE"))

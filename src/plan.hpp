@@ -82,6 +82,7 @@ struct Overrides {
   int grid_rows = -1;    // 0 never grid_rows, 1 wherever it can run
   int item_chunks = 0;   // grid_rows: chunks an item (1 to 8)
   int64_t spill_chunks = -1;  // grid_rows: a row's first chunks written a row later from L2 (0 none)
+  int stripe = -1;       // cluster_rows: 0 each CTA a contiguous slice of a row, else chunks dealt in turn
 };
 
 struct Plan {
@@ -114,6 +115,9 @@ struct Plan {
   // cluster_rows (clusters): each cluster claims its next row from a counter in global memory
   // instead of taking every clusters-th row, so that clusters on faster SMs take more rows.
   bool claim_rows = false;
+  // cluster_rows: a row's chunks dealt to its CTAs in turn (CTA k takes chunks k, k + C, ...), not
+  // as contiguous slices.
+  bool striped = false;
   int chunk_bytes = 0;     // bytes per bulk copy / ring slot
   int ring_slots = 0;      // chunks the ring holds
   int aux_slots = 0;       // backward: chunks of the second ring, which streams y to the writers

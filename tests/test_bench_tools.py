@@ -241,10 +241,11 @@ def test_sweep_targets_counts_only_checked_results(tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
-def test_grid_rows_trace_builds(tmp_path):
-    """tools/grid_rows_trace.cu compiles the library's grid_rows kernel with its trace points on, so
-    a change to the kernel that breaks them shows here, without a GPU."""
+@pytest.mark.parametrize("tool", ["grid_rows_trace.cu", "cluster_rows_trace.cu"])
+def test_trace_tools_build(tmp_path, tool):
+    """The trace tools compile the library's grid_rows and cluster_rows kernels with their trace
+    points on, so a change to a kernel that breaks them shows here, without a GPU."""
     cmd = ["nvcc", "-std=c++17", "-O1", "-arch=sm_90a", f"-I{ROOT / 'src'}", f"-I{ROOT / 'include'}", "-c",
-           str(ROOT / "tools" / "grid_rows_trace.cu"), "-o", str(tmp_path / "trace.o")]
+           str(ROOT / "tools" / tool), "-o", str(tmp_path / "trace.o")]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]

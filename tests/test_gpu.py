@@ -28,7 +28,7 @@ def rows_for(cols, dtype, budget=1 << 24):
 
 PLAN_KNOBS = ("cluster", "chunk_bytes", "threads", "hints", "exchange", "claim", "iters", "register_rows_bytes",
               "flat", "rows_per_lane", "peel_clusters", "register_cluster", "grid_rows", "item_chunks",
-              "spill_chunks")
+              "spill_chunks", "stripe")
 
 
 def planned(rows, cols, dtype, aligned=True, peelable=False):
@@ -369,11 +369,12 @@ def test_many_host_threads_many_streams():
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("cluster", [1, 2, 4, 8, 16])
-@pytest.mark.parametrize("chunk,threads,hints", [(4096, 288, 0), (16384, 544, 3), (32768, 160, 1)])
-def test_cluster_shapes_forced(monkeypatch, cluster, chunk, threads, hints, dtype):
-    """Every cluster size, chunk size, warp count and cache hint the tuning knobs can pick, on
-    rows that leave some CTAs of a cluster with no chunk at all, and rows that stream through
-    the ring; always more rows than clusters, so that every cluster goes round several times."""
+@pytest.mark.parametrize("chunk,threads,hints,stripe", [(4096, 288, 0, 0), (16384, 544, 3, 1), (32768, 160, 1, -1)])
+def test_cluster_shapes_forced(monkeypatch, cluster, chunk, threads, hints, stripe, dtype):
+    """Every cluster size, chunk size, warp count and cache hint the tuning knobs can pick, chunks
+    dealt in turn or in contiguous slices (STRIPE=0), on rows that leave some CTAs of a cluster with
+    no chunk at all, and rows that stream through the ring; always more rows than clusters, so that
+    every cluster goes round several times."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("clusters need sm_90")
     monkeypatch.setenv("SOFTLIGHT_EXCHANGE", "0")  # clusters (grid groups: test_grid_groups_forced)
@@ -381,11 +382,13 @@ def test_cluster_shapes_forced(monkeypatch, cluster, chunk, threads, hints, dtyp
     monkeypatch.setenv("SOFTLIGHT_CHUNK_BYTES", str(chunk))
     monkeypatch.setenv("SOFTLIGHT_THREADS", str(threads))
     monkeypatch.setenv("SOFTLIGHT_HINTS", str(hints))
+    monkeypatch.setenv("SOFTLIGHT_STRIPE", str(stripe))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for cols in (8192, 69632, 393216, 2_000_000):
         rows = min(3 * sms // cluster + 5, max(1, (1 << 26) // (cols * ELEM[dtype])))
         x = random_rows(rows, cols, dtype)
         p = planned(*x.shape, dtype)
+        assert p["family"] != "cluster_rows" or p["striped"] == (stripe != 0), p
         run_and_check(x, dtype, f"cluster={cluster} chunk={chunk} threads={threads} cols={cols} {p}")
     y, lse = softlight.log_softmax(x, temperature=1.5, return_lse=True)  # the last, streamed shape
     torch.cuda.synchronize()

@@ -270,6 +270,17 @@ def test_clusters_claim_their_rows():
     assert not plan(4096, 1000, register_cluster=0)["claim_rows"]  # other families
 
 
+def test_clusters_deal_chunks_in_turn():
+    # A row's chunks go to its CTAs in turn (each cluster sweeps the row front to back), in clusters
+    # and grid groups, forward and backward; STRIPE=0 gives each CTA a contiguous slice.
+    for cols, dtype in [(393216, "float32"), (262144, "bfloat16"), (1048576, "float16"), (1572864, "float32")]:
+        p = cluster_plan(4096, cols, dtype, register_cluster=0)
+        assert p["family"] == "cluster_rows" and p["striped"], p
+        assert not cluster_plan(4096, cols, dtype, register_cluster=0, stripe=0)["striped"]
+    assert cluster_plan(4096, 1572864, register_cluster=0)["grid_exchange"]  # the last above: grid groups
+    assert plan_axis(4096, 393216, backward=True)["striped"]
+
+
 def test_grid_groups_elsewhere():
     # Rows a group of every SM holds only once: held once only where the rows are too few for the
     # clusters to cover the SMs (7 of 16 CTAs on 132 SMs), or grid groups are asked for; else
@@ -675,8 +686,8 @@ def test_16_bit_rows_one_cta_holds_twice_take_16_kb_chunks(cols, peelable, clust
 
 KNOB_DEFAULTS = dict(cluster=0, chunk_bytes=0, threads=0, hints=-1, tile_bytes=0, exchange=-1, groups=0, claim=-1,
                      iters=0, register_rows_bytes=0, flat=-1, rows_per_lane=-1, peel_clusters=-1,
-                     register_cluster=-1, grid_rows=-1, item_chunks=0, spill_chunks=-1, split_lanes=0,
-                     split_segment_bytes=0)
+                     register_cluster=-1, grid_rows=-1, item_chunks=0, spill_chunks=-1, stripe=-1,
+                     split_lanes=0, split_segment_bytes=0)
 
 
 @pytest.fixture

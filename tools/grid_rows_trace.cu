@@ -14,32 +14,13 @@
 //   nvcc -std=c++17 -O3 -arch=sm_90a -Isrc -Iinclude -o /tmp/grid_rows_trace tools/grid_rows_trace.cu \
 //     src/plan.cpp src/cluster_rows.cu && /tmp/grid_rows_trace 60 4194304 float32
 // (src/cluster_rows.cu for the library's workspace pool.)
-#include <cuda_runtime.h>
-
 #include <algorithm>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <string_view>
 #include <vector>
 
-__device__ unsigned long long* g_trace;  // [event][row][first, last]
-__device__ unsigned long long* g_span;   // [span][row], ns summed over CTAs
-__device__ long long g_rows;
+#include "trace_common.cuh"
 
-__device__ __forceinline__ void trace_point(int event, long long row) {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  unsigned long long* p = g_trace + (event * g_rows + row) * 2;
-  atomicMin(p, t);
-  atomicMax(p + 1, t);
-}
-__device__ __forceinline__ unsigned long long trace_clock() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
+__device__ unsigned long long* g_span;   // [span][row], ns summed over CTAs
+
 __device__ __forceinline__ void trace_span(int span, long long row, unsigned long long from, unsigned long long to) {
   atomicAdd(g_span + span * g_rows + row, to - from);
 }
@@ -52,64 +33,19 @@ __device__ __forceinline__ void trace_span(int span, long long row, unsigned lon
 
 using namespace softlight;
 
-__global__ void fill(uint16_t* p16, float* p32, size_t n, int bf16) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t h = static_cast<uint32_t>(i * 2654435761u) ^ static_cast<uint32_t>(i >> 32);
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    const float v = (static_cast<float>(h & 0xffffff) / 16777216.0f - 0.5f) * 12.0f;
-    if (p32) {
-      p32[i] = v;
-    } else if (bf16) {
-      p16[i] = static_cast<uint16_t>(__float_as_uint(v) >> 16);
-    } else {
-      const __half hv = __float2half_rn(v);
-      memcpy(&p16[i], &hv, 2);
-    }
-  }
-}
-
-#define CHECK(call)                                                                  \
-  do {                                                                               \
-    const cudaError_t e_ = (call);                                                   \
-    if (e_ != cudaSuccess) {                                                         \
-      std::fprintf(stderr, "%s: %s\n", #call, cudaGetErrorString(e_));               \
-      return 1;                                                                      \
-    }                                                                                \
-  } while (0)
-
 int main(int argc, char** argv) {
   if (argc < 4) {
     std::fprintf(stderr, "usage: %s rows cols float32|bfloat16|float16\n", argv[0]);
     return 2;
   }
   const long long rows = std::atoll(argv[1]), cols = std::atoll(argv[2]);
-  const std::string_view name = argv[3];
-  const softlight_dtype dtype = name == "float32" ? SOFTLIGHT_FLOAT32 : name == "bfloat16" ? SOFTLIGHT_BFLOAT16 : SOFTLIGHT_FLOAT16;
+  const softlight_dtype dtype = dtype_named(argv[3]);
   const int elem = dtype == SOFTLIGHT_FLOAT32 ? 4 : 2;
-  const size_t n = size_t(rows) * cols;
   void *x, *y;
-  CHECK(cudaMalloc(&x, n * elem));
-  CHECK(cudaMalloc(&y, n * elem));
-  fill<<<1024, 256>>>(elem == 2 ? static_cast<uint16_t*>(x) : nullptr, elem == 4 ? static_cast<float*>(x) : nullptr, n,
-                      dtype == SOFTLIGHT_BFLOAT16);
-  CHECK(cudaDeviceSynchronize());
-
+  CHECK(trace_operands(size_t(rows) * cols, dtype, &x, &y));
   DeviceInfo d;
-  int device = 0, v = 0;
-  CHECK(cudaGetDevice(&device));
-  CHECK(cudaDeviceGetAttribute(&d.cc_major, cudaDevAttrComputeCapabilityMajor, device));
-  CHECK(cudaDeviceGetAttribute(&d.cc_minor, cudaDevAttrComputeCapabilityMinor, device));
-  CHECK(cudaDeviceGetAttribute(&d.sm_count, cudaDevAttrMultiProcessorCount, device));
-  CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  d.smem_per_block_optin = v;
-  d.max_cluster = kMaxCluster;
-  Problem prob;
-  prob.rows = rows;
-  prob.cols = cols;
-  prob.elem_bytes = elem;
-  prob.aligned16 = prob.aligned8 = prob.peelable = prob.flat16 = (cols * elem) % 16 == 0;
+  CHECK(trace_device(&d));
+  const Problem prob = trace_problem(rows, cols, elem);
   const Plan plan = plan_rows(prob, d, Overrides{});
   if (plan.family != Family::grid_rows) {
     std::fprintf(stderr, "%lld x %lld %s is planned as %s, not grid_rows\n", rows, cols, argv[3], family_name(plan.family));
@@ -129,14 +65,13 @@ int main(int argc, char** argv) {
   CHECK(cudaMemcpyToSymbol(g_span, &spans, sizeof(spans)));
   CHECK(cudaMemcpyToSymbol(g_rows, &rows, sizeof(rows)));
   std::vector<unsigned long long> h(words);
-  for (size_t i = 0; i < words; i += 2) h[i] = ~0ull, h[i + 1] = 0;
   const RowsArgs args{x, cols, y, cols, rows, cols, dtype, 1.0, nullptr};
   cudaEvent_t e0, e1;
   CHECK(cudaEventCreate(&e0));
   CHECK(cudaEventCreate(&e1));
   float ms = 0;
   for (int rep = 0; rep < 3; ++rep) {  // the last call's trace is printed
-    CHECK(cudaMemcpy(trace, h.data(), words * 8, cudaMemcpyHostToDevice));
+    CHECK(trace_reset(trace, words));
     CHECK(cudaMemset(spans, 0, span_words * 8));
     CHECK(cudaEventRecord(e0));
     CHECK(launch_grid_rows(plan, args, nullptr));

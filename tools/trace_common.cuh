@@ -1,0 +1,114 @@
+// Shared by the trace tools (grid_rows_trace.cu, cluster_rows_trace.cu): the trace points' store
+// (per event and row, the first and the last %globaltimer over all CTAs), an input filler, the
+// device's attributes as the planner takes them, and a check macro for main().
+#pragma once
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string_view>
+
+#include "plan.hpp"
+#include "softlight/softlight.h"
+
+__device__ unsigned long long* g_trace;  // [event][row][first, last]
+__device__ long long g_rows;
+
+__device__ __forceinline__ unsigned long long trace_clock() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ void trace_point(int event, long long row) {
+  const unsigned long long t = trace_clock();
+  unsigned long long* p = g_trace + (event * g_rows + row) * 2;
+  atomicMin(p, t);
+  atomicMax(p + 1, t);
+}
+
+// Keeps one thread busy until `ns` have passed on %globaltimer: queued ahead of a timed operation,
+// it hides the host work of the launch behind it.
+__global__ void spin(unsigned long long ns) {
+  const unsigned long long t0 = trace_clock();
+  while (trace_clock() - t0 < ns) {
+  }
+}
+
+// Values in [-6, 6) from a hash of the index, in the element type.
+__global__ void fill(uint16_t* p16, float* p32, size_t n, int bf16) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i * 2654435761u) ^ static_cast<uint32_t>(i >> 32);
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    const float v = (static_cast<float>(h & 0xffffff) / 16777216.0f - 0.5f) * 12.0f;
+    if (p32) {
+      p32[i] = v;
+    } else if (bf16) {
+      p16[i] = static_cast<uint16_t>(__float_as_uint(v) >> 16);
+    } else {
+      const __half hv = __float2half_rn(v);
+      memcpy(&p16[i], &hv, 2);
+    }
+  }
+}
+
+#define CHECK(call)                                                                  \
+  do {                                                                               \
+    const cudaError_t e_ = (call);                                                   \
+    if (e_ != cudaSuccess) {                                                         \
+      std::fprintf(stderr, "%s: %s\n", #call, cudaGetErrorString(e_));               \
+      return 1;                                                                      \
+    }                                                                                \
+  } while (0)
+
+inline softlight_dtype dtype_named(std::string_view name) {
+  return name == "float32" ? SOFTLIGHT_FLOAT32 : name == "bfloat16" ? SOFTLIGHT_BFLOAT16 : SOFTLIGHT_FLOAT16;
+}
+
+// x filled (the element type's hash values) and y allocated, rows x cols each.
+inline cudaError_t trace_operands(size_t n, softlight_dtype dtype, void** x, void** y) {
+  const int elem = dtype == SOFTLIGHT_FLOAT32 ? 4 : 2;
+  cudaError_t e;
+  if ((e = cudaMalloc(x, n * elem)) || (e = cudaMalloc(y, n * elem))) return e;
+  fill<<<1024, 256>>>(elem == 2 ? static_cast<uint16_t*>(*x) : nullptr, elem == 4 ? static_cast<float*>(*x) : nullptr,
+                      n, dtype == SOFTLIGHT_BFLOAT16);
+  return cudaDeviceSynchronize();
+}
+
+// The current device's attributes, as the library's planner takes them.
+inline cudaError_t trace_device(softlight::DeviceInfo* d) {
+  int device = 0, v = 0;
+  cudaError_t e;
+  if ((e = cudaGetDevice(&device)) ||
+      (e = cudaDeviceGetAttribute(&d->cc_major, cudaDevAttrComputeCapabilityMajor, device)) ||
+      (e = cudaDeviceGetAttribute(&d->cc_minor, cudaDevAttrComputeCapabilityMinor, device)) ||
+      (e = cudaDeviceGetAttribute(&d->sm_count, cudaDevAttrMultiProcessorCount, device)) ||
+      (e = cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device)))
+    return e;
+  d->smem_per_block_optin = v;
+  d->max_cluster = softlight::kMaxCluster;
+  return cudaSuccess;
+}
+
+// The problem as the library would plan it for rows x cols of a contiguous array.
+inline softlight::Problem trace_problem(long long rows, long long cols, int elem) {
+  softlight::Problem p;
+  p.rows = rows;
+  p.cols = cols;
+  p.elem_bytes = elem;
+  p.aligned16 = p.aligned8 = p.peelable = p.flat16 = (cols * elem) % 16 == 0;
+  return p;
+}
+
+// Events, set up: first times all ones, last times zero (`words` words, pairs of first and last).
+__global__ void trace_init(unsigned long long* trace, size_t words) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < words; i += size_t(gridDim.x) * blockDim.x)
+    trace[i] = i % 2 == 0 ? ~0ull : 0ull;
+}
+inline cudaError_t trace_reset(unsigned long long* trace, size_t words) {
+  trace_init<<<256, 256>>>(trace, words);
+  return cudaDeviceSynchronize();
+}
