@@ -58,34 +58,22 @@ std::pair<double, double> fit_line(const std::vector<double>& t, size_t from, si
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 4) {
-    std::fprintf(stderr, "usage: %s rows cols float32|bfloat16|float16 [calls] [spin us]\n", argv[0]);
-    return 2;
-  }
-  const long long rows = std::atoll(argv[1]), cols = std::atoll(argv[2]);
-  const softlight_dtype dtype = dtype_named(argv[3]);
+  TraceSetup ts;
+  if (const int status = trace_setup(argc, argv, " [calls] [spin us]", Family::cluster_rows, &ts)) return status;
+  const long long rows = ts.rows, cols = ts.cols;
+  const softlight_dtype dtype = ts.dtype;
+  const int elem = ts.elem;
+  const Plan& plan = ts.plan;
+  void *x = ts.x, *y = ts.y;
   const int calls = argc > 4 ? std::max(1, std::atoi(argv[4])) : 5;
   const unsigned long long spin_ns = argc > 5 ? 1000ull * std::strtoull(argv[5], nullptr, 10) : 0;
-  const int elem = dtype == SOFTLIGHT_FLOAT32 ? 4 : 2;
-  const size_t n = size_t(rows) * cols, bytes = n * elem;
-  void *x, *y;
-  CHECK(trace_operands(n, dtype, &x, &y));
-  DeviceInfo d;
-  CHECK(trace_device(&d));
-  const Plan plan = plan_rows(trace_problem(rows, cols, elem), d, knobs_from_env().rows);  // SOFTLIGHT_* knobs apply
-  if (plan.family != Family::cluster_rows) {
-    std::fprintf(stderr, "%lld x %lld %s is planned as %s, not cluster_rows\n", rows, cols, argv[3],
-                 family_name(plan.family));
-    return 1;
-  }
+  const size_t bytes = size_t(rows) * cols * elem;
   constexpr int kEvents = 5, kCtaEvents = 2;
-  const size_t words = size_t(kEvents) * rows * 2, cta_words = size_t(kCtaEvents) * kMaxCtas;
+  const size_t cta_words = size_t(kCtaEvents) * kMaxCtas;
+  size_t words;
   unsigned long long *trace, *cta;
-  CHECK(cudaMalloc(&trace, words * 8));
-  CHECK(cudaMalloc(&cta, cta_words * 8));
-  CHECK(cudaMemcpyToSymbol(g_trace, &trace, sizeof(trace)));
-  CHECK(cudaMemcpyToSymbol(g_cta, &cta, sizeof(cta)));
-  CHECK(cudaMemcpyToSymbol(g_rows, &rows, sizeof(rows)));
+  CHECK(trace_store(kEvents, rows, &trace, &words));
+  CHECK(trace_array(g_cta, cta_words, &cta));
   const RowsArgs args{x, cols, y, cols, rows, cols, dtype, 1.0, nullptr};
   cudaEvent_t es, e0, e1;
   CHECK(cudaEventCreate(&es));

@@ -10,7 +10,8 @@
 // two: the row's period (first claim to first claim), its claims' span, the tail of its loads (last
 // claim to last landed), its last fold and post, the merge (last post to the statistics in the first
 // and the last CTA), the writes after that, and each role's time a CTA per row.
-// Build and run on an sm_90 GPU (the plan is the planner's, as the library would launch it):
+// Build and run on an sm_90 GPU (the plan is the planner's, as the library would launch it, with the
+// SOFTLIGHT_* knobs of the environment):
 //   nvcc -std=c++17 -O3 -arch=sm_90a -Isrc -Iinclude -o /tmp/grid_rows_trace tools/grid_rows_trace.cu \
 //     src/plan.cpp src/cluster_rows.cu && /tmp/grid_rows_trace 60 4194304 float32
 // (src/cluster_rows.cu for the library's workspace pool.)
@@ -34,36 +35,24 @@ __device__ __forceinline__ void trace_span(int span, long long row, unsigned lon
 using namespace softlight;
 
 int main(int argc, char** argv) {
-  if (argc < 4) {
-    std::fprintf(stderr, "usage: %s rows cols float32|bfloat16|float16\n", argv[0]);
-    return 2;
-  }
-  const long long rows = std::atoll(argv[1]), cols = std::atoll(argv[2]);
-  const softlight_dtype dtype = dtype_named(argv[3]);
-  const int elem = dtype == SOFTLIGHT_FLOAT32 ? 4 : 2;
-  void *x, *y;
-  CHECK(trace_operands(size_t(rows) * cols, dtype, &x, &y));
-  DeviceInfo d;
-  CHECK(trace_device(&d));
-  const Problem prob = trace_problem(rows, cols, elem);
-  const Plan plan = plan_rows(prob, d, Overrides{});
-  if (plan.family != Family::grid_rows) {
-    std::fprintf(stderr, "%lld x %lld %s is planned as %s, not grid_rows\n", rows, cols, argv[3], family_name(plan.family));
-    return 1;
-  }
+  TraceSetup t;
+  if (const int status = trace_setup(argc, argv, "", Family::grid_rows, &t)) return status;
+  const long long rows = t.rows, cols = t.cols;
+  const softlight_dtype dtype = t.dtype;
+  const DeviceInfo& d = t.d;
+  const Plan& plan = t.plan;
+  void *x = t.x, *y = t.y;
   std::printf("# %lld x %lld %s: grid_rows, %d slots of %d bytes, items of %lld chunks, %lld chunks a row, %lld spilled, "
               "wait_last %d\n",
               rows, cols, argv[3], plan.ring_slots, plan.chunk_bytes, static_cast<long long>(plan.chunks_per_cta),
               static_cast<long long>(plan.chunks_per_row), static_cast<long long>(plan.spill_chunks), plan.wait_last ? 1 : 0);
 
   constexpr int kEvents = 6, kSpans = 9;
-  const size_t words = size_t(kEvents) * rows * 2, span_words = size_t(kSpans) * rows;
+  const size_t span_words = size_t(kSpans) * rows;
+  size_t words;
   unsigned long long *trace, *spans;
-  CHECK(cudaMalloc(&trace, words * 8));
-  CHECK(cudaMalloc(&spans, span_words * 8));
-  CHECK(cudaMemcpyToSymbol(g_trace, &trace, sizeof(trace)));
-  CHECK(cudaMemcpyToSymbol(g_span, &spans, sizeof(spans)));
-  CHECK(cudaMemcpyToSymbol(g_rows, &rows, sizeof(rows)));
+  CHECK(trace_store(kEvents, rows, &trace, &words));
+  CHECK(trace_array(g_span, span_words, &spans));
   std::vector<unsigned long long> h(words);
   const RowsArgs args{x, cols, y, cols, rows, cols, dtype, 1.0, nullptr};
   cudaEvent_t e0, e1;

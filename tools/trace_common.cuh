@@ -103,6 +103,51 @@ inline softlight::Problem trace_problem(long long rows, long long cols, int elem
   return p;
 }
 
+// A tool's problem, from its first arguments (rows cols dtype): x filled and y allocated, the device's
+// attributes, and the library's plan for it (SOFTLIGHT_* knobs applied), which must be of `family`.
+struct TraceSetup {
+  long long rows = 0, cols = 0;
+  softlight_dtype dtype = SOFTLIGHT_FLOAT32;
+  int elem = 4;
+  void *x = nullptr, *y = nullptr;
+  softlight::DeviceInfo d;
+  softlight::Plan plan;
+};
+// 0, or the exit status for main (the reason printed).
+inline int trace_setup(int argc, char** argv, const char* more_usage, softlight::Family family, TraceSetup* t) {
+  if (argc < 4) {
+    std::fprintf(stderr, "usage: %s rows cols float32|bfloat16|float16%s\n", argv[0], more_usage);
+    return 2;
+  }
+  t->rows = std::atoll(argv[1]);
+  t->cols = std::atoll(argv[2]);
+  t->dtype = dtype_named(argv[3]);
+  t->elem = t->dtype == SOFTLIGHT_FLOAT32 ? 4 : 2;
+  CHECK(trace_operands(size_t(t->rows) * t->cols, t->dtype, &t->x, &t->y));
+  CHECK(trace_device(&t->d));
+  t->plan = softlight::plan_rows(trace_problem(t->rows, t->cols, t->elem), t->d, softlight::knobs_from_env().rows);
+  if (t->plan.family != family) {
+    std::fprintf(stderr, "%lld x %lld %s is planned as %s, not %s\n", t->rows, t->cols, argv[3],
+                 softlight::family_name(t->plan.family), softlight::family_name(family));
+    return 1;
+  }
+  return 0;
+}
+
+// The event store for `events` events of `rows` rows (`words` words), made the trace points' own.
+inline cudaError_t trace_store(int events, long long rows, unsigned long long** trace, size_t* words) {
+  *words = size_t(events) * rows * 2;
+  cudaError_t e;
+  if ((e = cudaMalloc(trace, *words * 8)) || (e = cudaMemcpyToSymbol(g_trace, trace, sizeof(*trace)))) return e;
+  return cudaMemcpyToSymbol(g_rows, &rows, sizeof(rows));
+}
+// An array of `words` words more for a tool's own trace points, held in its device symbol.
+template <class Symbol>
+inline cudaError_t trace_array(const Symbol& symbol, size_t words, unsigned long long** p) {
+  const cudaError_t e = cudaMalloc(p, words * 8);
+  return e != cudaSuccess ? e : cudaMemcpyToSymbol(symbol, p, sizeof(*p));
+}
+
 // Events, set up: first times all ones, last times zero (`words` words, pairs of first and last).
 __global__ void trace_init(unsigned long long* trace, size_t words) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < words; i += size_t(gridDim.x) * blockDim.x)
