@@ -66,8 +66,6 @@ struct ClusterShape {
   int striped;    // a row's chunks dealt to its CTAs in turn, not in contiguous slices
 };
 
-// The kernel body exists in the sm_90 device pass only (SOFTLIGHT_HOPPER, hopper.cuh); other
-// passes see an empty kernel.
 // Trace points, for tools/cluster_rows_trace.cu (none in the library's build). Row events: 0 the
 // producer's first load of the row issued, 1 its last, 2 the statistics warps' partial of the row
 // ready, 3 the row's statistics merged by the writers, 4 the writers done with the row. CTA events:
@@ -77,6 +75,8 @@ struct ClusterShape {
 #define SOFTLIGHT_CLUSTER_ROWS_CTA(event) ((void)0)
 #endif
 
+// The kernel body exists in the sm_90 device pass only (SOFTLIGHT_HOPPER, hopper.cuh); other
+// passes see an empty kernel.
 #ifdef SOFTLIGHT_HOPPER
 // Buffers for the cluster's partials, by row. The statistics warps start row j only once their
 // writers have started row j - 2 (and so re-armed the buffer of row j + 2). A peer therefore
