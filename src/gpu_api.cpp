@@ -54,23 +54,8 @@ class DeviceScope {
   bool changed_ = false;
 };
 
-cudaError_t query_device_info(int device, DeviceInfo* d) {
-  int v = 0;
-  cudaError_t e;
-  if ((e = cudaDeviceGetAttribute(&d->cc_major, cudaDevAttrComputeCapabilityMajor, device))) return e;
-  if ((e = cudaDeviceGetAttribute(&d->cc_minor, cudaDevAttrComputeCapabilityMinor, device))) return e;
-  if ((e = cudaDeviceGetAttribute(&d->sm_count, cudaDevAttrMultiProcessorCount, device))) return e;
-  if ((e = cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device))) return e;
-  d->smem_per_block_optin = v;
-  if ((e = cudaDeviceGetAttribute(&v, cudaDevAttrClusterLaunch, device))) return e;
-  // Hopper schedules clusters of up to 16 CTAs (8 portably); the launcher steps down if the
-  // chosen size cannot be placed.
-  d->max_cluster = v ? kMaxCluster : 0;
-  return cudaSuccess;
-}
-
 // A device's attributes do not change while the process runs: each device is queried once (five
-// runtime calls less on every later call).
+// runtime calls less on every later call; query_device_info, kernels.hpp).
 cudaError_t device_info(int device, DeviceInfo* d) {
   static std::mutex mu;
   static std::map<int, DeviceInfo> known;

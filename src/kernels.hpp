@@ -24,6 +24,23 @@ struct RowsArgs {
   void* lse;     // optional per-row log-sum-exp, accumulation type
 };
 
+// The device's attributes as the planner takes them (five runtime calls; the library asks once per
+// device, gpu_api.cpp).
+inline cudaError_t query_device_info(int device, DeviceInfo* d) {
+  int v = 0;
+  cudaError_t e;
+  if ((e = cudaDeviceGetAttribute(&d->cc_major, cudaDevAttrComputeCapabilityMajor, device))) return e;
+  if ((e = cudaDeviceGetAttribute(&d->cc_minor, cudaDevAttrComputeCapabilityMinor, device))) return e;
+  if ((e = cudaDeviceGetAttribute(&d->sm_count, cudaDevAttrMultiProcessorCount, device))) return e;
+  if ((e = cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device))) return e;
+  d->smem_per_block_optin = v;
+  if ((e = cudaDeviceGetAttribute(&v, cudaDevAttrClusterLaunch, device))) return e;
+  // Hopper schedules clusters of up to 16 CTAs (8 portably); the launcher steps down if the
+  // chosen size cannot be placed.
+  d->max_cluster = v ? kMaxCluster : 0;
+  return cudaSuccess;
+}
+
 // Makes `cfg` launch clusters of `cluster` CTAs along x (attr: storage for one attribute).
 inline void set_cluster_dim(cudaLaunchConfig_t* cfg, cudaLaunchAttribute* attr, int cluster) {
   attr->id = cudaLaunchAttributeClusterDimension;

@@ -129,7 +129,6 @@ int main(int argc, char** argv) {
     std::vector<unsigned long long> rows, ctas;
   };
   std::vector<Call> traced;
-  int grid = 0;
   for (int c = 0; c < calls; ++c) {
     CHECK(trace_reset(trace, words));
     CHECK(cudaMemset(cta, 0, cta_words * 8));
@@ -159,6 +158,7 @@ int main(int argc, char** argv) {
   if (t.ctas[0] == 0) return 0;  // built with TRACE_OFF
   // CTAs that ran: those with a start time (the grid is whole clusters, at most the SM count).
   std::vector<double> starts, ends;
+  int grid = 0;
   unsigned long long t0 = ~0ull;
   for (int b = 0; b < kMaxCtas; ++b)
     if (t.ctas[b] != 0) t0 = std::min(t0, t.ctas[b]);

@@ -1,6 +1,6 @@
 // Shared by the trace tools (grid_rows_trace.cu, cluster_rows_trace.cu): the trace points' store
 // (per event and row, the first and the last %globaltimer over all CTAs), an input filler, the
-// device's attributes as the planner takes them, and a check macro for main().
+// problem set up as the library would plan it, and a check macro for main().
 #pragma once
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -10,6 +10,7 @@
 #include <cstring>
 #include <string_view>
 
+#include "kernels.hpp"
 #include "plan.hpp"
 #include "softlight/softlight.h"
 
@@ -78,21 +79,6 @@ inline cudaError_t trace_operands(size_t n, softlight_dtype dtype, void** x, voi
   return cudaDeviceSynchronize();
 }
 
-// The current device's attributes, as the library's planner takes them.
-inline cudaError_t trace_device(softlight::DeviceInfo* d) {
-  int device = 0, v = 0;
-  cudaError_t e;
-  if ((e = cudaGetDevice(&device)) ||
-      (e = cudaDeviceGetAttribute(&d->cc_major, cudaDevAttrComputeCapabilityMajor, device)) ||
-      (e = cudaDeviceGetAttribute(&d->cc_minor, cudaDevAttrComputeCapabilityMinor, device)) ||
-      (e = cudaDeviceGetAttribute(&d->sm_count, cudaDevAttrMultiProcessorCount, device)) ||
-      (e = cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device)))
-    return e;
-  d->smem_per_block_optin = v;
-  d->max_cluster = softlight::kMaxCluster;
-  return cudaSuccess;
-}
-
 // The problem as the library would plan it for rows x cols of a contiguous array.
 inline softlight::Problem trace_problem(long long rows, long long cols, int elem) {
   softlight::Problem p;
@@ -124,7 +110,9 @@ inline int trace_setup(int argc, char** argv, const char* more_usage, softlight:
   t->dtype = dtype_named(argv[3]);
   t->elem = t->dtype == SOFTLIGHT_FLOAT32 ? 4 : 2;
   CHECK(trace_operands(size_t(t->rows) * t->cols, t->dtype, &t->x, &t->y));
-  CHECK(trace_device(&t->d));
+  int device = 0;
+  CHECK(cudaGetDevice(&device));
+  CHECK(softlight::query_device_info(device, &t->d));
   t->plan = softlight::plan_rows(trace_problem(t->rows, t->cols, t->elem), t->d, softlight::knobs_from_env().rows);
   if (t->plan.family != family) {
     std::fprintf(stderr, "%lld x %lld %s is planned as %s, not %s\n", t->rows, t->cols, argv[3],
