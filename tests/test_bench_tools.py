@@ -188,6 +188,38 @@ def test_sass_loops_counts_each_loop_by_class():
     assert sum(o.startswith("STG") for o in found[1][2]) == 1
 
 
+
+def test_ncu_sass_blocks_and_stalls(tmp_path):
+    """tools/ncu_sass.py on a made-up source page: the kernel's name line, the header, two straight
+    runs of code (a loop body executed 10 times, a spin loop executed 40 times) and one instruction
+    executed once; blocks by share of the instructions, stalls by samples with their main reasons."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("ncu_sass", ROOT / "tools" / "ncu_sass.py")
+    ncu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ncu)
+    head = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed",
+            "stall_long_sb", "stall_wait", "stall_long_sb (Not Issued)"]
+    body = [["0x10", "LDS.128 R4, [R2]", "2", "10", "1", "1", "9"],
+            ["0x20", "MUFU.EX2 R5, R5", "4", "10", "0", "4", "9"],
+            ["0x30", "YIELD", "0", "40", "0", "0", "0"],
+            ["0x40", "@!P3  BRA 0x30", "12", "40", "12", "0", "0"],
+            ["0x50", "EXIT", "2", "1", "0", "2", "0"]]
+    f = tmp_path / "sass.csv"
+    f.write_text("\n".join(",".join(f'"{v}"' for v in r) for r in [["Kernel Name", "k"], head] + body) + "\n")
+    header, rows = ncu.read(f)
+    assert header == head and len(rows) == 5
+    assert ncu.opcode("@!P3  BRA 0x30") == "BRA" and ncu.opcode("EXIT") == "EXIT"
+    b = ncu.blocks(header, rows)
+    assert [(n, length, i, ops) for _, n, length, _, i, ops in b] == \
+        [(40, 2, 2, ["YIELD", "BRA"]), (10, 2, 0, ["LDS.128", "MUFU.EX2"]), (1, 1, 4, ["EXIT"])]
+    assert b[0][0] == pytest.approx(80 / 101) and b[0][3] == pytest.approx(12 / 20)
+    totals, per = ncu.stalls(header, rows)
+    assert totals == pytest.approx({"long_sb": 13 / 20, "wait": 7 / 20})  # not the "(Not Issued)" column
+    assert per[0][1] == 3 and per[0][4][0] == ("long_sb", 12) and per[1][1] == 1
+    out = subprocess.run([sys.executable, str(ROOT / "tools" / "ncu_sass.py"), str(f)], capture_output=True,
+                         text=True, check=True).stdout
+    assert out.startswith("101 warp instructions executed, 5 in the kernel") and "long_sb 65.0 %" in out
+
 def test_ab_builds_summary_takes_medians_over_rounds(tmp_path, capsys):
     """tools/ab_builds.py summary: per shape and build, the median time over the rounds, its ratio
     to the median floor of the same build, the largest error of any round; a build missing at a
