@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include <array>
+#include <cctype>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -171,31 +172,14 @@ py::dict plan_axis(int64_t outer, int64_t dim, int64_t inner, int elem_bytes, bo
                                         softlight::SplitOverrides{}, over));
 }
 
-// The tuning knobs the library reads from the environment at each call (SOFTLIGHT_<NAME>), by name.
+// The tuning knobs the library reads from the environment at each call (SOFTLIGHT_<NAME>), by name
+// in lower case.
 py::dict env_knobs() {
-  const softlight::Knobs k = softlight::knobs_from_env();
-  const softlight::Overrides& o = k.rows;
   py::dict out;
-  out["cluster"] = o.cluster;
-  out["chunk_bytes"] = o.chunk_bytes;
-  out["threads"] = o.threads;
-  out["hints"] = o.hints;
-  out["tile_bytes"] = o.tile_bytes;
-  out["exchange"] = o.exchange;
-  out["groups"] = o.groups;
-  out["claim"] = o.claim;
-  out["iters"] = o.iters;
-  out["register_rows_bytes"] = o.register_rows_bytes;
-  out["flat"] = o.flat;
-  out["rows_per_lane"] = o.rows_per_lane;
-  out["peel_clusters"] = o.peel_clusters;
-  out["register_cluster"] = o.register_cluster;
-  out["grid_rows"] = o.grid_rows;
-  out["item_chunks"] = o.item_chunks;
-  out["spill_chunks"] = o.spill_chunks;
-  out["stripe"] = o.stripe;
-  out["split_lanes"] = k.split.lanes;
-  out["split_segment_bytes"] = k.split.segment_bytes;
+  for (auto& [name, value] : softlight::knob_values(softlight::knobs_from_env())) {
+    for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    out[py::str(name)] = value;
+  }
   return out;
 }
 

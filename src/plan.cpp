@@ -1,6 +1,7 @@
 #include "plan.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <cstring>
 
@@ -554,33 +555,51 @@ Plan plan_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
   return plan_block_rows(p, d, vec);
 }
 
+namespace {
+
+// Every knob once: its name after SOFTLIGHT_ and the field it sets (an int or an int64_t).
+struct KnobField {
+  const char* name;
+  int* as_int;
+  int64_t* as_int64;
+};
+
+std::array<KnobField, 20> knob_fields(Knobs& k) {
+  Overrides& o = k.rows;
+  return {{{"CLUSTER", &o.cluster, nullptr},
+           {"CHUNK_BYTES", &o.chunk_bytes, nullptr},
+           {"THREADS", &o.threads, nullptr},
+           {"HINTS", &o.hints, nullptr},
+           {"TILE_BYTES", &o.tile_bytes, nullptr},
+           {"EXCHANGE", &o.exchange, nullptr},
+           {"GROUPS", &o.groups, nullptr},
+           {"CLAIM", &o.claim, nullptr},
+           {"ITERS", &o.iters, nullptr},
+           {"REGISTER_ROWS_BYTES", nullptr, &o.register_rows_bytes},
+           {"FLAT", &o.flat, nullptr},
+           {"ROWS_PER_LANE", &o.rows_per_lane, nullptr},
+           {"PEEL_CLUSTERS", &o.peel_clusters, nullptr},
+           {"REGISTER_CLUSTER", &o.register_cluster, nullptr},
+           {"GRID_ROWS", &o.grid_rows, nullptr},
+           {"ITEM_CHUNKS", &o.item_chunks, nullptr},
+           {"SPILL_CHUNKS", nullptr, &o.spill_chunks},
+           {"STRIPE", &o.stripe, nullptr},
+           {"SPLIT_LANES", &k.split.lanes, nullptr},
+           {"SPLIT_SEGMENT_BYTES", nullptr, &k.split.segment_bytes}}};
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, int64_t>> knob_values(Knobs k) {
+  std::vector<std::pair<std::string, int64_t>> out;
+  for (const KnobField& f : knob_fields(k)) out.emplace_back(f.name, f.as_int != nullptr ? *f.as_int : *f.as_int64);
+  return out;
+}
+
 Knobs knobs_from_env() {
   Knobs k;
   Overrides& o = k.rows;
-  const struct {
-    const char* name;
-    int* as_int;
-    int64_t* as_int64;
-  } table[] = {{"CLUSTER", &o.cluster, nullptr},
-               {"CHUNK_BYTES", &o.chunk_bytes, nullptr},
-               {"THREADS", &o.threads, nullptr},
-               {"HINTS", &o.hints, nullptr},
-               {"TILE_BYTES", &o.tile_bytes, nullptr},
-               {"EXCHANGE", &o.exchange, nullptr},
-               {"GROUPS", &o.groups, nullptr},
-               {"CLAIM", &o.claim, nullptr},
-               {"ITERS", &o.iters, nullptr},
-               {"REGISTER_ROWS_BYTES", nullptr, &o.register_rows_bytes},
-               {"FLAT", &o.flat, nullptr},
-               {"ROWS_PER_LANE", &o.rows_per_lane, nullptr},
-               {"PEEL_CLUSTERS", &o.peel_clusters, nullptr},
-               {"REGISTER_CLUSTER", &o.register_cluster, nullptr},
-               {"GRID_ROWS", &o.grid_rows, nullptr},
-               {"ITEM_CHUNKS", &o.item_chunks, nullptr},
-               {"SPILL_CHUNKS", nullptr, &o.spill_chunks},
-               {"STRIPE", &o.stripe, nullptr},
-               {"SPLIT_LANES", &k.split.lanes, nullptr},
-               {"SPLIT_SEGMENT_BYTES", nullptr, &k.split.segment_bytes}};
+  const auto table = knob_fields(k);
   constexpr char kPrefix[] = "SOFTLIGHT_";
   constexpr size_t kPrefixLen = sizeof(kPrefix) - 1;
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {

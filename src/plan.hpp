@@ -3,6 +3,9 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace softlight {
 
@@ -266,5 +269,7 @@ struct Knobs {
   SplitOverrides split;
 };
 Knobs knobs_from_env();
+// Each knob's name (after SOFTLIGHT_) and its value in k, from the same table knobs_from_env reads.
+std::vector<std::pair<std::string, int64_t>> knob_values(Knobs k);
 
 }  // namespace softlight
