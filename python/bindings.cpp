@@ -98,6 +98,7 @@ py::dict plan_dict(const softlight::Plan& r) {
   out["grid"] = r.grid;
   out["group"] = r.group;
   out["iters"] = r.iters;
+  out["bounded"] = r.bounded;
   out["flat_rows"] = r.flat_rows;
   out["flat_spread"] = r.flat_spread;
   out["rows_per_lane"] = r.rows_per_lane;
@@ -127,7 +128,8 @@ py::dict plan(int64_t rows, int64_t cols, int elem_bytes, bool aligned16, int cc
               int cc_minor, int sm_count, int64_t smem_optin, int max_cluster, int cluster,
               int chunk_bytes, int threads, int hints, bool peelable, bool aligned8, int exchange, int claim, int iters,
               int64_t register_rows_bytes, bool flat16, int flat, int rows_per_lane, int peel_clusters,
-              int register_cluster, int grid_rows, int item_chunks, int64_t spill_chunks, int stripe) {
+              int register_cluster, int grid_rows, int item_chunks, int64_t spill_chunks, int stripe,
+              bool rows128) {
   softlight::Problem p;
   p.rows = rows;
   p.cols = cols;
@@ -136,6 +138,7 @@ py::dict plan(int64_t rows, int64_t cols, int elem_bytes, bool aligned16, int cc
   p.peelable = peelable;
   p.flat16 = flat16;
   p.aligned8 = aligned8 || aligned16;
+  p.rows128 = rows128 && aligned16;
   const auto d = device(cc_major, cc_minor, sm_count, smem_optin, max_cluster);
   softlight::Overrides over{cluster, chunk_bytes, threads, hints};
   over.exchange = exchange;
@@ -303,5 +306,5 @@ PYBIND11_MODULE(_C, m) {
         py::arg("register_rows_bytes") = 0, py::arg("flat16") = false, py::arg("flat") = -1,
         py::arg("rows_per_lane") = -1, py::arg("peel_clusters") = -1,
         py::arg("register_cluster") = -1, py::arg("grid_rows") = -1, py::arg("item_chunks") = 0,
-        py::arg("spill_chunks") = -1, py::arg("stripe") = -1);
+        py::arg("spill_chunks") = -1, py::arg("stripe") = -1, py::arg("rows128") = false);
 }

@@ -78,15 +78,19 @@ softlight_status cuda_status(cudaError_t e) {
   return no_driver(e) ? SOFTLIGHT_ERROR_NO_DEVICE : SOFTLIGHT_ERROR_CUDA;
 }
 
-// 16-byte vector access is valid for rows of `cols` elements of `elem` bytes at each (pointer, row
-// stride in elements) pair: pointers, row strides and the row length are multiples of 16 bytes.
-// Pass a stride of 0 where there is one row.
-bool vectorizable(std::initializer_list<std::pair<const void*, int64_t>> arrays, int64_t cols, int elem,
-                  int bytes = 16) {
-  if ((cols * elem) % bytes != 0) return false;
+// Every row of each (pointer, row stride in elements of `elem` bytes) pair starts on `bytes`: the
+// pointers and row strides are multiples of it. Pass a stride of 0 where there is one row.
+bool rows_start_on(std::initializer_list<std::pair<const void*, int64_t>> arrays, int elem, int bytes) {
   for (const auto& [p, stride] : arrays)
     if (reinterpret_cast<uintptr_t>(p) % bytes != 0 || (stride * elem) % bytes != 0) return false;
   return true;
+}
+
+// 16-byte vector access is valid for rows of `cols` elements of `elem` bytes at each (pointer, row
+// stride in elements) pair: pointers, row strides and the row length are multiples of 16 bytes.
+bool vectorizable(std::initializer_list<std::pair<const void*, int64_t>> arrays, int64_t cols, int elem,
+                  int bytes = 16) {
+  return (cols * elem) % bytes == 0 && rows_start_on(arrays, elem, bytes);
 }
 
 // Plans, launches, and where a cluster cannot be placed (a partitioned or busy GPU) halves the
@@ -159,6 +163,7 @@ softlight_status run_rows(const RowsArgs& args, const DeviceInfo& dev, cudaStrea
                                                                          {args.y, one ? 0 : args.y_stride}};
   prob.aligned16 = vectorizable(arrays, args.cols, prob.elem_bytes);
   prob.aligned8 = vectorizable(arrays, args.cols, prob.elem_bytes, 8);
+  prob.rows128 = rows_start_on(arrays, prob.elem_bytes, 128);
   // Peeling needs element-aligned pointers (as any access does) that agree modulo 16 bytes.
   prob.peelable = reinterpret_cast<uintptr_t>(args.x) % prob.elem_bytes == 0 &&
                   (reinterpret_cast<uintptr_t>(args.x) - reinterpret_cast<uintptr_t>(args.y)) % 16 == 0 &&

@@ -92,6 +92,13 @@ Plan plan_register_cluster(const Problem& p, const DeviceInfo& d, int threads, i
   plan.segment = ceil_div(ceil_div(vectors, c), 32) * 32;
   plan.grid = p.rows;
   plan.peel = !p.aligned16;  // the packs are each row's interior (see plan_rows)
+  // CTAs of more than 128 threads hold eight packs a thread in 64 registers (four CTAs an SM). So
+  // do 16-bit rows in 16-byte packs that do not start on 128 bytes: each warp's load then waits on
+  // five L2 lines instead of four, and eight CTAs an SM hide that where six did not (bf16 rows of
+  // 50 264 1.098 -> 1.016 x copy); rows on 128 bytes keep the compiler's choice (bf16 rows of
+  // 32 000 0.996 x against 1.019 x bounded). docs/design.md, "Rows off 128 bytes".
+  plan.bounded = iters == 8 && (threads > kRegisterClusterMaxThreads / 2 ||
+                                (p.elem_bytes == 2 && p.aligned16 && !p.rows128));
   return plan;
 }
 

@@ -44,6 +44,9 @@ struct Problem {
   bool aligned16 = false;
   // The same with 8 bytes (warp_rows reads such rows in 8-byte packs).
   bool aligned8 = false;
+  // Every row of x and y starts on 128 bytes (both base pointers and both row strides in bytes
+  // are multiples of 128): a warp's 512 contiguous bytes of a row are then four L2 lines, not five.
+  bool rows128 = false;
   // x and y rows are misaligned alike (bases and row strides agree modulo 16 bytes), so a row
   // can be peeled to 16-byte vectors (block_rows).
   bool peelable = false;
@@ -97,6 +100,10 @@ struct Plan {
   int group = 0;           // threads per row (power of two, 1..32; 16-byte packs: up to 1024; over a
                            // cluster (cluster > 0), the CTA's threads, segment packs a CTA)
   int iters = 0;           // vectors per lane per row (1, 2, 4 or 8)
+  // warp_rows over a cluster, eight packs a thread: the kernel held to 64 registers a thread (the
+  // packs unpacked again for y), so that a 128-thread CTA's eight packs leave room for eight CTAs an
+  // SM; else the compiler's choice (80 registers for bf16 rows in 16-byte packs: six CTAs).
+  bool bounded = false;
   // warp_rows, flat tiles: rows per thread (0: not flat). Short rows that are not 16-byte aligned
   // but lie in one contiguous run are staged through shared memory a tile of threads * flat_rows
   // rows at a time, read and written as 16-byte packs of the flat array.

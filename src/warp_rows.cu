@@ -131,10 +131,12 @@ rows_in_registers_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y,
 // Peel: rows off 16 bytes, x and y off alike (rows of 50 257). The packs are the row's interior,
 // from its first 16-byte boundary; the head before it and the tail after its last whole pack (each
 // fewer than a pack) go to CTA 0's threads 0 and 1, which fold them into their pairs and write them.
-// Bounded: CTAs of 256 threads, four to an SM (64 registers a thread, the packs unpacked again
-// for y; register_cluster_bounded_kernel): bf16 took 79 registers and three CTAs, 4-11 % slower
-// than fp16 at the same bytes. CTAs of 128 threads keep the compiler's choice
-// (register_cluster_kernel), which was 2 % faster in bf16 than the bound.
+// Bounded (Plan::bounded; register_cluster_bounded_kernel): 64 registers a thread, the packs
+// unpacked again for y. CTAs of 256 threads, four to an SM: bf16 took 79 registers and three CTAs,
+// 4-11 % slower than fp16 at the same bytes. CTAs of 128 threads, eight to an SM, for 16-bit rows in
+// packs that do not start on 128 bytes (bf16 rows of 50 264: six CTAs of 80 registers, 8 % slower).
+// Other CTAs of 128 threads keep the compiler's choice (register_cluster_kernel), which was 2 %
+// faster in bf16 rows on 128 bytes than the bound.
 template <class T, int ITERS, bool Peel, bool Bounded>
 __device__ __forceinline__ void register_cluster_row(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t ys,
                                                      int cols, int span, acc_t<T> scale, acc_t<T>* __restrict__ lse) {
@@ -484,7 +486,7 @@ cudaError_t launch_register_clusters(const Plan& p, const RowsArgs& a, cudaStrea
     if ((p.iters != 4 && p.iters != 8) || p.grid != a.rows) return cudaErrorInvalidValue;
     using Kernel = void (*)(const T*, int64_t, T*, int64_t, int, int, acc_t<T>, acc_t<T>*);
     Kernel kernel = p.peel ? register_cluster_kernel<T, 4, true> : register_cluster_kernel<T, 4, false>;
-    if (p.iters == 8 && p.threads > kRegisterClusterMaxThreads / 2)
+    if (p.iters == 8 && p.bounded)
       kernel = p.peel ? register_cluster_bounded_kernel<T, true> : register_cluster_bounded_kernel<T, false>;
     else if (p.iters == 8)
       kernel = p.peel ? register_cluster_kernel<T, 8, true> : register_cluster_kernel<T, 8, false>;

@@ -37,9 +37,10 @@ def planned(rows, cols, dtype, aligned=True, peelable=False):
     # The knobs as the library reads them from the environment, those the planner takes.
     knobs = {k: v for k, v in _C.env_knobs().items() if k in PLAN_KNOBS}
     e = ELEM[dtype]
-    # aligned: a contiguous array from torch's allocator (its base on 16 bytes and more).
+    # aligned: a contiguous array from torch's allocator (its base on 16 bytes and more: 512).
     return _C.plan(rows, cols, e, aligned and cols * e % 16 == 0, **device_plan_args(), **knobs,
-                   aligned8=aligned and cols * e % 8 == 0, flat16=aligned, peelable=peelable)
+                   aligned8=aligned and cols * e % 8 == 0, flat16=aligned, peelable=peelable,
+                   rows128=aligned and cols * e % 128 == 0)
 
 
 def run_and_check(x, dtype, what, out=None):
@@ -500,6 +501,9 @@ def test_rows_in_registers_over_a_cluster(monkeypatch, cols, threads, iters, dty
         assert not (p["family"] == "warp_rows" and p["cluster"] > 0), p
         pytest.skip(f"{cols} columns take {c} CTAs of {threads} x {iters} packs")
     assert (p["family"], p["cluster"], p["threads"], p["iters"]) == ("warp_rows", c, threads, iters), p
+    # Held to 64 registers: CTAs past 128 threads, and 16-bit rows off 128 bytes. The strided rows
+    # below may run the other kernel of the two; their results must agree bit for bit.
+    assert p["bounded"] == (iters == 8 and (threads > 128 or (vec == 8 and cols * 2 % 128 != 0))), p
     x = random_rows(37, cols, dtype)
     x[0, 1] = float("nan")
     x[1, :] = float("-inf")
@@ -520,6 +524,43 @@ def test_rows_in_registers_over_a_cluster(monkeypatch, cols, threads, iters, dty
     assert bool((wide[:, cols:] == POISON).all()), "nothing written past a row"
     ok = ~torch.isnan(y)
     assert torch.equal(wide[:, :cols][ok], y[ok]), "a row's result depends on its neighbours"
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("off", [16, 48, 64, 112])
+@pytest.mark.parametrize("cols", [32000, 50264])
+def test_register_clusters_rows_off_128_bytes(cols, off, dtype):
+    """16-bit rows in 16-byte packs whose rows do not start on 128 bytes (views `off` bytes into an
+    allocation, rows of 32 000 that would start on 128 bytes, and rows of 50 264 that never do) run
+    the kernel held to 64 registers: special values, temperature and LSE against float64, nothing
+    written outside the rows, and each row's result equal to the same row's from a view on 128
+    bytes where there is one."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("clusters need Hopper")
+    rows, e = 37, ELEM[dtype]
+    p = _C.plan(rows, cols, e, True, **device_plan_args(), rows128=False)
+    assert (p["family"], p["threads"], p["iters"], p["bounded"]) == ("warp_rows", 128, 8, True), p
+    assert not _C.plan(rows, cols, e, True, **device_plan_args(), rows128=True)["bounded"]
+    base = random_rows(1, rows * cols + off // e, dtype).flatten()
+    x = base[off // e:].view(rows, cols)
+    x[0, 0] = float("nan")
+    x[1, :] = float("-inf")
+    x[2, -1] = float("inf")
+    x[3, : cols // 2] = float("-inf")
+    x[4, -3:] = 3e4 if dtype == "float16" else 1e30
+    out = poisoned_like(base)
+    y = out[off // e:].view(rows, cols)
+    _, lse = softlight.log_softmax(x, out=y, temperature=0.75, return_lse=True)
+    torch.cuda.synchronize()
+    what = f"register clusters {dtype} {cols}, rows {off} bytes off 128"
+    assert_close_to_float64(y, x, dtype, what, transform=lambda v: (v - v.amax(-1, keepdim=True)) / 0.75)
+    assert_lse_close(lse, x, 0.75, dtype)
+    assert bool((out[:off // e] == POISON).all()), f"{what}: written before the rows"
+    y1 = run_and_check(x, dtype, what + ", T=1")
+    if cols * e % 128 == 0:
+        on = run_and_check(x.clone(), dtype, f"register clusters {dtype} {cols}, rows on 128 bytes")
+        ok = ~torch.isnan(y1)
+        assert torch.equal(on[ok], y1[ok]), "the bounded kernel's result differs from the compiler's choice"
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])

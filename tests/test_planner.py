@@ -81,6 +81,22 @@ def test_rows_in_16_byte_packs_under_32_kb_stay_in_registers(dtype):
     assert plan(100, below, dtype, iters=3)["group"] == (256 if wide else 512)  # not 1, 2, 4 or 8: ignored
 
 
+@pytest.mark.parametrize("cols,dtype,threads", [(32000, "bfloat16", 128), (50264, "float16", 128), (36008, "bfloat16", 128),
+                                                (131072, "bfloat16", 256), (32768, "float32", 128), (131072, "float32", 256)])
+def test_register_clusters_bounded_where_eight_ctas_an_sm_pay(cols, dtype, threads):
+    """Register clusters of eight packs a thread are held to 64 registers in CTAs past 128 threads,
+    and in CTAs of 128 threads for 16-bit rows in packs that do not start on 128 bytes; rows on 128
+    bytes, fp32 rows and peeled rows keep the compiler's choice in CTAs of 128 threads."""
+    e = ELEM[dtype]
+    for rows128 in (False, True):
+        p = plan(1000, cols, dtype, rows128=rows128)
+        assert (p["family"], p["threads"], p["iters"]) == ("warp_rows", threads, 8) and p["cluster"] > 1, p
+        assert p["bounded"] == (threads > 128 or (e == 2 and not rows128)), (rows128, p)
+    assert not plan(1000, cols, dtype, rows128=True, iters=4)["bounded"]  # four packs a thread: never
+    assert not plan(1000, 50257, "bfloat16", peelable=True)["bounded"]  # peeled: off 16 bytes
+    assert plan(1000, 50257, "bfloat16", peelable=True)["peel"]
+
+
 def test_register_rows_bound_override():
     """An experiment's knob: longer rows held in registers, up to 1024 threads of 8 packs (128 KB)."""
     p = plan(100, 32768, "bfloat16", register_rows_bytes=128 * 1024)  # 64 KB rows, eight packs a thread
