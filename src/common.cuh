@@ -221,12 +221,14 @@ template <class T> __device__ __forceinline__ uint4 edge_pack(const T* xr, int64
   return u;
 }
 
-// Halves w[0, n) onto w[0] with `op` in a tree (a chain would be n long).
+// Halves w[0, n) onto w[0] with `op` in a tree (a chain would be n long). An odd n keeps its
+// middle element for the next level.
 template <int n, class W, class Op> __device__ __forceinline__ void fold_tree(W* w, Op op) {
   if constexpr (n > 1) {
+    constexpr int half = (n + 1) / 2;
 #pragma unroll
-    for (int i = 0; i < n / 2; ++i) w[i] = op(w[i], w[i + n / 2]);
-    fold_tree<n / 2>(w, op);
+    for (int i = 0; i < n - half; ++i) w[i] = op(w[i], w[i + half]);
+    fold_tree<half>(w, op);
   }
 }
 

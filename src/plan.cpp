@@ -71,6 +71,26 @@ Plan plan_warp_rows(const Problem& p, int vec, int max_group = 32, int min_iters
   return plan;
 }
 
+// Rows in 16-byte packs in registers (rows_in_registers_kernel, built for 1 to 8 packs a thread).
+// plan_warp_rows rounds a thread's packs up to a power of two, and a row just past a power of two
+// of packs then leaves most threads half their loads: bf16 rows of 4104 (513 packs) in 256 threads
+// of four packs' registers, two loads each, kept half the bytes in flight an SM of rows of 4096 and
+// took 1.66 x copy against 1.03 x. Where fewer than 3/4 of the threads' packs hold the row and the
+// group is a CTA, half the group holds it in five to eight packs a thread, or, past eight, the group
+// holds it in as many as it needs. Groups of a warp or less stay: halved, each load of a warp spans
+// more rows in shorter runs (rows of 36 fp32 in pairs of lanes: 1.29 x slower; docs/design.md,
+// "Rows just past a power of two").
+Plan plan_register_rows(const Problem& p, int vec, int min_iters) {
+  Plan plan = plan_warp_rows(p, vec, kRegisterRowsMaxGroup, min_iters, kRegisterRowsWarpThreads);
+  const int64_t vectors = ceil_div(p.cols, vec);
+  if (plan.group <= 32 || vectors * 4 >= int64_t{3} * plan.group * plan.iters) return plan;
+  if (ceil_div(vectors, plan.group / 2) <= kWarpRowsMaxIters) plan.group /= 2;
+  plan.iters = static_cast<int>(ceil_div(vectors, plan.group));
+  plan.threads = plan.group > 32 ? plan.group : kRegisterRowsWarpThreads;
+  plan.grid = std::min<int64_t>(ceil_div(p.rows, plan.threads / plan.group), int64_t{1} << 30);
+  return plan;
+}
+
 // Rows in registers over a cluster (Hopper): one row to a cluster of CTAs of `threads` threads
 // holding `iters` packs each, as few CTAs as hold the row (at least two, at most the device's
 // cluster), the row's packs spread evenly over them in runs of whole warps' packs; a cluster per
@@ -96,7 +116,7 @@ Plan plan_register_cluster(const Problem& p, const DeviceInfo& d, int threads, i
   // do 16-bit rows in 16-byte packs that do not start on 128 bytes: each warp's load then waits on
   // five L2 lines instead of four, and eight CTAs an SM hide that where six did not (bf16 rows of
   // 50 264 1.098 -> 1.016 x copy); rows on 128 bytes keep the compiler's choice (bf16 rows of
-  // 32 000 0.996 x against 1.019 x bounded). docs/design.md, "Rows off 128 bytes".
+  // 32 000 0.996 x against 1.019 x bounded). docs/design.md, "Measured at `4c2c8db`".
   plan.bounded = iters == 8 && (threads > kRegisterClusterMaxThreads / 2 ||
                                 (p.elem_bytes == 2 && p.aligned16 && !p.rows128));
   return plan;
@@ -539,7 +559,8 @@ Plan plan_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
     if (plan.family != Family::none) return plan;
   }
   if (p.aligned16 && row_bytes < register_bytes && o.cluster <= 0)
-    return plan_warp_rows(p, vec, kRegisterRowsMaxGroup, min_iters, kRegisterRowsWarpThreads);
+    return per_thread_count(o.iters) ? plan_warp_rows(p, vec, kRegisterRowsMaxGroup, min_iters, kRegisterRowsWarpThreads)
+                                     : plan_register_rows(p, vec, min_iters);
   if (ceil_div(p.cols, short_vec) <= int64_t{32} * kWarpRowsMaxIters) return plan_warp_rows(p, short_vec);
   if (has_clusters(d) && p.aligned16 && (row_bytes >= kClusterMinRowBytes || o.cluster > 0)) {
     const Plan clusters = plan_cluster_rows(p, d, o);

@@ -99,7 +99,7 @@ struct Plan {
   // warp_rows
   int group = 0;           // threads per row (power of two, 1..32; 16-byte packs: up to 1024; over a
                            // cluster (cluster > 0), the CTA's threads, segment packs a CTA)
-  int iters = 0;           // vectors per lane per row (1, 2, 4 or 8)
+  int iters = 0;           // vectors per lane per row (1, 2, 4 or 8; rows in 16-byte packs in registers: 1 to 8)
   // warp_rows over a cluster, eight packs a thread: the kernel held to 64 registers a thread (the
   // packs unpacked again for y), so that a 128-thread CTA's eight packs leave room for eight CTAs an
   // SM; else the compiler's choice (80 registers for bf16 rows in 16-byte packs: six CTAs).

@@ -501,6 +501,17 @@ cudaError_t launch_register_clusters(const Plan& p, const RowsArgs& a, cudaStrea
   }
 }
 
+// The same for 1 to 8 (rows_in_registers_kernel, whose packs a thread the planner fits to the row).
+template <class F> cudaError_t with_pack_count(int n, F&& f) {
+  switch (n) {
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 5: return f(std::integral_constant<int, 5>{});
+    case 6: return f(std::integral_constant<int, 6>{});
+    case 7: return f(std::integral_constant<int, 7>{});
+  }
+  return with_count(n, std::forward<F>(f));
+}
+
 template <class T, int V>
 cudaError_t launch_iters(const Plan& p, const RowsArgs& a, cudaStream_t stream) {
   // Rows in 16-byte packs go to short_rows_kernel (several rows a lane) or rows_in_registers_kernel,
@@ -509,18 +520,22 @@ cudaError_t launch_iters(const Plan& p, const RowsArgs& a, cudaStream_t stream) 
   constexpr bool kPacked = sizeof(T) * V == 16;
   using Kernel = void (*)(const T*, int64_t, T*, int64_t, int64_t, int, int, acc_t<T>, acc_t<T>*);
   Kernel k = nullptr;
-  const cudaError_t chosen =
-      kPacked && p.rows_per_lane > 0
-          ? with_count(p.rows_per_lane, [&](auto n) {
-              k = short_rows_kernel<T, decltype(n)::value>;
-              return cudaSuccess;
-            })
-          : with_count(p.iters, [&](auto n) {
-              constexpr int kIters = decltype(n)::value;
-              if constexpr (kPacked) k = rows_in_registers_kernel<T, kIters>;
-              else k = warp_rows_kernel<T, V, kIters>;
-              return cudaSuccess;
-            });
+  cudaError_t chosen;
+  if constexpr (kPacked) {
+    chosen = p.rows_per_lane > 0 ? with_count(p.rows_per_lane, [&](auto n) {
+                                     k = short_rows_kernel<T, decltype(n)::value>;
+                                     return cudaSuccess;
+                                   })
+                                 : with_pack_count(p.iters, [&](auto n) {
+                                     k = rows_in_registers_kernel<T, decltype(n)::value>;
+                                     return cudaSuccess;
+                                   });
+  } else {
+    chosen = with_count(p.iters, [&](auto n) {
+      k = warp_rows_kernel<T, V, decltype(n)::value>;
+      return cudaSuccess;
+    });
+  }
   if (chosen != cudaSuccess) return chosen;
   const int length = static_cast<int>(kPacked ? a.cols / V : a.cols);
   k<<<static_cast<unsigned>(p.grid), p.threads, 0, stream>>>(static_cast<const T*>(a.x), a.x_stride,

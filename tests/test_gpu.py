@@ -526,6 +526,35 @@ def test_rows_in_registers_over_a_cluster(monkeypatch, cols, threads, iters, dty
     assert torch.equal(wide[:, :cols][ok], y[ok]), "a row's result depends on its neighbours"
 
 
+@pytest.mark.parametrize("cols,dtype", [(1032, "bfloat16"), (2052, "float32"),
+                                        (3000, "float16"), (4104, "bfloat16"), (6000, "float32"), (8200, "float16"),
+                                        (4100, "float32"), (1500, "float64")])
+def test_rows_in_registers_fitted_packs(cols, dtype):
+    """Rows in 16-byte packs just past a power of two of packs, held in three, five, six or seven
+    packs a thread (the group's last packs on its first threads only): special values, temperature
+    and LSE, strided rows, against float64; nothing written past a row."""
+    p = planned(37, cols, dtype)
+    assert p["family"] == "warp_rows" and p["cluster"] == 0 and p["rows_per_lane"] == 0, p
+    assert p["iters"] in (3, 5, 6, 7), p
+    x = random_rows(37, cols, dtype)
+    x[0, 1] = float("nan")
+    x[1, :] = float("-inf")
+    x[2, -1] = float("inf")
+    x[3, : cols // 2] = float("-inf")
+    x[4, -1] = 3e4 if dtype == "float16" else 1e30  # a large max in the last pack
+    run_and_check(x, dtype, f"rows in registers {dtype} {cols}, {p['iters']} packs a thread")
+    y2, lse = softlight.log_softmax(x, temperature=0.75, return_lse=True)
+    torch.cuda.synchronize()
+    assert_close_to_float64(y2, x, dtype, "fitted packs, T=0.75", transform=lambda v: v / 0.75)
+    assert_lse_close(lse, x, 0.75, dtype)
+    vec = 16 // ELEM[dtype]
+    wide = poisoned_like(torch.empty(37, cols + vec, device="cuda", dtype=x.dtype))
+    softlight.log_softmax(x, out=wide[:, :cols])
+    torch.cuda.synchronize()
+    assert_close_to_float64(wide[:, :cols], x, dtype, "fitted packs, y strided")
+    assert bool((wide[:, cols:] == POISON).all()), "nothing written past a row"
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("off", [16, 48, 64, 112])
 @pytest.mark.parametrize("cols", [32000, 50264])

@@ -32,7 +32,7 @@ def test_nothing_to_do():
 @pytest.mark.parametrize("cols,group,iters,vec", [
     (1, 1, 1, 1), (3, 1, 4, 1), (36, 4, 4, 4), (100, 8, 4, 4), (128, 8, 4, 4),
     (1000, 64, 4, 4), (1024, 64, 4, 4), (7, 2, 4, 1), (33, 16, 4, 1), (256, 16, 4, 4),
-    (4096, 256, 4, 4), (4100, 256, 8, 4), (8188, 256, 8, 4), (8192, 256, 8, 4),
+    (4096, 256, 4, 4), (4100, 256, 5, 4), (8188, 256, 8, 4), (8192, 256, 8, 4),
 ])
 def test_short_rows_go_to_warps(cols, group, iters, vec):
     p = plan(1000, cols)
@@ -95,6 +95,27 @@ def test_register_clusters_bounded_where_eight_ctas_an_sm_pay(cols, dtype, threa
     assert not plan(1000, cols, dtype, rows128=True, iters=4)["bounded"]  # four packs a thread: never
     assert not plan(1000, 50257, "bfloat16", peelable=True)["bounded"]  # peeled: off 16 bytes
     assert plan(1000, 50257, "bfloat16", peelable=True)["peel"]
+
+
+@pytest.mark.parametrize("cols,dtype,group,iters", [
+    (4104, "bfloat16", 128, 5), (2052, "float32", 128, 5), (1032, "bfloat16", 32, 5), (5120, "bfloat16", 128, 5),
+    (3000, "bfloat16", 64, 6), (8200, "bfloat16", 256, 5), (6000, "float32", 256, 6), (4100, "float32", 256, 5),
+    (4096, "bfloat16", 128, 4), (1024, "bfloat16", 32, 4), (8192, "bfloat16", 128, 8), (1000, "float32", 64, 4),
+    (1000, "bfloat16", 32, 4), (6144, "bfloat16", 256, 4), (36, "float32", 4, 4), (72, "bfloat16", 4, 4)])
+def test_rows_in_registers_fit_the_packs_a_thread(cols, dtype, group, iters):
+    """Rows in 16-byte packs in registers: where a power of two of packs a thread would leave more
+    than a quarter of the group's packs empty (a row just past a power of two), half the group
+    holds the row in five to eight packs a thread, or past eight the group takes as many as it
+    needs; rows that fill three quarters, and groups of a warp or less, keep the power of two. The
+    ITERS override keeps it."""
+    vectors = cols * ELEM[dtype] // 16
+    p = plan(1000, cols, dtype)
+    assert (p["family"], p["group"], p["iters"], p["rows_per_lane"]) == ("warp_rows", group, iters, 0), p
+    assert group * iters >= vectors and 1 <= iters <= 8
+    assert 4 * vectors >= 3 * group * iters or group <= 32
+    assert p["threads"] == max(group, 64) and p["grid"] == math.ceil(1000 / (p["threads"] // group))
+    forced = plan(1000, cols, dtype, iters=4)
+    assert forced["iters"] in (4, 8) and forced["group"] * forced["iters"] >= vectors
 
 
 def test_register_rows_bound_override():
