@@ -562,6 +562,21 @@ Plan plan_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
     return per_thread_count(o.iters) ? plan_warp_rows(p, vec, kRegisterRowsMaxGroup, min_iters, kRegisterRowsWarpThreads)
                                      : plan_register_rows(p, vec, min_iters);
   if (ceil_div(p.cols, short_vec) <= int64_t{32} * kWarpRowsMaxIters) return plan_warp_rows(p, short_vec);
+  // Longer rows off 16 bytes but off alike in x and y (odd lengths such as 511 bf16 or 999 fp32 in
+  // a contiguous array) up to 16 KB: rows in registers, peeled (each row's interior in
+  // packs, its head and tail on two threads), where block_rows' CTA a row took 1.2-2.8 x copy and
+  // torch's warps were faster at rows of 511 and 999 (docs/design.md, "Odd rows in registers").
+  const int peel_vec = 16 / p.elem_bytes;
+  if (!p.aligned16 && p.peelable && p.elem_bytes <= 4 && row_bytes < std::min(register_bytes, kPeeledRowsMaxBytes) &&
+      o.cluster <= 0 && p.cols >= 2 * peel_vec) {
+    // Four or five packs a thread and the edge (more spilled under the 64-register bound).
+    Plan plan = plan_register_rows(p, peel_vec, kWarpRowsMinIters);
+    if (plan.iters > 5) plan = plan_warp_rows(p, peel_vec, kRegisterRowsMaxGroup, kWarpRowsMinIters, kRegisterRowsWarpThreads);
+    if (plan.iters == 4 || plan.iters == 5) {
+      plan.peel = true;
+      return plan;
+    }
+  }
   if (has_clusters(d) && p.aligned16 && (row_bytes >= kClusterMinRowBytes || o.cluster > 0)) {
     const Plan clusters = plan_cluster_rows(p, d, o);
     if (o.grid_rows != 0 && o.cluster <= 0 && o.exchange < 0)

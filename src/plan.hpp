@@ -113,7 +113,8 @@ struct Plan {
   int rows_per_lane = 0;
   // block_rows and cluster_rows
   bool resident = false;   // the row (or slice) stays in shared memory: one DRAM read
-  bool peel = false;       // block_rows: vectors between a scalar head and tail; cluster_rows: the
+  bool peel = false;       // block_rows, warp_rows in registers: vectors between a scalar head and
+                           // tail (warp_rows: on the group's threads 0 and 1); cluster_rows: the
                            // ring carries the row's 16-byte interior, CTA 0 the edges
   bool double_buffered = false;  // cluster_rows: two slices fit, the next row loads meanwhile
   int64_t smem_bytes = 0;  // dynamic shared memory per CTA
@@ -168,6 +169,9 @@ constexpr int kRegisterRowsMaxGroup = 1024;
 // registers (32 KB) up to 512 KB in fp32 (16 CTAs of 32 KB) and up to 256 KB in 16 bits (rows of
 // 512 KB ran slower than the ring: docs/design.md, "Rows in registers over a cluster"), in CTAs
 // of half the threads up to rows of 128 KB.
+// Peeled rows (off 16 bytes, x and y off alike) in one CTA's registers: up to 16 KB. Rows of 32 KB
+// (16 383 fp16) took 1.372 x copy there in CTAs of 512 threads, 1.038 x in register clusters.
+constexpr int64_t kPeeledRowsMaxBytes = 16 * 1024;
 constexpr int kRegisterClusterMaxThreads = 256;
 constexpr int64_t kRegisterClusterMaxRowBytes = 512 * 1024;
 constexpr int64_t kRegisterClusterMax16BitRowBytes = 256 * 1024;

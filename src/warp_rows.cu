@@ -76,11 +76,17 @@ warp_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t
 // threads holds a row: up to a warp, as warp_rows_kernel; beyond, the CTA is the group and reduces
 // through shared memory. Rows are walked unit by unit (a warp, or the CTA) so that every thread of
 // a unit stays in its reductions even where the last rows run out.
-template <class T, int ITERS>
+// Peel: rows off 16 bytes, x and y off alike (odd lengths in a contiguous array); `length` is the
+// row in elements, not packs. The packs are each row's interior from its first 16-byte boundary;
+// its head and tail (fewer than a pack each) are an extra pack of the group's threads 0 and 1,
+// -inf elsewhere, folded with the rest and written element by element.
+template <class T, int ITERS, bool Peel = false>
 __global__ void __launch_bounds__(1024)
 rows_in_registers_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t ys, int64_t rows,
-                         int vectors, int group, acc_t<T> scale, acc_t<T>* __restrict__ lse) {
+                         int length, int group, acc_t<T> scale, acc_t<T>* __restrict__ lse) {
   using A = acc_t<T>;
+  constexpr int V = 16 / sizeof(T);
+  constexpr int N = Peel ? ITERS + 1 : ITERS;
   __shared__ A scratch[32];
   const int unit = group > 32 ? group : 32;
   const int sub = threadIdx.x & (group - 1);
@@ -90,21 +96,29 @@ rows_in_registers_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y,
   for (int64_t base = first * rows_per_unit; base < rows; base += units * rows_per_unit) {
     const int64_t row = base + (threadIdx.x & (unit - 1)) / group;
     const bool live = row < rows;
-    const uint4* xr = reinterpret_cast<const uint4*>(x + row * xs);
-    uint4 p[ITERS];
+    const T* xe = x + row * xs;
+    const int head = Peel ? static_cast<int>((16 - reinterpret_cast<uintptr_t>(xe) % 16) % 16 / sizeof(T)) : 0;
+    const int vectors = Peel ? (length - head) / V : length;
+    const uint4* xr = reinterpret_cast<const uint4*>(xe + head);
+    uint4 p[N];
 #pragma unroll
     for (int i = 0; i < ITERS; ++i) {
       const int e = i * group + sub;
       p[i] = live && e < vectors ? xr[e] : neg_inf_pack<T>();
     }
-    A m = packs_max<T, ITERS>(p);
+    // This thread's edge of a peeled row: [edge_from, edge_to), empty on all but threads 0 and 1.
+    const int edge_from = sub == 0 ? 0 : head + vectors * V;
+    const int edge_to = !Peel || !live || sub > 1 ? edge_from : sub == 0 ? head : length;
+    if constexpr (Peel) p[ITERS] = edge_from < edge_to ? edge_pack(xe, edge_from, edge_to) : neg_inf_pack<T>();
+    A m = packs_max<T, N>(p);
     m = group > 32 ? block_max(m, scratch, group, 1) : group_max(m, group);
     const ShiftedExp<A> ex = shifted_exp(m, scale);
-    A s = packs_exp_sum<T, ITERS>(p, ex);
+    A s = packs_exp_sum<T, N>(p, ex);
     s = (group > 32 ? block_sum(s, scratch, group, 1) : group_sum(s, group)) * exp_base(-ex.lo);
     const A log_sum = log_acc(s);
     if (lse != nullptr && live && sub == 0) lse[row] = m * scale + log_sum;
-    T* yr = y + row * ys;
+    T* ye = y + row * ys;
+    T* yr = ye + head;
     // Unpacked again below: kept from the sum instead, the values of 16-bit rows would double the
     // registers of the packs and halve the warps resident.
 #pragma unroll
@@ -112,8 +126,10 @@ rows_in_registers_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y,
 #pragma unroll
     for (int i = 0; i < ITERS; ++i) {
       const int e = i * group + sub;
-      if (live && e < vectors) store_log_softmax_pack<T>(yr + e * (16 / sizeof(T)), p[i], m, scale, log_sum);
+      if (live && e < vectors) store_log_softmax_pack<T>(yr + e * V, p[i], m, scale, log_sum);
     }
+    for (int j = edge_from; j < edge_to; ++j)
+      ye[j] = from_acc<T>(log_softmax_out_scaled(to_acc(xe[j]), m, scale, log_sum));
   }
 }
 
@@ -512,6 +528,15 @@ template <class F> cudaError_t with_pack_count(int n, F&& f) {
   return with_count(n, std::forward<F>(f));
 }
 
+// Four or five (peeled rows in registers, whose edge takes a pack more: six and more spilled).
+template <class F> cudaError_t with_peel_count(int n, F&& f) {
+  switch (n) {
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 5: return f(std::integral_constant<int, 5>{});
+  }
+  return cudaErrorInvalidValue;
+}
+
 template <class T, int V>
 cudaError_t launch_iters(const Plan& p, const RowsArgs& a, cudaStream_t stream) {
   // Rows in 16-byte packs go to short_rows_kernel (several rows a lane) or rows_in_registers_kernel,
@@ -522,14 +547,24 @@ cudaError_t launch_iters(const Plan& p, const RowsArgs& a, cudaStream_t stream) 
   Kernel k = nullptr;
   cudaError_t chosen;
   if constexpr (kPacked) {
-    chosen = p.rows_per_lane > 0 ? with_count(p.rows_per_lane, [&](auto n) {
-                                     k = short_rows_kernel<T, decltype(n)::value>;
-                                     return cudaSuccess;
-                                   })
-                                 : with_pack_count(p.iters, [&](auto n) {
-                                     k = rows_in_registers_kernel<T, decltype(n)::value>;
-                                     return cudaSuccess;
-                                   });
+    if (p.rows_per_lane > 0)
+      chosen = with_count(p.rows_per_lane, [&](auto n) {
+        k = short_rows_kernel<T, decltype(n)::value>;
+        return cudaSuccess;
+      });
+    else if (p.peel)
+      if constexpr (sizeof(T) <= 4)  // the planner peels fp32 and 16-bit rows only
+        chosen = with_peel_count(p.iters, [&](auto n) {
+          k = rows_in_registers_kernel<T, decltype(n)::value, true>;
+          return cudaSuccess;
+        });
+      else
+        chosen = cudaErrorInvalidValue;
+    else
+      chosen = with_pack_count(p.iters, [&](auto n) {
+        k = rows_in_registers_kernel<T, decltype(n)::value>;
+        return cudaSuccess;
+      });
   } else {
     chosen = with_count(p.iters, [&](auto n) {
       k = warp_rows_kernel<T, V, decltype(n)::value>;
@@ -537,7 +572,7 @@ cudaError_t launch_iters(const Plan& p, const RowsArgs& a, cudaStream_t stream) 
     });
   }
   if (chosen != cudaSuccess) return chosen;
-  const int length = static_cast<int>(kPacked ? a.cols / V : a.cols);
+  const int length = static_cast<int>(kPacked && !p.peel ? a.cols / V : a.cols);
   k<<<static_cast<unsigned>(p.grid), p.threads, 0, stream>>>(static_cast<const T*>(a.x), a.x_stride,
                                                              static_cast<T*>(a.y), a.y_stride, a.rows, length,
                                                              p.group, static_cast<acc_t<T>>(a.scale),

@@ -555,6 +555,52 @@ def test_rows_in_registers_fitted_packs(cols, dtype):
     assert bool((wide[:, cols:] == POISON).all()), "nothing written past a row"
 
 
+@pytest.mark.parametrize("cols,dtype", [(257, "float32"), (999, "float32"), (2049, "float32"), (4095, "float32"),
+                                        (511, "bfloat16"), (1025, "bfloat16"), (3001, "float16"), (4097, "bfloat16"),
+                                        (8191, "float16")])
+def test_odd_rows_in_registers(cols, dtype):
+    """Rows off 16 bytes, x and y off alike (odd lengths: each row of a contiguous array starts at
+    another offset), under 16 KB, in registers: each row's interior in packs, its head and tail on two
+    threads. Special values on the edges, views offset by one to seven elements, temperature and
+    LSE, in place, against float64; nothing written outside the rows."""
+    e = ELEM[dtype]
+    vec = 16 // e
+    p = planned(37, cols, dtype, aligned=False, peelable=True)
+    assert (p["family"], p["peel"], p["cluster"], p["rows_per_lane"]) == ("warp_rows", True, 0, 0), p
+    assert p["iters"] in (4, 5), p
+    rows = 37
+    for off in (0, 1, 3, vec - 1):
+        base = random_rows(1, rows * cols + off + vec, dtype).flatten()
+        x = base[off:off + rows * cols].view(rows, cols)
+        x[0, 0] = float("nan")                    # on a head (or the first pack)
+        x[1, -1] = float("inf")                   # on a tail
+        x[2, :3] = float("-inf")
+        x[3, -3:] = float("-inf")
+        x[4, 1:] = float("-inf")                  # the max alone on the edge
+        x[5, :] = float("-inf")
+        x[6, -2] = 3e4 if dtype == "float16" else 1e30  # a large max on a tail
+        x[7, 0] = 3e4 if dtype == "float16" else 1e30   # and on a head
+        out = poisoned_like(base)
+        y = out[off:off + rows * cols].view(rows, cols)
+        _, lse = softlight.log_softmax(x, out=y, temperature=0.75, return_lse=True)
+        torch.cuda.synchronize()
+        what = f"odd rows in registers {dtype} {cols} off={off}"
+        assert_close_to_float64(y, x, dtype, what, transform=lambda v: (v - v.amax(-1, keepdim=True)) / 0.75)
+        assert_lse_close(lse, x, 0.75, dtype)
+        assert bool((out[:off] == POISON).all()) and bool((out[off + rows * cols:] == POISON).all()), \
+            f"{what}: written outside the rows"
+        run_and_check(x, dtype, what + ", T=1, y on 16 bytes")  # x and y off unlike: not peeled
+        out1 = poisoned_like(base)
+        y1 = out1[off:off + rows * cols].view(rows, cols)  # y off as x: the same plan as in place
+        softlight.log_softmax(x, out=y1)
+        xi = base.clone()[off:off + rows * cols].view(rows, cols)
+        softlight.log_softmax(xi, out=xi)  # in place
+        torch.cuda.synchronize()
+        assert_close_to_float64(y1, x, dtype, what + ", T=1")
+        assert torch.equal(torch.isnan(xi), torch.isnan(y1)) and torch.equal(xi[~torch.isnan(y1)], y1[~torch.isnan(y1)]), \
+            f"{what}: in place differs"
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("off", [16, 48, 64, 112])
 @pytest.mark.parametrize("cols", [32000, 50264])

@@ -130,13 +130,36 @@ def test_register_rows_bound_override():
 
 @pytest.mark.parametrize("cols,dtype,vec", [(50257, "bfloat16", 8), (50257, "float32", 4), (4099, "float16", 8)])
 def test_equally_misaligned_rows_are_peeled_to_vectors(cols, dtype, vec):
+    # Under 32 KB, rows in registers, peeled (test_odd_rows_in_registers); past it, block_rows.
+    family = "warp_rows" if cols * ELEM[dtype] < 32768 else "block_rows"
     p = _C.plan(100, cols, ELEM[dtype], False, **A100, peelable=True)
-    assert (p["family"], p["peel"], p["vec"]) == ("block_rows", True, vec)
+    assert (p["family"], p["peel"], p["vec"]) == (family, True, vec)
     p = _C.plan(100, cols, ELEM[dtype], False, **H200, peelable=True, peel_clusters=0)
-    assert (p["family"], p["peel"], p["vec"]) == ("block_rows", True, vec)
+    assert (p["family"], p["peel"], p["vec"]) == (family, True, vec)
     q = _C.plan(100, cols, ELEM[dtype], False, **H200)  # x and y misaligned differently
     assert (q["family"], q["peel"], q["vec"]) == ("block_rows", False, 1)
     assert _C.plan(100, cols, 8, False, **H200, peelable=True)["vec"] == 2  # float64 as well
+
+
+@pytest.mark.parametrize("cols,dtype,group,iters", [
+    (257, "float32", 32, 4), (263, "float32", 32, 4), (999, "float32", 64, 4), (2049, "float32", 128, 5),
+    (4095, "float32", 256, 4), (257, "bfloat16", 16, 4), (511, "bfloat16", 16, 4), (1025, "bfloat16", 32, 5),
+    (3001, "bfloat16", 128, 4), (4097, "float16", 128, 5), (8191, "bfloat16", 256, 4)])
+def test_odd_rows_in_registers(cols, dtype, group, iters):
+    """Rows off 16 bytes but off alike in x and y, past 256 elements and under 32 KB, are held in
+    registers, peeled: packs of each row's interior, four or five a thread (the edge takes a pack
+    more), on any GPU. Rows misaligned differently, float64 rows, and rows past 16 KB are not."""
+    vec = 16 // ELEM[dtype]
+    for dev in (H200, A100):
+        p = _C.plan(1000, cols, ELEM[dtype], False, **dev, peelable=True)
+        assert (p["family"], p["peel"], p["vec"], p["group"], p["iters"], p["cluster"]) == \
+            ("warp_rows", True, vec, group, iters, 0), p
+        assert p["threads"] == max(group, 64) and p["grid"] == math.ceil(1000 / (p["threads"] // group))
+        assert group * iters * vec >= cols
+    assert _C.plan(1000, cols, ELEM[dtype], False, **H200)["family"] == "block_rows"  # not peelable
+    assert _C.plan(1000, cols, ELEM[dtype], False, **A100, peelable=True, register_rows_bytes=1)["family"] == "block_rows"
+    assert _C.plan(1000, 1001, 8, False, **A100, peelable=True)["family"] == "block_rows"  # float64
+    assert _C.plan(1000, 16384 // ELEM[dtype] + 1, ELEM[dtype], False, **A100, peelable=True)["family"] == "block_rows"
 
 
 @pytest.mark.parametrize("cols,dtype,vec,group", [(100, "bfloat16", 4, 8), (100, "float16", 4, 8), (2, "float32", 2, 1),
@@ -159,8 +182,8 @@ def test_warp_rows_limits_by_dtype():
 
 
 def test_block_rows_resident_and_streamed():
-    p = plan(100, 4096, dev=A100, aligned=False, peelable=True)
-    assert p["family"] == "block_rows" and p["resident"] and p["smem_bytes"] == 4096 * 4
+    p = plan(100, 10001, dev=A100, aligned=False, peelable=True)  # past 32 KB: not in registers
+    assert p["family"] == "block_rows" and p["resident"] and p["smem_bytes"] == -(-10001 * 4 // 16) * 16
     assert p["vec"] == 4 and p["peel"] and 128 <= p["threads"] <= 1024
     # unaligned long rows: one CTA per row, two passes when the row outgrows shared memory
     p = plan(4, 1_000_003)
