@@ -555,6 +555,41 @@ def test_rows_in_registers_fitted_packs(cols, dtype):
     assert bool((wide[:, cols:] == POISON).all()), "nothing written past a row"
 
 
+def peeled_views(rows, cols, dtype):
+    """(off, base, x): views x of rows x cols starting 0, 1, 3 and a pack less one elements into
+    an allocation `base` (each row of a contiguous array off 16 bytes by its own offset), with
+    special values on the rows' edges."""
+    vec = 16 // ELEM[dtype]
+    big = 3e4 if dtype == "float16" else 1e30
+    for off in (0, 1, 3, vec - 1):
+        base = random_rows(1, rows * cols + off + vec, dtype).flatten()
+        x = base[off:off + rows * cols].view(rows, cols)
+        x[0, 0] = float("nan")  # on a head (or the first pack)
+        x[1, -1] = float("inf")  # on a tail
+        x[2, :3] = float("-inf")
+        x[3, -3:] = float("-inf")
+        x[4, 1:] = float("-inf")  # the max alone on the edge
+        x[5, :] = float("-inf")
+        x[6, -2] = big  # a large max on a tail
+        x[7, 0] = big  # and on a head
+        yield off, base, x
+
+
+def check_peeled_view(base, x, off, dtype, what):
+    """softlight on a view x of base into the same view of a poisoned copy (x and y off alike), with
+    temperature and LSE, against float64, nothing written outside the rows; then into a new array
+    (on 16 bytes) at T=1."""
+    n = x.numel()
+    out = poisoned_like(base)
+    y = out[off:off + n].view(x.shape)
+    _, lse = softlight.log_softmax(x, out=y, temperature=0.75, return_lse=True)
+    torch.cuda.synchronize()
+    assert_close_to_float64(y, x, dtype, what, transform=lambda v: (v - v.amax(-1, keepdim=True)) / 0.75)
+    assert_lse_close(lse, x, 0.75, dtype)
+    assert bool((out[:off] == POISON).all()) and bool((out[off + n:] == POISON).all()), f"{what}: written outside the rows"
+    run_and_check(x, dtype, what + ", T=1, y on 16 bytes")
+
+
 @pytest.mark.parametrize("cols,dtype", [(257, "float32"), (999, "float32"), (2049, "float32"), (4095, "float32"),
                                         (511, "bfloat16"), (1025, "bfloat16"), (3001, "float16"), (4097, "bfloat16"),
                                         (8191, "float16")])
@@ -563,33 +598,13 @@ def test_odd_rows_in_registers(cols, dtype):
     another offset), under 16 KB, in registers: each row's interior in packs, its head and tail on two
     threads. Special values on the edges, views offset by one to seven elements, temperature and
     LSE, in place, against float64; nothing written outside the rows."""
-    e = ELEM[dtype]
-    vec = 16 // e
     p = planned(37, cols, dtype, aligned=False, peelable=True)
     assert (p["family"], p["peel"], p["cluster"], p["rows_per_lane"]) == ("warp_rows", True, 0, 0), p
     assert p["iters"] in (4, 5), p
     rows = 37
-    for off in (0, 1, 3, vec - 1):
-        base = random_rows(1, rows * cols + off + vec, dtype).flatten()
-        x = base[off:off + rows * cols].view(rows, cols)
-        x[0, 0] = float("nan")                    # on a head (or the first pack)
-        x[1, -1] = float("inf")                   # on a tail
-        x[2, :3] = float("-inf")
-        x[3, -3:] = float("-inf")
-        x[4, 1:] = float("-inf")                  # the max alone on the edge
-        x[5, :] = float("-inf")
-        x[6, -2] = 3e4 if dtype == "float16" else 1e30  # a large max on a tail
-        x[7, 0] = 3e4 if dtype == "float16" else 1e30   # and on a head
-        out = poisoned_like(base)
-        y = out[off:off + rows * cols].view(rows, cols)
-        _, lse = softlight.log_softmax(x, out=y, temperature=0.75, return_lse=True)
-        torch.cuda.synchronize()
+    for off, base, x in peeled_views(rows, cols, dtype):
         what = f"odd rows in registers {dtype} {cols} off={off}"
-        assert_close_to_float64(y, x, dtype, what, transform=lambda v: (v - v.amax(-1, keepdim=True)) / 0.75)
-        assert_lse_close(lse, x, 0.75, dtype)
-        assert bool((out[:off] == POISON).all()) and bool((out[off + rows * cols:] == POISON).all()), \
-            f"{what}: written outside the rows"
-        run_and_check(x, dtype, what + ", T=1, y on 16 bytes")  # x and y off unlike: not peeled
+        check_peeled_view(base, x, off, dtype, what)
         out1 = poisoned_like(base)
         y1 = out1[off:off + rows * cols].view(rows, cols)  # y off as x: the same plan as in place
         softlight.log_softmax(x, out=y1)
@@ -651,34 +666,15 @@ def test_peeled_rows_in_registers_over_a_cluster(monkeypatch, cols, threads, dty
         pytest.skip("clusters need Hopper")
     if threads:
         monkeypatch.setenv("SOFTLIGHT_REGISTER_CLUSTER", str(threads))
-    e = ELEM[dtype]
-    vec = 16 // e
+    vec = 16 // ELEM[dtype]
     p = planned(37, cols, dtype, aligned=False, peelable=True)
     if not (p["family"] == "warp_rows" and p["cluster"] > 0):
         assert threads == 0 or not 2 <= -(-(cols // vec) // (threads * 8)) <= 16, p  # eight packs a thread
         pytest.skip(f"{cols} {dtype} columns are not held in registers over a cluster here: {p['family']}")
     assert p["peel"] and (threads == 0 or p["threads"] == threads), p
     rows = 37
-    for off in (0, 1, 3, vec - 1):
-        base = random_rows(1, rows * cols + off + vec, dtype).flatten()
-        x = base[off:off + rows * cols].view(rows, cols)
-        x[0, 0] = float("nan")                    # on a head (or the first pack)
-        x[1, -1] = float("inf")                   # on a tail
-        x[2, :3] = float("-inf")
-        x[3, -3:] = float("-inf")
-        x[4, 1:] = float("-inf")                  # the max alone on the edge
-        x[5, :] = float("-inf")
-        x[6, -2] = 3e4 if dtype == "float16" else 1e30  # a large max on a tail
-        out = poisoned_like(base)
-        y = out[off:off + rows * cols].view(rows, cols)
-        _, lse = softlight.log_softmax(x, out=y, temperature=0.75, return_lse=True)
-        torch.cuda.synchronize()
-        what = f"peeled register clusters {dtype} {cols} threads={threads} off={off}"
-        assert_close_to_float64(y, x, dtype, what, transform=lambda v: (v - v.amax(-1, keepdim=True)) / 0.75)
-        assert_lse_close(lse, x, 0.75, dtype)
-        assert bool((out[:off] == POISON).all()) and bool((out[off + rows * cols:] == POISON).all()), \
-            f"{what}: written outside the rows"
-        run_and_check(x, dtype, what + ", T=1")
+    for off, base, x in peeled_views(rows, cols, dtype):
+        check_peeled_view(base, x, off, dtype, f"peeled register clusters {dtype} {cols} threads={threads} off={off}")
     # y's rows a pack further apart than x's: off alike in both arrays still (x and y differ by a
     # multiple of 16 bytes in every row).
     x = random_rows(rows, cols, dtype)
