@@ -169,8 +169,9 @@ constexpr int kRegisterRowsMaxGroup = 1024;
 // registers (32 KB) up to 512 KB in fp32 (16 CTAs of 32 KB) and up to 256 KB in 16 bits (rows of
 // 512 KB ran slower than the ring: docs/design.md, "Rows in registers over a cluster"), in CTAs
 // of half the threads up to rows of 128 KB.
-// Peeled rows (off 16 bytes, x and y off alike) in one CTA's registers: up to 16 KB. Rows of 32 KB
-// (16 383 fp16) took 1.372 x copy there in CTAs of 512 threads, 1.038 x in register clusters.
+// Peeled rows (off 16 bytes, x and y off alike) in one CTA's registers: up to 16 KB (and the
+// 15 bytes that leave 1024 packs); past it, in register clusters on Hopper. Rows of 32 KB
+// (16 383 fp16) took 1.372 x copy in one CTA of 512 threads, 1.038 x in register clusters.
 constexpr int64_t kPeeledRowsMaxBytes = 16 * 1024;
 constexpr int kRegisterClusterMaxThreads = 256;
 constexpr int64_t kRegisterClusterMaxRowBytes = 512 * 1024;

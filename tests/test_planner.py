@@ -159,7 +159,10 @@ def test_odd_rows_in_registers(cols, dtype, group, iters):
     assert _C.plan(1000, cols, ELEM[dtype], False, **H200)["family"] == "block_rows"  # not peelable
     assert _C.plan(1000, cols, ELEM[dtype], False, **A100, peelable=True, register_rows_bytes=1)["family"] == "block_rows"
     assert _C.plan(1000, 1001, 8, False, **A100, peelable=True)["family"] == "block_rows"  # float64
-    assert _C.plan(1000, 16384 // ELEM[dtype] + 1, ELEM[dtype], False, **A100, peelable=True)["family"] == "block_rows"
+    past = (16384 + 16) // ELEM[dtype] + 1  # past 1024 packs: register clusters on Hopper (two CTAs)
+    assert _C.plan(1000, past, ELEM[dtype], False, **A100, peelable=True)["family"] == "block_rows"
+    q = _C.plan(1000, past, ELEM[dtype], False, **H200, peelable=True)
+    assert (q["family"], q["cluster"], q["peel"]) == ("warp_rows", 2, True), q
 
 
 @pytest.mark.parametrize("cols,dtype,vec,group", [(100, "bfloat16", 4, 8), (100, "float16", 4, 8), (2, "float32", 2, 1),
