@@ -363,17 +363,15 @@ warp_rows_backward_kernel(const T* __restrict__ dy, int64_t dys, const T* __rest
   }
 }
 
-// Calls f(std::integral_constant<int, N>{}) for the count n the planner chose, one of 1, 2, 4, 8
-// (the unroll counts the kernels are built for); any other is an error.
-template <class F> cudaError_t with_count(int n, F&& f) {
-  switch (n) {
-    case 1: return f(std::integral_constant<int, 1>{});
-    case 2: return f(std::integral_constant<int, 2>{});
-    case 4: return f(std::integral_constant<int, 4>{});
-    case 8: return f(std::integral_constant<int, 8>{});
-  }
-  return cudaErrorInvalidValue;
+// Calls f(std::integral_constant<int, N>{}) for the count n the planner chose, one of Ns (the
+// unroll counts a kernel is built for); any other is an error.
+template <int... Ns, class F> cudaError_t with_one_of(int n, F&& f) {
+  cudaError_t r = cudaErrorInvalidValue;
+  (void)((n == Ns && ((r = f(std::integral_constant<int, Ns>{})), true)) || ...);
+  return r;
 }
+// Packs, rows or vectors a lane: 1, 2, 4 or 8.
+template <class F> cudaError_t with_count(int n, F&& f) { return with_one_of<1, 2, 4, 8>(n, std::forward<F>(f)); }
 
 template <class T, int V>
 cudaError_t launch_backward_iters(const Plan& p, const AxisCall& a, cudaStream_t stream) {
@@ -501,17 +499,6 @@ cudaError_t launch_register_clusters(const Plan& p, const RowsArgs& a, cudaStrea
   }
 }
 
-// The same for 1 to 8 (rows_in_registers_kernel, whose packs a thread the planner fits to the row).
-template <class F> cudaError_t with_pack_count(int n, F&& f) {
-  switch (n) {
-    case 3: return f(std::integral_constant<int, 3>{});
-    case 5: return f(std::integral_constant<int, 5>{});
-    case 6: return f(std::integral_constant<int, 6>{});
-    case 7: return f(std::integral_constant<int, 7>{});
-  }
-  return with_count(n, std::forward<F>(f));
-}
-
 template <class T, int V>
 cudaError_t launch_iters(const Plan& p, const RowsArgs& a, cudaStream_t stream) {
   // Rows in 16-byte packs go to short_rows_kernel (several rows a lane) or rows_in_registers_kernel,
@@ -526,7 +513,7 @@ cudaError_t launch_iters(const Plan& p, const RowsArgs& a, cudaStream_t stream) 
                                      k = short_rows_kernel<T, decltype(n)::value>;
                                      return cudaSuccess;
                                    })
-                                 : with_pack_count(p.iters, [&](auto n) {
+                                 : with_one_of<1, 2, 3, 4, 5, 6, 7, 8>(p.iters, [&](auto n) {  // fitted
                                      k = rows_in_registers_kernel<T, decltype(n)::value>;
                                      return cudaSuccess;
                                    });
