@@ -138,7 +138,7 @@ py::dict plan(int64_t rows, int64_t cols, int elem_bytes, bool aligned16, int cc
   p.peelable = peelable;
   p.flat16 = flat16;
   p.aligned8 = aligned8 || aligned16;
-  p.rows128 = rows128 && aligned16;
+  p.rows128 = rows128;
   const auto d = device(cc_major, cc_minor, sm_count, smem_optin, max_cluster);
   softlight::Overrides over{cluster, chunk_bytes, threads, hints};
   over.exchange = exchange;

@@ -53,6 +53,13 @@ bool may_hold_once(int64_t rows, const Overrides& o, const DeviceInfo& d, int ma
   return o.exchange == 1 || rows * max_cluster < d.sm_count;
 }
 
+// A warp_rows plan's CTA and grid for its group: past a warp, the CTA is the group; else
+// warp_threads, several rows a CTA.
+void size_warp_rows_grid(Plan& plan, int64_t rows, int warp_threads) {
+  plan.threads = plan.group > 32 ? plan.group : warp_threads;
+  plan.grid = std::min<int64_t>(ceil_div(rows, plan.threads / plan.group), int64_t{1} << 30);
+}
+
 // max_group: 32, or kRegisterRowsMaxGroup where the row is read in 16-byte packs (the forward).
 // warp_threads: the CTA's threads where a group is at most a warp.
 Plan plan_warp_rows(const Problem& p, int vec, int max_group = 32, int min_iters = kWarpRowsMinIters,
@@ -65,9 +72,7 @@ Plan plan_warp_rows(const Problem& p, int vec, int max_group = 32, int min_iters
   const int64_t vectors = ceil_div(p.cols, vec);
   plan.group = static_cast<int>(std::min<int64_t>(max_group, pow2_ceil(ceil_div(vectors, min_iters))));
   plan.iters = static_cast<int>(pow2_ceil(ceil_div(vectors, plan.group)));
-  plan.threads = plan.group > 32 ? plan.group : warp_threads;  // past a warp, the CTA is the group
-  const int64_t rows_per_cta = plan.threads / plan.group;
-  plan.grid = std::min<int64_t>(ceil_div(p.rows, rows_per_cta), int64_t{1} << 30);
+  size_warp_rows_grid(plan, p.rows, warp_threads);
   return plan;
 }
 
@@ -86,8 +91,7 @@ Plan plan_register_rows(const Problem& p, int vec, int min_iters) {
   if (plan.group <= 32 || vectors * 4 >= int64_t{3} * plan.group * plan.iters) return plan;
   if (ceil_div(vectors, plan.group / 2) <= kWarpRowsMaxIters) plan.group /= 2;
   plan.iters = static_cast<int>(ceil_div(vectors, plan.group));
-  plan.threads = plan.group > 32 ? plan.group : kRegisterRowsWarpThreads;
-  plan.grid = std::min<int64_t>(ceil_div(p.rows, plan.threads / plan.group), int64_t{1} << 30);
+  size_warp_rows_grid(plan, p.rows, kRegisterRowsWarpThreads);
   return plan;
 }
 
