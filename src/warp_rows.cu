@@ -530,7 +530,7 @@ cudaError_t launch_iters(const Plan& p, const RowsArgs& a, cudaStream_t stream) 
         k = short_rows_kernel<T, decltype(n)::value>;
         return cudaSuccess;
       });
-    else if (p.peel)
+    else if (p.peel) {
       if constexpr (sizeof(T) <= 4)  // the planner peels fp32 and 16-bit rows only
         chosen = with_one_of<4, 5>(p.iters, [&](auto n) {  // the edge's pack more: six spilled
           k = rows_in_registers_kernel<T, decltype(n)::value, true>;
@@ -538,7 +538,7 @@ cudaError_t launch_iters(const Plan& p, const RowsArgs& a, cudaStream_t stream) 
         });
       else
         chosen = cudaErrorInvalidValue;
-    else
+    } else
       chosen = with_one_of<1, 2, 3, 4, 5, 6, 7, 8>(p.iters, [&](auto n) {  // fitted to the row
         k = rows_in_registers_kernel<T, decltype(n)::value>;
         return cudaSuccess;
