@@ -130,8 +130,8 @@ def test_register_rows_bound_override():
 
 @pytest.mark.parametrize("cols,dtype,vec", [(50257, "bfloat16", 8), (50257, "float32", 4), (4099, "float16", 8)])
 def test_equally_misaligned_rows_are_peeled_to_vectors(cols, dtype, vec):
-    # Under 32 KB, rows in registers, peeled (test_odd_rows_in_registers); past it, block_rows.
-    family = "warp_rows" if cols * ELEM[dtype] < 32768 else "block_rows"
+    # Up to 16 KB, rows in registers, peeled (test_odd_rows_in_registers); past it, block_rows.
+    family = "warp_rows" if cols * ELEM[dtype] < 16384 + 16 else "block_rows"
     p = _C.plan(100, cols, ELEM[dtype], False, **A100, peelable=True)
     assert (p["family"], p["peel"], p["vec"]) == (family, True, vec)
     p = _C.plan(100, cols, ELEM[dtype], False, **H200, peelable=True, peel_clusters=0)
@@ -146,7 +146,7 @@ def test_equally_misaligned_rows_are_peeled_to_vectors(cols, dtype, vec):
     (4095, "float32", 256, 4), (257, "bfloat16", 16, 4), (511, "bfloat16", 16, 4), (1025, "bfloat16", 32, 5),
     (3001, "bfloat16", 128, 4), (4097, "float16", 128, 5), (8191, "bfloat16", 256, 4)])
 def test_odd_rows_in_registers(cols, dtype, group, iters):
-    """Rows off 16 bytes but off alike in x and y, past 256 elements and under 32 KB, are held in
+    """Rows off 16 bytes but off alike in x and y, past 256 elements and up to 16 KB, are held in
     registers, peeled: packs of each row's interior, four or five a thread (the edge takes a pack
     more), on any GPU. Rows misaligned differently, float64 rows, and rows past 16 KB are not."""
     vec = 16 // ELEM[dtype]
