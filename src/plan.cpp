@@ -260,13 +260,18 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
   plan.chunks_per_cta = slice(chosen);
   plan.resident = plan.chunks_per_cta <= plan.ring_slots;
   plan.double_buffered = 2 * plan.chunks_per_cta <= plan.ring_slots;
-  // 16-bit forward rows held twice in 32 KB chunks by clusters of 8 (rows of 384 to 768 KB): two
-  // consumer groups of 128 threads instead of 256. Measured on an H200 in three runs of knobs
-  // (docs/design.md, "Consumer groups of 128 threads"): rows of 262 144 and 393 216 in bf16 and
-  // fp16 0.2-0.9 % faster; not rows of 1 M (16-CTA clusters, 0.1-0.3 % slower), nor fp32. Peeled
-  // rows (not measured) keep 256.
+  // 16-bit forward rows held twice in 32 KB chunks by clusters of 8 (rows of 384 to 768 KB), where
+  // every CTA holds as many whole chunks of each row: two consumer groups of 128 threads instead of
+  // 256. Measured on an H200 in three runs of knobs (docs/design.md, "Consumer groups of 128
+  // threads"): rows of 262 144 and 393 216 in bf16 and fp16 0.2-0.9 % faster; not rows of 1 M
+  // (16-CTA clusters, 0.1-0.3 % slower), nor fp32. Where the slices are uneven (a short last chunk,
+  // or CTAs with a chunk more than others), a row waits on the CTA with the most, and the narrow
+  // groups fold it slower: rows of 200 000 to 330 000 ran 6-15 % slower in them ("Consumer groups
+  // of 128 threads, on uneven slices"). Peeled rows (not measured) keep 256.
+  const bool even_slices = plan.chunks_per_cta * plan.cluster * plan.chunk_bytes == p.cols * p.elem_bytes;
   if (p.elem_bytes == 2 && !backward && p.aligned16 && o.threads <= 0 && o.chunk_bytes <= 0 && !plan.grid_exchange &&
-      plan.cluster == kNarrowGroupsCluster && plan.double_buffered && plan.chunk_bytes == kClusterChunk16)
+      plan.cluster == kNarrowGroupsCluster && plan.double_buffered && plan.chunk_bytes == kClusterChunk16 &&
+      even_slices)
     plan.threads = kNarrowGroupsThreads;
   // Streamed forward slices read the chunks the ring does not keep twice: from L2 the second time,
   // where the first read marks them evict-last (and the second evict-first), if they are few. Each

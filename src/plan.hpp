@@ -194,8 +194,8 @@ constexpr int64_t kFlatMaxRowBytes = 256;
 constexpr int64_t kFlatTileBytes = 16 * 1024;
 constexpr int kClusterDefaultThreads = 2 * 256 + 32;  // two consumer groups, a producer warp
 constexpr int kClusterMaxThreads = 800;           // keeps 80 registers per thread
-// cluster_rows, 16-bit forward rows held twice by clusters of this size in 32 KB chunks: CTAs of
-// kNarrowGroupsThreads (two consumer groups of 128 threads, plan.cpp).
+// cluster_rows, 16-bit forward rows held twice by clusters of this size in 32 KB chunks, every CTA
+// as many whole chunks: CTAs of kNarrowGroupsThreads (two consumer groups of 128 threads, plan.cpp).
 constexpr int kNarrowGroupsCluster = 8;
 constexpr int kNarrowGroupsThreads = 2 * 128 + 32;
 // Chunk sizes measured best on an H200 at the founding shape (docs/design.md): 16 KB for the

@@ -285,12 +285,19 @@ def test_16bit_rows_of_two_chunks_go_to_two_ctas():
 
 
 def test_16bit_rows_held_by_clusters_of_8_take_groups_of_128():
-    # 16-bit forward rows held twice in 32 KB chunks by clusters of 8 (384 to 768 KB): CTAs of 288
-    # threads. Not clusters of 4 or 16, fp32, the backward, peeled rows, or threads or chunks asked for.
-    for cols in (196616, 262144, 393216):
+    # 16-bit forward rows held twice in 32 KB chunks by clusters of 8 (384 to 768 KB), every CTA as
+    # many whole chunks: CTAs of 288 threads. Not uneven slices (a short last chunk, or some CTAs a
+    # chunk more), clusters of 4 or 16, fp32, the backward, peeled rows, or threads or chunks asked for.
+    for cols in (262144, 393216):
         for dtype in ("bfloat16", "float16"):
             p = plan(1907, cols, dtype)
             assert (p["family"], p["cluster"], p["double_buffered"], p["threads"]) == ("cluster_rows", 8, True, 288), (cols, dtype, p)
+    # 200 000: 13 chunks, the last of 6784 bytes; 196 616: 13, the last of 16 bytes; 360 000: 22
+    # chunks, six CTAs with three and two with two; 262 152: 17 chunks.
+    for cols in (196616, 200000, 230000, 262152, 270000, 300000, 330000, 360000):
+        for dtype in ("bfloat16", "float16"):
+            p = plan(1907, cols, dtype)
+            assert (p["family"], p["cluster"], p["double_buffered"], p["threads"]) == ("cluster_rows", 8, True, 544), (cols, dtype, p)
     assert plan(1907, 196608, "bfloat16")["cluster"] == 4 and plan(1907, 196608, "bfloat16")["threads"] == 544
     assert plan(477, 1048576, "bfloat16")["cluster"] == 16 and plan(477, 1048576, "bfloat16")["threads"] == 544
     assert plan(954, 262144)["threads"] == 544 and plan(636, 393216)["threads"] == 544

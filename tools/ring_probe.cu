@@ -9,7 +9,7 @@
 //              CTA's (max, sum) of the row (cluster_rows without the cluster exchange)
 //   ring M2/M3 M0/M1 with each CTA claiming its next (row, slice) from a counter
 // For the ring variants it prints when the first and the last CTA finished.
-// Build and run on an sm_90 GPU (RC_SET picks the variants: a, c, d or e):
+// Build and run on an sm_90 GPU (RC_SET picks the variants: a, c, d, e, or f and g, the copy kernels alone):
 //   nvcc -std=c++17 -O3 -arch=sm_90a -Isrc -Iinclude -o /tmp/ring_probe tools/ring_probe.cu -ldl
 //   RC_SET=d /tmp/ring_probe path/to/libsoftlight.so 4096 393216
 #include <cuda_runtime.h>
@@ -246,6 +246,37 @@ __global__ void copy_tile(const float4* __restrict__ x, float4* __restrict__ y, 
     if (base + u * blockDim.x < n) y[base + u * blockDim.x] = v[u];
 }
 
+// The same tile with cache hints: H bit 0 loads with an L2 prefetch of 256 bytes (and no L1
+// allocation), bit 1 streaming stores (.cs), bit 2 loads evict-first in L2.
+template <int U, int H>
+__global__ void copy_tile_hint(const float4* __restrict__ x, float4* __restrict__ y, int64_t n) {
+  const int64_t base = blockIdx.x * int64_t{blockDim.x} * U + threadIdx.x;
+  float4 v[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    if (base + u * blockDim.x >= n) continue;
+    const float4* src = x + base + u * blockDim.x;
+    if (H & 1)
+      asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.f32 {%0,%1,%2,%3}, [%4];"
+                   : "=f"(v[u].x), "=f"(v[u].y), "=f"(v[u].z), "=f"(v[u].w) : "l"(src));
+    else if (H & 4) {
+      uint64_t pol;
+      asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+      asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.f32 {%0,%1,%2,%3}, [%4], %5;"
+                   : "=f"(v[u].x), "=f"(v[u].y), "=f"(v[u].z), "=f"(v[u].w) : "l"(src), "l"(pol));
+    }
+    else
+      v[u] = *src;
+  }
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    if (base + u * blockDim.x >= n) continue;
+    float4* dst = y + base + u * blockDim.x;
+    if (H & 2) __stcs(dst, v[u]);
+    else *dst = v[u];
+  }
+}
+
 // Bulk copy through shared memory, one thread: loads into S slots, bulk stores out; D stores may
 // still be reading shared memory. interleave: CTA takes chunks b, b + grid, ...; else a run.
 template <int D>
@@ -334,7 +365,8 @@ typedef int (*fwd_t)(const void*, int64_t, void*, int64_t, int64_t, int64_t, int
 
 struct Variant {
   std::string name;
-  int kind;  // 0 memcpy, 1 copy kernel, 2 softlight, 3 ring M0, 4 ring M1, 5 unroll, 6 tile, 7 bulk
+  int kind;  // 0 memcpy, 1 copy kernel, 2 softlight, 3 ring M0, 4 ring M1, 5 unroll, 6 tile, 7 bulk,
+             // 8 persistent tile, 9/10 ring M2/M3, 11 tile with hints, 12 bulk with one store pending
   Shape sh;
   int grid;
   int p1 = 0, p2 = 0, p3 = 0;
@@ -370,6 +402,7 @@ int main(int argc, char** argv) {
   int* ctr;
   CK(cudaGetSymbolAddress((void**)&ctr, g_ctr));
   CK(cudaFuncSetAttribute(bulk_copy<3>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_max));
+  CK(cudaFuncSetAttribute(bulk_copy<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_max));
 
   std::vector<Variant> vs;
   vs.push_back({"memcpy", 0, {}, 0, {}});
@@ -403,6 +436,38 @@ int main(int argc, char** argv) {
     addk("bulk 16K S=12 D=3 grid=sms run", 7, sms, 16384, 12, 0);
     addk("bulk 32K S=6 D=3 grid=112 interleave", 7, 112, 32768, 6, 1);
     addk("bulk 32K S=6 D=3 grid=112 run", 7, 112, 32768, 6, 0);
+  }
+  if (set == "f") {  // the SM copy floor: which copy kernel comes nearest cudaMemcpyAsync
+    addk("tile8 x256 (32K tiles)", 6, 0, 8, 0, 0);
+    addk("tile4 x512 (32K tiles)", 6, 0, 4, 0, 1);
+    addk("tile4 x256 (16K tiles) hint0", 11, 0, 4, 0, 0);
+    addk("tile16 x256 (64K tiles) hint0", 11, 0, 16, 0, 0);
+    addk("tile8 x256 hint1 (L2::256B loads)", 11, 0, 8, 1, 0);
+    addk("tile8 x256 hint2 (.cs stores)", 11, 0, 8, 2, 0);
+    addk("tile8 x256 hint3 (both)", 11, 0, 8, 3, 0);
+    addk("tile8 x256 hint4 (evict-first loads)", 11, 0, 8, 4, 0);
+    addk("tile16 x256 hint1", 11, 0, 16, 1, 0);
+    addk("tile8 x256 persistent dynamic grid=sms*8", 8, sms * 8, 8, 1, 0);
+    addk("unroll8 grid=sms*4 x512", 5, sms * 4, 8, 0, 0);
+    addk("bulk 32K S=6 D=3 grid=sms interleave", 7, sms, 32768, 6, 1);
+    addk("bulk 32K S=6 D=3 grid=sms run", 7, sms, 32768, 6, 0);
+    addk("bulk 16K S=12 D=3 grid=sms interleave", 7, sms, 16384, 12, 1);
+    addk("bulk 64K S=3 D=1 grid=sms interleave", 12, sms, 65536, 3, 1);
+    addk("bulk 32K S=3 D=1 grid=sms*2 interleave", 12, sms * 2, 32768, 3, 1);
+    addk("bulk 16K S=6 D=3 grid=sms*2 interleave", 7, sms * 2, 16384, 6, 1);
+  }
+  if (set == "g") {  // fewer bytes in flight a thread, more threads
+    addk("tile8 x256 (32K tiles)", 6, 0, 8, 0, 0);
+    addk("tile4 x512 (32K tiles)", 6, 0, 4, 0, 1);
+    addk("tile4 x256 (16K tiles) hint0", 11, 0, 4, 0, 0);
+    addk("tile2 x512 (16K tiles)", 11, 0, 2, 0, 512);
+    addk("tile2 x1024 (32K tiles)", 11, 0, 2, 0, 1024);
+    addk("tile4 x1024 (64K tiles)", 11, 0, 4, 0, 1024);
+    addk("tile1 x1024 (16K tiles)", 11, 0, 1, 0, 1024);
+    addk("tile2 x256 (8K tiles)", 11, 0, 2, 0, 256);
+    addk("tile1 x256 (4K tiles)", 11, 0, 1, 0, 256);
+    addk("tile4 x512 hint2 (.cs stores)", 11, 0, 4, 2, 512);
+    addk("tile4 x128 (8K tiles)", 11, 0, 4, 0, 128);
   }
   if (set == "d") {
     addk("tile8 x256 (32K tiles)", 6, 0, 8, 0, 0);
@@ -472,6 +537,32 @@ int main(int argc, char** argv) {
         else copy_tile<4><<<g, threads, 0, st>>>((const float4*)x, (float4*)y, n / 4);
         break;
       }
+      case 11: {  // p1 vectors a thread, p2 hints, p3 threads (256 if 0)
+        const int threads = v.p3 ? v.p3 : 256;
+        const int64_t per = int64_t{threads} * v.p1;
+        const int64_t g = (n / 4 + per - 1) / per;
+        const float4* xs = (const float4*)x;
+        float4* ys = (float4*)y;
+        const int key = v.p1 * 8 + v.p2;
+        if (key == 1 * 8) copy_tile_hint<1, 0><<<g, threads, 0, st>>>(xs, ys, n / 4);
+        else if (key == 2 * 8) copy_tile_hint<2, 0><<<g, threads, 0, st>>>(xs, ys, n / 4);
+        else if (key == 4 * 8) copy_tile_hint<4, 0><<<g, threads, 0, st>>>(xs, ys, n / 4);
+        else if (key == 4 * 8 + 2) copy_tile_hint<4, 2><<<g, threads, 0, st>>>(xs, ys, n / 4);
+        else if (key == 16 * 8) copy_tile_hint<16, 0><<<g, threads, 0, st>>>(xs, ys, n / 4);
+        else if (key == 16 * 8 + 1) copy_tile_hint<16, 1><<<g, threads, 0, st>>>(xs, ys, n / 4);
+        else if (key == 8 * 8 + 1) copy_tile_hint<8, 1><<<g, threads, 0, st>>>(xs, ys, n / 4);
+        else if (key == 8 * 8 + 2) copy_tile_hint<8, 2><<<g, threads, 0, st>>>(xs, ys, n / 4);
+        else if (key == 8 * 8 + 3) copy_tile_hint<8, 3><<<g, threads, 0, st>>>(xs, ys, n / 4);
+        else if (key == 8 * 8 + 4) copy_tile_hint<8, 4><<<g, threads, 0, st>>>(xs, ys, n / 4);
+        else {
+          std::fprintf(stderr, "no tile variant %d/%d\n", v.p1, v.p2);
+          std::exit(1);
+        }
+        break;
+      }
+      case 12:
+        bulk_copy<1><<<v.grid, 32, v.p2 * v.p1 + 1024, st>>>((const unsigned char*)x, (unsigned char*)y, n * 4, v.p1, v.p2, v.p3);
+        break;
       case 7:
         bulk_copy<3><<<v.grid, 32, v.p2 * v.p1 + 1024, st>>>((const unsigned char*)x, (unsigned char*)y, n * 4, v.p1, v.p2, v.p3);
         break;
