@@ -260,6 +260,22 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
   plan.chunks_per_cta = slice(chosen);
   plan.resident = plan.chunks_per_cta <= plan.ring_slots;
   plan.double_buffered = 2 * plan.chunks_per_cta <= plan.ring_slots;
+  // 16-bit forward rows held twice whose CTAs take three 32 KB chunks of a row (some of them, the
+  // last chunk short): two larger chunks a CTA instead, where they stay within kTwoChunksMaxBytes.
+  // Measured on an H200 (knobs, docs/design.md, "Two larger chunks for three"): rows of 140 000 to
+  // 310 000 and 600 000 elements 2-9 % faster in chunks of 33-38 KB (280 000 bf16 1.137 -> 1.046 x
+  // copy); chunks of 40-48 KB were even or slower (360 000 fp16 1.058 -> 1.094 x).
+  const int64_t row_bytes = p.cols * p.elem_bytes;
+  const int64_t two_chunks = ceil_div(ceil_div(row_bytes, 2 * int64_t{plan.cluster}), 16) * 16;
+  if (p.elem_bytes == 2 && !backward && p.aligned16 && o.chunk_bytes <= 0 && o.cluster <= 0 && !plan.grid_exchange &&
+      plan.double_buffered && plan.chunk_bytes == kClusterChunk16 && plan.chunks_per_cta == 3 &&
+      two_chunks <= kTwoChunksMaxBytes && 4 <= ring_slots_for(d, static_cast<int>(two_chunks))) {
+    plan.chunk_bytes = static_cast<int>(two_chunks);
+    plan.ring_slots = ring_slots_for(d, plan.chunk_bytes);
+    plan.smem_bytes = int64_t{plan.ring_slots} * (plan.chunk_bytes + 16) + kClusterReserveBytes;
+    plan.chunks_per_row = ceil_div(row_bytes, plan.chunk_bytes);
+    plan.chunks_per_cta = 2;
+  }
   // 16-bit forward rows held twice in 32 KB chunks by clusters of 8 (rows of 384 to 768 KB), where
   // every CTA holds as many whole chunks of each row: two consumer groups of 128 threads instead of
   // 256. Measured on an H200 in three runs of knobs (docs/design.md, "Consumer groups of 128

@@ -203,6 +203,9 @@ constexpr int kNarrowGroupsThreads = 2 * 128 + 32;
 // 8-byte types and the backward of 4-byte types.
 constexpr int kClusterChunk32 = 16 * 1024;
 constexpr int kClusterChunk16 = 32 * 1024;
+// cluster_rows, 16-bit forward rows held twice in three 32 KB chunks a CTA: two chunks up to this
+// size instead (plan.cpp).
+constexpr int64_t kTwoChunksMaxBytes = 38 * 1024;
 constexpr int kClusterChunk64 = 8 * 1024;
 // The backward's second ring holds kClusterAuxSlots chunks: 16 KB keeps room for dy's ring.
 constexpr int kClusterBackwardChunk16 = 16 * 1024;

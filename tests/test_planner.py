@@ -308,6 +308,30 @@ def test_16bit_rows_held_by_clusters_of_8_take_groups_of_128():
     assert (peeled["family"], peeled["peel"], peeled["cluster"], peeled["threads"]) == ("cluster_rows", True, 8, 544)
 
 
+def test_16bit_rows_of_three_chunks_a_cta_take_two_larger_ones():
+    # 16-bit forward rows held twice whose CTAs would take three 32 KB chunks of a row: two chunks
+    # a CTA of the row's bytes / (2 x cluster), rounded up to 16 bytes, where that is at most 38 KB.
+    for cols, cluster in [(140000, 4), (150000, 4), (262152, 8), (280000, 8), (310000, 8), (600000, 16)]:
+        for dtype in ("bfloat16", "float16"):
+            p = plan(1000, cols, dtype)
+            chunk = -(-2 * cols // (2 * cluster) // 16) * 16
+            assert (p["family"], p["cluster"], p["chunk_bytes"], p["chunks_per_cta"], p["double_buffered"]) == \
+                ("cluster_rows", cluster, chunk, 2, True), (cols, dtype, p)
+            assert p["chunks_per_row"] <= 2 * cluster and p["threads"] == 544, p
+            assert p["ring_slots"] == (232448 - (p["smem_bytes"] - p["ring_slots"] * (chunk + 16))) // (chunk + 16), p
+    assert plan(1000, 280000, "float16")["ring_slots"] == 6 and plan(1000, 310000, "bfloat16")["ring_slots"] == 5
+    # Not where two chunks would pass 38 KB (360 000: 45 008 bytes; 393 216: 48 KB), nor rows of two
+    # chunks a CTA or held once, fp32, the backward, peeled rows, or chunks or clusters asked for.
+    for cols, dtype in [(360000, "float16"), (393216, "bfloat16"), (327680, "bfloat16"), (262144, "bfloat16"),
+                        (230000, "float16"), (1048576, "bfloat16"), (170000, "bfloat16")]:
+        assert plan(1000, cols, dtype)["chunk_bytes"] == 32768, (cols, dtype)
+    assert plan(1000, 280000, "float32")["chunk_bytes"] == 16384
+    assert plan_axis(1000, 280000, dtype="bfloat16", backward=True)["chunk_bytes"] == 16384
+    assert plan(1000, 280001, "bfloat16", peelable=True)["chunk_bytes"] == 32768
+    assert plan(1000, 280000, "bfloat16", chunk_bytes=32768)["chunks_per_cta"] == 3
+    assert plan(1000, 280000, "bfloat16", cluster=8)["chunk_bytes"] == 32768
+
+
 def test_chunks_read_twice_are_held_in_l2_where_few():
     # Streamed forward slices: the chunks the ring does not keep are loaded evict-last (hint bit 2)
     # where they are at most a quarter of the kept ones; not for held slices, the backward, many

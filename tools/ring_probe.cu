@@ -9,7 +9,7 @@
 //              CTA's (max, sum) of the row (cluster_rows without the cluster exchange)
 //   ring M2/M3 M0/M1 with each CTA claiming its next (row, slice) from a counter
 // For the ring variants it prints when the first and the last CTA finished.
-// Build and run on an sm_90 GPU (RC_SET picks the variants: a, c, d, e, or f and g, the copy kernels alone):
+// Build and run on an sm_90 GPU (RC_SET picks the variants: a, c, d, e, or f, g and h, the copy kernels alone):
 //   nvcc -std=c++17 -O3 -arch=sm_90a -Isrc -Iinclude -o /tmp/ring_probe tools/ring_probe.cu -ldl
 //   RC_SET=d /tmp/ring_probe path/to/libsoftlight.so 4096 393216
 #include <cuda_runtime.h>
@@ -277,6 +277,16 @@ __global__ void copy_tile_hint(const float4* __restrict__ x, float4* __restrict_
   }
 }
 
+// One vector a thread, tiles of blockDim vectors, the tiles' order spread over K streams: CTA b
+// copies tile (b % K) * (tiles / K) + b / K, so that the CTAs running at once touch K places of
+// the array instead of one window (K = 1: in order).
+__global__ void copy_tile_spread(const float4* __restrict__ x, float4* __restrict__ y, int64_t n, int K) {
+  const int64_t tiles = n / blockDim.x, per = tiles / K;  // n a multiple of blockDim * K here
+  const int64_t t = (blockIdx.x % K) * per + blockIdx.x / K;
+  const int64_t i = t * blockDim.x + threadIdx.x;
+  y[i] = x[i];
+}
+
 // Bulk copy through shared memory, one thread: loads into S slots, bulk stores out; D stores may
 // still be reading shared memory. interleave: CTA takes chunks b, b + grid, ...; else a run.
 template <int D>
@@ -366,7 +376,8 @@ typedef int (*fwd_t)(const void*, int64_t, void*, int64_t, int64_t, int64_t, int
 struct Variant {
   std::string name;
   int kind;  // 0 memcpy, 1 copy kernel, 2 softlight, 3 ring M0, 4 ring M1, 5 unroll, 6 tile, 7 bulk,
-             // 8 persistent tile, 9/10 ring M2/M3, 11 tile with hints, 12 bulk with one store pending
+             // 8 persistent tile, 9/10 ring M2/M3, 11 tile with hints, 12 bulk with one store pending,
+             // 13 tiles in K streams
   Shape sh;
   int grid;
   int p1 = 0, p2 = 0, p3 = 0;
@@ -455,6 +466,18 @@ int main(int argc, char** argv) {
     addk("bulk 64K S=3 D=1 grid=sms interleave", 12, sms, 65536, 3, 1);
     addk("bulk 32K S=3 D=1 grid=sms*2 interleave", 12, sms * 2, 32768, 3, 1);
     addk("bulk 16K S=6 D=3 grid=sms*2 interleave", 7, sms * 2, 16384, 6, 1);
+  }
+  if (set == "h") {  // one vector a thread: the window of addresses in use at once
+    addk("tile1 x256 (4K tiles)", 11, 0, 1, 0, 256);
+    addk("tile1 x256 spread K=1", 13, 0, 1, 0, 256);
+    addk("tile1 x256 spread K=4", 13, 0, 4, 0, 256);
+    addk("tile1 x256 spread K=16", 13, 0, 16, 0, 256);
+    addk("tile1 x256 spread K=64", 13, 0, 64, 0, 256);
+    addk("tile1 x256 spread K=256", 13, 0, 256, 0, 256);
+    addk("tile1 x512 (8K tiles)", 11, 0, 1, 0, 512);
+    addk("tile1 x128 (2K tiles)", 11, 0, 1, 0, 128);
+    addk("tile2 x128 (4K tiles)", 11, 0, 2, 0, 128);
+    addk("tile2 x1024 (32K tiles)", 11, 0, 2, 0, 1024);
   }
   if (set == "g") {  // fewer bytes in flight a thread, more threads
     addk("tile8 x256 (32K tiles)", 6, 0, 8, 0, 0);
@@ -560,6 +583,9 @@ int main(int argc, char** argv) {
         }
         break;
       }
+      case 13:
+        copy_tile_spread<<<n / 4 / v.p3, v.p3, 0, st>>>((const float4*)x, (float4*)y, n / 4, v.p1);
+        break;
       case 12:
         bulk_copy<1><<<v.grid, 32, v.p2 * v.p1 + 1024, st>>>((const unsigned char*)x, (unsigned char*)y, n * 4, v.p1, v.p2, v.p3);
         break;
