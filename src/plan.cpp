@@ -260,11 +260,12 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
   plan.chunks_per_cta = slice(chosen);
   plan.resident = plan.chunks_per_cta <= plan.ring_slots;
   plan.double_buffered = 2 * plan.chunks_per_cta <= plan.ring_slots;
-  // 16-bit forward rows held twice whose CTAs take three 32 KB chunks of a row (some of them, the
-  // last chunk short): two larger chunks a CTA instead, where they stay within kTwoChunksMaxBytes.
-  // Measured on an H200 (knobs, docs/design.md, "Two larger chunks for three"): rows of 140 000 to
-  // 310 000 and 600 000 elements 2-9 % faster in chunks of 33-38 KB (280 000 bf16 1.137 -> 1.046 x
-  // copy); chunks of 40-48 KB were even or slower (360 000 fp16 1.058 -> 1.094 x).
+  // 16-bit forward rows held twice whose CTAs take up to three 32 KB chunks of a row: two larger
+  // chunks a CTA instead, where they stay within kTwoChunksMaxBytes. Measured on an H200 (knobs and
+  // builds side by side, docs/design.md, "Uneven 16-bit slices"): rows of 140 000 to
+  // 310 000 and 600 000 elements 2-8 % faster in chunks of 33-38 KB (280 000 bf16 1.137 -> 1.046 x
+  // copy; rows just past 512 KB even, 2 % slower in one run); chunks of 40-48 KB were even or
+  // slower (360 000 fp16 1.058 -> 1.094 x).
   const int64_t row_bytes = p.cols * p.elem_bytes;
   const int64_t two_chunks = ceil_div(ceil_div(row_bytes, 2 * int64_t{plan.cluster}), 16) * 16;
   if (p.elem_bytes == 2 && !backward && p.aligned16 && o.chunk_bytes <= 0 && o.cluster <= 0 && !plan.grid_exchange &&
@@ -282,8 +283,8 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
   // threads"): rows of 262 144 and 393 216 in bf16 and fp16 0.2-0.9 % faster; not rows of 1 M
   // (16-CTA clusters, 0.1-0.3 % slower), nor fp32. Where the slices are uneven (a short last chunk,
   // or CTAs with a chunk more than others), a row waits on the CTA with the most, and the narrow
-  // groups fold it slower: rows of 200 000 to 330 000 ran 6-15 % slower in them ("Consumer groups
-  // of 128 threads, on uneven slices"). Peeled rows (not measured) keep 256.
+  // groups fold it slower: rows of 200 000 to 330 000 ran 6-15 % slower in them ("Uneven 16-bit
+  // slices"). Peeled rows (not measured) keep 256.
   const bool even_slices = plan.chunks_per_cta * plan.cluster * plan.chunk_bytes == p.cols * p.elem_bytes;
   if (p.elem_bytes == 2 && !backward && p.aligned16 && o.threads <= 0 && o.chunk_bytes <= 0 && !plan.grid_exchange &&
       plan.cluster == kNarrowGroupsCluster && plan.double_buffered && plan.chunk_bytes == kClusterChunk16 &&
