@@ -293,7 +293,8 @@ def test_16bit_rows_held_by_clusters_of_8_take_groups_of_128():
             p = plan(1907, cols, dtype)
             assert (p["family"], p["cluster"], p["double_buffered"], p["threads"]) == ("cluster_rows", 8, True, 288), (cols, dtype, p)
     # 200 000: 13 chunks, the last of 6784 bytes; 196 616: 13, the last of 16 bytes; 360 000: 22
-    # chunks, six CTAs with three and two with two; 262 152: 17 chunks.
+    # chunks, six CTAs with three and two with two. (262 152 to 300 000, 17 to 19 chunks, take two
+    # larger chunks a CTA instead: the next test.)
     for cols in (196616, 200000, 230000, 262152, 270000, 300000, 330000, 360000):
         for dtype in ("bfloat16", "float16"):
             p = plan(1907, cols, dtype)
