@@ -9,7 +9,7 @@
 //              CTA's (max, sum) of the row (cluster_rows without the cluster exchange)
 //   ring M2/M3 M0/M1 with each CTA claiming its next (row, slice) from a counter
 // For the ring variants it prints when the first and the last CTA finished.
-// Build and run on an sm_90 GPU (RC_SET picks the variants: a, c, d, e, or f, g and h, the copy kernels alone):
+// Build and run on an sm_90 GPU (RC_SET picks the variants: a, c, d, e, or f, g, h and i, the copy kernels alone):
 //   nvcc -std=c++17 -O3 -arch=sm_90a -Isrc -Iinclude -o /tmp/ring_probe tools/ring_probe.cu -ldl
 //   RC_SET=d /tmp/ring_probe path/to/libsoftlight.so 4096 393216
 #include <cuda_runtime.h>
@@ -280,11 +280,17 @@ __global__ void copy_tile_hint(const float4* __restrict__ x, float4* __restrict_
 // One vector a thread, tiles of blockDim vectors, the tiles' order spread over K streams: CTA b
 // copies tile (b % K) * (tiles / K) + b / K, so that the CTAs running at once touch K places of
 // the array instead of one window (K = 1: in order).
+// U vectors a thread: tiles of blockDim * U vectors, loaded all before any is stored.
+template <int U>
 __global__ void copy_tile_spread(const float4* __restrict__ x, float4* __restrict__ y, int64_t n, int K) {
-  const int64_t tiles = n / blockDim.x, per = tiles / K;  // n a multiple of blockDim * K here
+  const int64_t tiles = n / (int64_t{blockDim.x} * U), per = tiles / K;  // n a multiple of blockDim * U * K
   const int64_t t = (blockIdx.x % K) * per + blockIdx.x / K;
-  const int64_t i = t * blockDim.x + threadIdx.x;
-  y[i] = x[i];
+  const int64_t base = t * blockDim.x * U + threadIdx.x;
+  float4 v[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) v[u] = x[base + u * blockDim.x];
+#pragma unroll
+  for (int u = 0; u < U; ++u) y[base + u * blockDim.x] = v[u];
 }
 
 // Bulk copy through shared memory, one thread: loads into S slots, bulk stores out; D stores may
@@ -479,6 +485,16 @@ int main(int argc, char** argv) {
     addk("tile2 x128 (4K tiles)", 11, 0, 2, 0, 128);
     addk("tile2 x1024 (32K tiles)", 11, 0, 2, 0, 1024);
   }
+  if (set == "i") {  // the spread with more in flight: eight vectors a thread (32 KB tiles)
+    addk("tile1 x256 (4K tiles)", 11, 0, 1, 0, 256);
+    addk("tile1 x256 spread K=1", 13, 0, 1, 1, 256);
+    addk("tile1 x256 spread K=16", 13, 0, 16, 1, 256);
+    addk("tile8 x256 (32K tiles)", 6, 0, 8, 0, 0);
+    addk("tile8 x256 spread K=1", 13, 0, 1, 8, 256);
+    addk("tile8 x256 spread K=4", 13, 0, 4, 8, 256);
+    addk("tile8 x256 spread K=16", 13, 0, 16, 8, 256);
+    addk("tile8 x256 spread K=64", 13, 0, 64, 8, 256);
+  }
   if (set == "g") {  // fewer bytes in flight a thread, more threads
     addk("tile8 x256 (32K tiles)", 6, 0, 8, 0, 0);
     addk("tile4 x512 (32K tiles)", 6, 0, 4, 0, 1);
@@ -583,8 +599,11 @@ int main(int argc, char** argv) {
         }
         break;
       }
-      case 13:
-        copy_tile_spread<<<n / 4 / v.p3, v.p3, 0, st>>>((const float4*)x, (float4*)y, n / 4, v.p1);
+      case 13:  // p1 = K, p2 = vectors a thread (1 or 8), p3 = threads
+        if (v.p2 == 8)
+          copy_tile_spread<8><<<n / 4 / v.p3 / 8, v.p3, 0, st>>>((const float4*)x, (float4*)y, n / 4, v.p1);
+        else
+          copy_tile_spread<1><<<n / 4 / v.p3, v.p3, 0, st>>>((const float4*)x, (float4*)y, n / 4, v.p1);
         break;
       case 12:
         bulk_copy<1><<<v.grid, 32, v.p2 * v.p1 + 1024, st>>>((const unsigned char*)x, (unsigned char*)y, n * 4, v.p1, v.p2, v.p3);
