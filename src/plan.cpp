@@ -151,16 +151,21 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
   int chunk = p.elem_bytes == 2 ? (backward ? kClusterBackwardChunk16 : kClusterChunk16)
               : p.elem_bytes == 4 && !backward ? kClusterChunk32
                                                : kClusterChunk64;
+  const int64_t row_bytes = p.cols * p.elem_bytes;
   // 16-bit rows that one CTA holds twice in 16 KB chunks but not in 32 KB ones (64-112 KB): one CTA
   // a row, where 32 KB chunks would split it over two CTAs unevenly (rows of 50 257 bf16: 64 and
   // 34 KB). Measured on an H200 at 50 257: 1.37 x -> 1.26 x copy (docs/design.md).
-  const auto twice_in_one = [&](int c) { return 2 * ceil_div(p.cols * p.elem_bytes, c) <= ring_slots_for(d, c); };
+  const auto twice_in_one = [&](int c) { return 2 * ceil_div(row_bytes, c) <= ring_slots_for(d, c); };
   if (p.elem_bytes == 2 && !backward && !twice_in_one(chunk) && twice_in_one(kClusterChunk32)) chunk = kClusterChunk32;
-  plan.chunk_bytes = o.chunk_bytes > 0 ? o.chunk_bytes : chunk;
   plan.aux_slots = backward ? kClusterAuxSlots : 0;
-  plan.ring_slots = ring_slots_for(d, plan.chunk_bytes) - plan.aux_slots;
-  plan.smem_bytes = int64_t{plan.ring_slots + plan.aux_slots} * (plan.chunk_bytes + 16) + kClusterReserveBytes;
-  plan.chunks_per_row = ceil_div(p.cols * p.elem_bytes, plan.chunk_bytes);
+  // The ring for chunks of c bytes: its slots, the CTA's shared memory, a row's chunks.
+  const auto size_ring = [&](int c) {
+    plan.chunk_bytes = c;
+    plan.ring_slots = ring_slots_for(d, c) - plan.aux_slots;
+    plan.smem_bytes = int64_t{plan.ring_slots + plan.aux_slots} * (c + 16) + kClusterReserveBytes;
+    plan.chunks_per_row = ceil_div(row_bytes, c);
+  };
+  size_ring(o.chunk_bytes > 0 ? o.chunk_bytes : chunk);
   plan.hints = o.hints >= 0 ? o.hints & 7 : kClusterDefaultHints;  // 3 bits, see Overrides
   const int max_cluster = std::min(d.max_cluster, kMaxCluster);
 
@@ -266,15 +271,11 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
   // 310 000 and 600 000 elements 2-8 % faster in chunks of 33-38 KB (280 000 bf16 1.137 -> 1.046 x
   // copy; rows just past 512 KB even, 2 % slower in one run); chunks of 40-48 KB were even or
   // slower (360 000 fp16 1.058 -> 1.094 x).
-  const int64_t row_bytes = p.cols * p.elem_bytes;
   const int64_t two_chunks = ceil_div(ceil_div(row_bytes, 2 * int64_t{plan.cluster}), 16) * 16;
   if (p.elem_bytes == 2 && !backward && p.aligned16 && o.chunk_bytes <= 0 && o.cluster <= 0 && !plan.grid_exchange &&
       plan.double_buffered && plan.chunk_bytes == kClusterChunk16 && plan.chunks_per_cta == 3 &&
       two_chunks <= kTwoChunksMaxBytes && 4 <= ring_slots_for(d, static_cast<int>(two_chunks))) {
-    plan.chunk_bytes = static_cast<int>(two_chunks);
-    plan.ring_slots = ring_slots_for(d, plan.chunk_bytes);
-    plan.smem_bytes = int64_t{plan.ring_slots} * (plan.chunk_bytes + 16) + kClusterReserveBytes;
-    plan.chunks_per_row = ceil_div(row_bytes, plan.chunk_bytes);
+    size_ring(static_cast<int>(two_chunks));
     plan.chunks_per_cta = 2;
   }
   // 16-bit forward rows held twice in 32 KB chunks by clusters of 8 (rows of 384 to 768 KB), where
@@ -285,7 +286,7 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
   // or CTAs with a chunk more than others), a row waits on the CTA with the most, and the narrow
   // groups fold it slower: rows of 200 000 to 330 000 ran 6-15 % slower in them ("Uneven 16-bit
   // slices"). Peeled rows (not measured) keep 256.
-  const bool even_slices = plan.chunks_per_cta * plan.cluster * plan.chunk_bytes == p.cols * p.elem_bytes;
+  const bool even_slices = plan.chunks_per_cta * plan.cluster * plan.chunk_bytes == row_bytes;
   if (p.elem_bytes == 2 && !backward && p.aligned16 && o.threads <= 0 && o.chunk_bytes <= 0 && !plan.grid_exchange &&
       plan.cluster == kNarrowGroupsCluster && plan.double_buffered && plan.chunk_bytes == kClusterChunk16 &&
       even_slices)
