@@ -292,13 +292,15 @@ def test_16bit_rows_held_by_clusters_of_8_take_groups_of_128():
         for dtype in ("bfloat16", "float16"):
             p = plan(1907, cols, dtype)
             assert (p["family"], p["cluster"], p["double_buffered"], p["threads"]) == ("cluster_rows", 8, True, 288), (cols, dtype, p)
-    # 200 000: 13 chunks, the last of 6784 bytes; 196 616: 13, the last of 16 bytes; 360 000: 22
-    # chunks, six CTAs with three and two with two. (262 152 to 300 000, 17 to 19 chunks, take two
-    # larger chunks a CTA instead: the next test.)
-    for cols in (196616, 200000, 230000, 262152, 270000, 300000, 330000, 360000):
+    # 230 000: 15 chunks; 360 000: 22 chunks, six CTAs with three and two with two. (262 152 to
+    # 300 000, 17 to 19 chunks, take two larger chunks a CTA instead, and rows of 13 chunks 16 over
+    # clusters of 4: the next tests.)
+    for cols in (230000, 262152, 270000, 300000, 330000, 360000):
         for dtype in ("bfloat16", "float16"):
             p = plan(1907, cols, dtype)
             assert (p["family"], p["cluster"], p["double_buffered"], p["threads"]) == ("cluster_rows", 8, True, 544), (cols, dtype, p)
+    for cols in (196616, 200000):  # 13 chunks: 16 over clusters of 4 (below), 544 threads too
+        assert plan(1907, cols, "bfloat16")["threads"] == 544
     assert plan(1907, 196608, "bfloat16")["cluster"] == 4 and plan(1907, 196608, "bfloat16")["threads"] == 544
     assert plan(477, 1048576, "bfloat16")["cluster"] == 16 and plan(477, 1048576, "bfloat16")["threads"] == 544
     assert plan(954, 262144)["threads"] == 544 and plan(636, 393216)["threads"] == 544
@@ -331,6 +333,27 @@ def test_16bit_rows_of_three_chunks_a_cta_take_two_larger_ones():
     assert plan(1000, 280001, "bfloat16", peelable=True)["chunk_bytes"] == 32768
     assert plan(1000, 280000, "bfloat16", chunk_bytes=32768)["chunks_per_cta"] == 3
     assert plan(1000, 280000, "bfloat16", cluster=8)["chunk_bytes"] == 32768
+
+
+def test_16bit_rows_of_13_chunks_over_8_ctas_take_16_over_4():
+    # 16-bit forward rows of 13 chunks of 32 KB over clusters of 8 (384 to 416 KB): 16 chunks of the
+    # row's bytes / 16 (rounded up to 16 bytes) over clusters of 4, four a CTA, held twice.
+    for cols in (196616, 200000, 205000, 212992):
+        for dtype in ("bfloat16", "float16"):
+            p = plan(1000, cols, dtype)
+            chunk = -(-2 * cols // 16 // 16) * 16
+            assert (p["family"], p["cluster"], p["chunk_bytes"], p["chunks_per_row"], p["chunks_per_cta"],
+                    p["double_buffered"], p["threads"]) == ("cluster_rows", 4, chunk, 16, 4, True, 544), (cols, p)
+    # Not rows of 14 chunks or more (216 000, 230 000), nor rows of 12 (196 608: clusters of 4 already),
+    # fp32, the backward, peeled rows, or chunks or clusters asked for.
+    for cols in (216000, 230000):
+        assert (plan(1000, cols, "bfloat16")["cluster"], plan(1000, cols, "bfloat16")["chunk_bytes"]) == (8, 32768)
+    assert plan(1000, 196608, "bfloat16")["chunk_bytes"] == 32768
+    assert plan(1000, 200000, "float32")["chunk_bytes"] == 16384
+    assert plan_axis(1000, 200000, dtype="bfloat16", backward=True)["chunk_bytes"] == 16384
+    assert plan(1000, 200001, "bfloat16", peelable=True)["chunk_bytes"] == 32768
+    assert plan(1000, 200000, "bfloat16", chunk_bytes=32768)["cluster"] == 8
+    assert plan(1000, 200000, "bfloat16", cluster=8)["chunk_bytes"] == 32768
 
 
 def test_chunks_read_twice_are_held_in_l2_where_few():
