@@ -273,14 +273,10 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
   if (p.elem_bytes == 2 && !backward && p.aligned16 && o.chunk_bytes <= 0 && o.cluster <= 0 && !plan.grid_exchange &&
       plan.double_buffered && plan.chunk_bytes == kClusterChunk16 && plan.cluster == kFourChunksFromCluster &&
       plan.chunks_per_row == 2 * kFourChunksFromCluster - 3) {
-    const int64_t row_bytes = p.cols * p.elem_bytes;
     const int chunk = static_cast<int>(ceil_div(ceil_div(row_bytes, 2 * int64_t{kFourChunksFromCluster}), 16) * 16);
     if (8 <= ring_slots_for(d, chunk)) {
       plan.cluster = kFourChunksFromCluster / 2;
-      plan.chunk_bytes = chunk;
-      plan.ring_slots = ring_slots_for(d, chunk);
-      plan.smem_bytes = int64_t{plan.ring_slots} * (plan.chunk_bytes + 16) + kClusterReserveBytes;
-      plan.chunks_per_row = ceil_div(row_bytes, plan.chunk_bytes);
+      size_ring(chunk);
       plan.chunks_per_cta = 4;
     }
   }
