@@ -265,17 +265,23 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
   plan.chunks_per_cta = slice(chosen);
   plan.resident = plan.chunks_per_cta <= plan.ring_slots;
   plan.double_buffered = 2 * plan.chunks_per_cta <= plan.ring_slots;
-  // 16-bit forward rows of 13 chunks of 32 KB over clusters of 8 (384 to 416 KB: three CTAs hold one
-  // chunk of each row, five hold two): 16 even chunks over clusters of 4 instead, four a CTA. Measured
-  // on an H200 (knobs, docs/design.md, "Uneven 16-bit slices", the leads): rows of 196 616 to 212 992
-  // elements 4-10 % faster (205 000 bf16 1.158 -> 1.074 x copy); rows of 14 chunks mixed, of 15
-  // slower (230 000 fp16 1.043 -> 1.080 x).
+  // 16-bit forward rows whose CTAs take two 32 KB chunks of a row, some only one: 4 C even chunks over
+  // clusters of C / 2 instead (four a CTA), where the ring still holds them twice. Measured on an
+  // H200 (knobs, builds side by side; docs/design.md, "16-bit rows of 13 chunks" and "16-bit rows of
+  // 25 to 28 chunks"):
+  // - clusters of 8, rows of 13 chunks (384 to 416 KB): 3-11 % faster (196 616 bf16 1.205 ->
+  //   1.073 x copy); rows of 14 chunks were mixed and of 15 slower (230 000 fp16 1.043 -> 1.080 x);
+  // - clusters of 16 (7 of them use 112 SMs, 16 clusters of 8 use 128), rows of 25 to 28 chunks (768
+  //   to 896 KB): 5-13 % faster (395 000 bf16 1.289 -> 1.118 x, 455 000 bf16 1.123 -> 1.071 x); rows
+  //   of 29 chunks even (460 000 fp16 1.089 -> 1.098 x), and past them, where the ring holds a slice
+  //   of four less than twice, even or slower (470 000 to 515 000).
+  const bool four_from_8 = plan.cluster == 8 && plan.chunks_per_row == 13;
+  const bool four_from_16 = plan.cluster == 16 && plan.chunks_per_cta == 2 && plan.chunks_per_row <= kFourChunksMaxRow16;
   if (p.elem_bytes == 2 && !backward && p.aligned16 && o.chunk_bytes <= 0 && o.cluster <= 0 && !plan.grid_exchange &&
-      plan.double_buffered && plan.chunk_bytes == kClusterChunk16 && plan.cluster == kFourChunksFromCluster &&
-      plan.chunks_per_row == 2 * kFourChunksFromCluster - 3) {
-    const int chunk = static_cast<int>(ceil_div(ceil_div(row_bytes, 2 * int64_t{kFourChunksFromCluster}), 16) * 16);
+      plan.double_buffered && plan.chunk_bytes == kClusterChunk16 && (four_from_8 || four_from_16)) {
+    const int chunk = static_cast<int>(ceil_div(ceil_div(row_bytes, 2 * int64_t{plan.cluster}), 16) * 16);
     if (8 <= ring_slots_for(d, chunk)) {
-      plan.cluster = kFourChunksFromCluster / 2;
+      plan.cluster /= 2;
       size_ring(chunk);
       plan.chunks_per_cta = 4;
     }

@@ -206,9 +206,9 @@ constexpr int kClusterChunk16 = 32 * 1024;
 // cluster_rows, 16-bit forward rows held twice in three 32 KB chunks a CTA: two chunks up to this
 // size instead (plan.cpp).
 constexpr int64_t kTwoChunksMaxBytes = 38 * 1024;
-// cluster_rows, 16-bit forward rows of 2 x this - 3 chunks of 32 KB over clusters of this size: 16
-// even chunks over clusters of half the size (plan.cpp).
-constexpr int kFourChunksFromCluster = 8;
+// cluster_rows, 16-bit forward rows of up to this many 32 KB chunks over clusters of 16, two a CTA
+// and some one: four even chunks a CTA over clusters of 8 (plan.cpp).
+constexpr int kFourChunksMaxRow16 = 28;
 constexpr int kClusterChunk64 = 8 * 1024;
 // The backward's second ring holds kClusterAuxSlots chunks: 16 KB keeps room for dy's ring.
 constexpr int kClusterBackwardChunk16 = 16 * 1024;

@@ -401,11 +401,12 @@ def test_cluster_shapes_forced(monkeypatch, cluster, chunk, threads, hints, stri
 @pytest.mark.parametrize("cols,dtype,cluster,per_cta", [
     (140000, "bfloat16", 4, 2), (150000, "float16", 4, 2), (262152, "bfloat16", 8, 2), (280000, "float16", 8, 2),
     (310000, "bfloat16", 8, 2), (600000, "float16", 16, 2),  # two larger chunks for three
-    (196616, "float16", 4, 4), (212992, "bfloat16", 4, 4)])  # 13 chunks over 8 CTAs: 16 over 4
+    (196616, "float16", 4, 4), (212992, "bfloat16", 4, 4),  # 13 chunks over 8 CTAs: 16 over 4
+    (395000, "bfloat16", 8, 4), (458752, "float16", 8, 4)])  # 25 and 28 chunks over 16: 32 over 8
 def test_chunks_resized_for_uneven_slices(cols, dtype, cluster, per_cta):
     """16-bit rows whose 32 KB chunks split unevenly over a cluster, in the chunks the planner
     resizes them to (not a multiple of 512 bytes): two larger ones a CTA where CTAs would take three,
-    16 over clusters of 4 where 13 would go over 8. The planner's shape, against float64 with special
+    four a CTA over half the cluster where CTAs would take two and some one. The planner's shape, against float64 with special
     values planted (in rows that straddle every chunk boundary), temperature and LSE, more rows than
     clusters."""
     if torch.cuda.get_device_capability()[0] < 9:

@@ -335,25 +335,33 @@ def test_16bit_rows_of_three_chunks_a_cta_take_two_larger_ones():
     assert plan(1000, 280000, "bfloat16", cluster=8)["chunk_bytes"] == 32768
 
 
-def test_16bit_rows_of_13_chunks_over_8_ctas_take_16_over_4():
-    # 16-bit forward rows of 13 chunks of 32 KB over clusters of 8 (384 to 416 KB): 16 chunks of the
-    # row's bytes / 16 (rounded up to 16 bytes) over clusters of 4, four a CTA, held twice.
-    for cols in (196616, 200000, 205000, 212992):
+def test_16bit_rows_of_two_uneven_chunks_a_cta_take_four_over_half_the_cluster():
+    # 16-bit forward rows whose CTAs take two 32 KB chunks, some one: 4 C chunks of the row's bytes /
+    # 4 C (rounded up to 16 bytes) over clusters of C / 2, four a CTA, held twice. Clusters of 8:
+    # rows of 13 chunks (384 to 416 KB); clusters of 16: rows of 25 to 28 chunks (768 to 896 KB).
+    for cols, cluster in ((196616, 4), (200000, 4), (205000, 4), (212992, 4),
+                          (393224, 8), (395000, 8), (410000, 8), (455000, 8), (458752, 8)):
         for dtype in ("bfloat16", "float16"):
             p = plan(1000, cols, dtype)
-            chunk = -(-2 * cols // 16 // 16) * 16
+            chunk = -(-2 * cols // (4 * cluster) // 16) * 16
             assert (p["family"], p["cluster"], p["chunk_bytes"], p["chunks_per_row"], p["chunks_per_cta"],
-                    p["double_buffered"], p["threads"]) == ("cluster_rows", 4, chunk, 16, 4, True, 544), (cols, p)
-    # Not rows of 14 chunks or more (216 000, 230 000), nor rows of 12 (196 608: clusters of 4 already),
-    # fp32, the backward, peeled rows, or chunks or clusters asked for.
-    for cols in (216000, 230000):
-        assert (plan(1000, cols, "bfloat16")["cluster"], plan(1000, cols, "bfloat16")["chunk_bytes"]) == (8, 32768)
-    assert plan(1000, 196608, "bfloat16")["chunk_bytes"] == 32768
-    assert plan(1000, 200000, "float32")["chunk_bytes"] == 16384
-    assert plan_axis(1000, 200000, dtype="bfloat16", backward=True)["chunk_bytes"] == 16384
-    assert plan(1000, 200001, "bfloat16", peelable=True)["chunk_bytes"] == 32768
-    assert plan(1000, 200000, "bfloat16", chunk_bytes=32768)["cluster"] == 8
-    assert plan(1000, 200000, "bfloat16", cluster=8)["chunk_bytes"] == 32768
+                    p["double_buffered"], p["threads"]) == ("cluster_rows", cluster, chunk, 4 * cluster, 4, True,
+                                                            544), (cols, p)
+            assert p["ring_slots"] >= 8
+    # Not rows of 14 chunks or more over 8 (216 000, 230 000), nor rows of 12 (196 608: clusters of 4
+    # already); over 16, not rows of 29 chunks or more (458 760, 460 000, 470 000), nor rows of 32
+    # (524 288, even already) or 24 (393 216, clusters of 8 already).
+    for cols, cluster in ((216000, 8), (230000, 8), (196608, 4), (393216, 8), (458760, 16), (460000, 16),
+                          (470000, 16), (524288, 16)):
+        p = plan(1000, cols, "bfloat16")
+        assert (p["cluster"], p["chunk_bytes"]) == (cluster, 32768), (cols, p)
+    # Nor fp32, the backward, peeled rows, or chunks or clusters asked for.
+    for cols, cluster in ((200000, 8), (410000, 16)):
+        assert plan(1000, cols, "float32")["chunk_bytes"] == 16384
+        assert plan_axis(1000, cols, dtype="bfloat16", backward=True)["chunk_bytes"] == 16384
+        assert plan(1000, cols + 1, "bfloat16", peelable=True)["chunk_bytes"] == 32768
+        assert plan(1000, cols, "bfloat16", chunk_bytes=32768)["cluster"] == cluster
+        assert plan(1000, cols, "bfloat16", cluster=cluster)["chunk_bytes"] == 32768
 
 
 def test_chunks_read_twice_are_held_in_l2_where_few():
