@@ -281,3 +281,33 @@ def test_trace_tools_build(tmp_path, tool):
            str(ROOT / "tools" / tool), "-o", str(tmp_path / "trace.o")]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_slice_balance_bands_and_the_planners_resized_chunks():
+    """tools/slice_balance.py: consecutive lengths of one plan form a band; the fullest CTA's share
+    is 1 where every CTA holds as many bytes, and over 1 where some hold a chunk less. Every plan whose
+    chunks the planner resized (the two-chunk and four-chunk rules) shares its rows evenly, to the
+    chunks' 16-byte rounding; plans in 32 KB chunks may not (the bands no rule covers)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("slice_balance", ROOT / "tools" / "slice_balance.py")
+    sb = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sb)
+    uneven = []
+    for cols in range(132000, 560000, 2000):
+        p = sb.plan_of(cols, 2)
+        f = sb.fullest(p, cols, 2)
+        if p["family"] != "cluster_rows":
+            assert f is None
+        elif p["chunk_bytes"] != 32768:
+            assert 1.0 <= f < 1.001, (cols, p)
+        elif f > 1.01:
+            uneven.append((cols, p["cluster"], p["chunks_per_cta"]))
+    # Left uneven: three 32 KB chunks a CTA over 4 and 8, two over 8 (14 and 15 chunks), two over 16
+    # (29 to 31 chunks); never the lengths the rules took.
+    assert {(c, m) for _, c, m in uneven} == {(4, 3), (8, 2), (8, 3), (16, 2)}
+    assert not [cols for cols, c, m in uneven if 196608 < cols <= 212992 or 393216 < cols <= 458752]
+    # Rows of 13 chunks, 16 over clusters of 4: one band a ring size (nine slots, then eight).
+    got = [(first, last, p["cluster"], p["chunks_per_cta"], p["ring_slots"], round(f0, 3), round(f1, 3))
+           for first, last, p, _, f0, f1 in sb.bands(2, 200000, 212992, 4096)]
+    assert got == [(200000, 204096, 4, 4, 9, 1.0, 1.0), (208192, 212288, 4, 4, 8, 1.0, 1.0)]
+    assert sb.fullest(sb.plan_of(216000, 2), 216000, 2) == 8 * 2 * 32768 / 432000
