@@ -275,11 +275,18 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
   //   to 896 KB): 5-13 % faster (395 000 bf16 1.289 -> 1.118 x, 455 000 bf16 1.123 -> 1.071 x); rows
   //   of 29 chunks even (460 000 fp16 1.089 -> 1.098 x), and past them, where the ring holds a slice
   //   of four less than twice, even or slower (470 000 to 515 000).
+  // The two rules below resize only the planner's own chunks for aligned 16-bit forward rows held
+  // twice in 32 KB chunks (no chunk or cluster asked for, not grid groups). even_chunk(n): the row's
+  // bytes over n chunks, rounded up to 16 bytes.
+  const auto resizable = [&] {
+    return p.elem_bytes == 2 && !backward && p.aligned16 && o.chunk_bytes <= 0 && o.cluster <= 0 &&
+           !plan.grid_exchange && plan.double_buffered && plan.chunk_bytes == kClusterChunk16;
+  };
+  const auto even_chunk = [&](int64_t n) { return static_cast<int>(ceil_div(ceil_div(row_bytes, n), 16) * 16); };
   const bool four_from_8 = plan.cluster == 8 && plan.chunks_per_row == 13;
   const bool four_from_16 = plan.cluster == 16 && plan.chunks_per_cta == 2 && plan.chunks_per_row <= kFourChunksMaxRow16;
-  if (p.elem_bytes == 2 && !backward && p.aligned16 && o.chunk_bytes <= 0 && o.cluster <= 0 && !plan.grid_exchange &&
-      plan.double_buffered && plan.chunk_bytes == kClusterChunk16 && (four_from_8 || four_from_16)) {
-    const int chunk = static_cast<int>(ceil_div(ceil_div(row_bytes, 2 * int64_t{plan.cluster}), 16) * 16);
+  if (resizable() && (four_from_8 || four_from_16)) {
+    const int chunk = even_chunk(2 * int64_t{plan.cluster});
     if (8 <= ring_slots_for(d, chunk)) {
       plan.cluster /= 2;
       size_ring(chunk);
@@ -292,11 +299,10 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
   // 310 000 and 600 000 elements 2-8 % faster in chunks of 33-38 KB (280 000 bf16 1.137 -> 1.046 x
   // copy; rows just past 512 KB even, 2 % slower in one run); chunks of 40-48 KB were even or
   // slower (360 000 fp16 1.058 -> 1.094 x).
-  const int64_t two_chunks = ceil_div(ceil_div(row_bytes, 2 * int64_t{plan.cluster}), 16) * 16;
-  if (p.elem_bytes == 2 && !backward && p.aligned16 && o.chunk_bytes <= 0 && o.cluster <= 0 && !plan.grid_exchange &&
-      plan.double_buffered && plan.chunk_bytes == kClusterChunk16 && plan.chunks_per_cta == 3 &&
-      two_chunks <= kTwoChunksMaxBytes && 4 <= ring_slots_for(d, static_cast<int>(two_chunks))) {
-    size_ring(static_cast<int>(two_chunks));
+  const int two_chunks = even_chunk(2 * int64_t{plan.cluster});
+  if (resizable() && plan.chunks_per_cta == 3 && two_chunks <= kTwoChunksMaxBytes &&
+      4 <= ring_slots_for(d, two_chunks)) {
+    size_ring(two_chunks);
     plan.chunks_per_cta = 2;
   }
   // 16-bit forward rows held twice in 32 KB chunks by clusters of 8 (rows of 384 to 768 KB), where
