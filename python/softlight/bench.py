@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -233,17 +234,24 @@ def providers(args, gpu, data, torch, op):
         p["softlight"] = ("grad", softlight_backward)
     if torch is None:
         return p
-    compile_opts = {"dynamic": True} if args.sweep else {}
     compiled = {}
 
     def compiled_for(dim):
-        if dim not in compiled:
-            if op == "forward":
-                compiled[dim] = torch.compile(lambda t: torch.log_softmax(t, dim), **compile_opts)
-            else:
-                compiled[dim] = torch.compile(lambda g, y: g - torch.exp(y) * g.sum(dim, keepdim=True),
-                                              **compile_opts)
-        return compiled[dim]
+        """torch.compile of the op along dim. "static" (the default): compiled afresh for each case,
+        after torch._dynamo.reset(), so that every shape gets the kernels Inductor makes for that
+        shape alone (a function recompiled for many shapes turns dynamic, and past dynamo's
+        recompile limit runs eagerly). "dynamic": one function a dim, compiled with dynamic=True."""
+        if args.compile == "static":
+            torch._dynamo.reset()
+        elif dim in compiled:
+            return compiled[dim]
+        opts = {"dynamic": True} if args.compile == "dynamic" else {"dynamic": False}
+        if op == "forward":
+            f = torch.compile(lambda t: torch.log_softmax(t, dim), **opts)
+        else:
+            f = torch.compile(lambda g, y: g - torch.exp(y) * g.sum(dim, keepdim=True), **opts)
+        compiled[dim] = f
+        return f
     if op == "forward":
         p["torch"] = ("log", lambda c: lambda: torch.log_softmax(c.inp, c.dim))
         if not args.no_compile:
@@ -332,7 +340,7 @@ def main(argv=None):
     ap.add_argument("--op", default="forward", choices=["forward", "backward"])
     ap.add_argument("--sweep", action="store_true",
                     help=f"instead of --shapes: rows x cols for cols in {SWEEP_COLS}, each tensor about "
-                         f"--sweep-gb GB (torch.compile then compiles with dynamic=True)")
+                         f"--sweep-gb GB")
     ap.add_argument("--sweep-gb", type=float, default=1.0)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--reps", type=int, default=30)
@@ -341,6 +349,9 @@ def main(argv=None):
     ap.add_argument("--providers", default="", help="comma-separated subset (copy is always timed)")
     ap.add_argument("--no-torch", action="store_true", help="do not use torch even if installed")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    ap.add_argument("--compile", default="static", choices=["static", "dynamic"],
+                    help="torch.compile compiled afresh for each shape (static, the default) or once a dim "
+                         "with dynamic=True")
     ap.add_argument("--out-dir", default="docs/perf", help="where the JSON and PNG go ('' for none)")
     ap.add_argument("--name", default="", help="suffix of the result files (default: none)")
     ap.add_argument("--commit", default=None, help="commit to record (default: git rev-parse HEAD)")
@@ -364,7 +375,7 @@ def main(argv=None):
     cases = sweep_cases(dtypes, args.sweep_gb) if args.sweep else [
         (shape, d) for shape in parse_shapes(args.shapes) for d in dtypes]
     total = len(cases) * len(provs)
-    rows_out, done = [], 0
+    rows_out, done, started = [], 0, time.monotonic()
     for shape, dtype in cases:
         dim = args.dim % len(shape)
         inp, out = data.make(shape, dtype, args.op, dim)
@@ -372,8 +383,8 @@ def main(argv=None):
         these, ready = [], []  # every provider's row; (row, fn) of those checked and ready to time
         for name, (kind, make) in provs.items():
             done += 1
-            print(f"[{done}/{total}] {name:14s} {'x'.join(map(str, shape))} {dtype} {args.op}", file=sys.stderr,
-                  flush=True)
+            print(f"[{done}/{total}] {name:14s} {'x'.join(map(str, shape))} {dtype} {args.op} "
+                  f"({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
             row = {"op": args.op, "provider": name, "shape": list(shape), "dtype": dtype}
             if dim != len(shape) - 1:
                 row["dim"] = dim
