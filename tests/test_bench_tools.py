@@ -55,6 +55,46 @@ def test_moved_bytes_and_table(capsys):
     assert f"{2 * 4096 * 393216 * 4 / 3.0 / 1e6:6.0f}" in out  # GB/s of the copy row
 
 
+@pytest.mark.parametrize("mode", ["static", "dynamic"])
+def test_torch_compile_is_compiled_per_case_or_once_a_dim(mode):
+    """--compile static compiles afresh for every case, after resetting dynamo (a function compiled
+    for many shapes turns dynamic, and past the recompile limit runs eagerly); --compile dynamic
+    compiles once a dim, with dynamic=True. A stand-in for torch records what the bench asks."""
+    calls = []
+
+    class Dynamo:
+        @staticmethod
+        def reset():
+            calls.append("reset")
+
+    class FakeTorch:
+        _dynamo = Dynamo
+
+        @staticmethod
+        def compile(fn, **opts):
+            calls.append(("compile", opts["dynamic"]))
+            return fn
+
+        @staticmethod
+        def log_softmax(t, dim):
+            return ("log_softmax", t, dim)
+
+    class Args:
+        compile, no_compile, providers, sweep = mode, False, "softlight,torch.compile", True
+
+    provs = bench.providers(Args(), gpu=None, data=None, torch=FakeTorch, op="forward")
+    kind, make = provs["torch.compile"]
+    assert kind == "log" and set(provs) == {"copy", "softlight", "torch.compile"}
+    cases = [bench.Case("forward", (4, 8), 1, "float32", "x%d" % i, None) for i in range(3)]
+    cases.append(bench.Case("forward", (2, 3, 5), 1, "float32", "x3", None))
+    runs = [make(c) for c in cases]
+    assert [r() for r in runs] == [("log_softmax", c.inp, c.dim) for c in cases]
+    if mode == "static":
+        assert calls == ["reset", ("compile", False)] * 4
+    else:
+        assert calls == [("compile", True)]
+
+
 def test_timing_passes_take_turns_and_report_medians():
     """An untimed pass, then rounds of timing, go over every ready provider in turn; each
     provider's ms is the median of its timed rounds, and a provider that fails while timed is
