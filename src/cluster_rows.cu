@@ -132,7 +132,7 @@ template <class T, int U, bool Backward, bool Peel> struct ClusterCta {
   // straight from global memory (nothing outside the row is read: see stats). The planner keeps
   // every CTA's chunks non-empty for every row.
   __device__ __forceinline__ int64_t head_bytes(const void* row) const {
-    return Peel ? (16 - static_cast<int64_t>(reinterpret_cast<uintptr_t>(row) & 15)) & 15 : 0;
+    return Peel ? static_cast<int64_t>(head_bytes16(row)) : 0;
   }
   __device__ __forceinline__ int64_t interior_bytes(int64_t head) const {
     return Peel ? (row_bytes - head) & ~int64_t{15} : row_bytes;

@@ -221,6 +221,18 @@ template <class T> __device__ __forceinline__ uint4 edge_pack(const T* xr, int64
   return u;
 }
 
+// Bytes from `row` to its first 16-byte boundary (0 on one): the head of a peeled row, the part
+// before the 16-byte packs of its interior.
+__device__ __forceinline__ uintptr_t head_bytes16(const void* row) {
+  return (16 - reinterpret_cast<uintptr_t>(row) % 16) % 16;
+}
+// y for elements [from, to) of a row (a peeled row's edge), element by element.
+template <class T>
+__device__ __forceinline__ void store_log_softmax_edge(const T* xe, T* ye, int from, int to, acc_t<T> m, acc_t<T> scale,
+                                                       acc_t<T> log_sum) {
+  for (int j = from; j < to; ++j) ye[j] = from_acc<T>(log_softmax_out_scaled(to_acc(xe[j]), m, scale, log_sum));
+}
+
 // Halves w[0, n) onto w[0] with `op` in a tree (a chain would be n long). An odd n keeps its
 // middle element for the next level.
 template <int n, class W, class Op> __device__ __forceinline__ void fold_tree(W* w, Op op) {

@@ -604,8 +604,10 @@ Plan plan_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
   const int64_t register_cluster_bytes = p.elem_bytes == 4 ? kRegisterClusterMaxRowBytes : kRegisterClusterMax16BitRowBytes;
   const bool packed_or_peeled = p.aligned16 || (p.peelable && o.peel_clusters != 0);
   // Peeled rows from 16 KB: one CTA's registers held them slower than two CTAs' (16 383 fp16: 1.372
-  // against 1.038 x copy; docs/design.md, "Odd rows in registers").
-  const int64_t cluster_from = p.aligned16 ? register_bytes : std::min(register_bytes, kPeeledRowsMaxBytes + 16);
+  // against 1.038 x copy; docs/design.md, "Odd rows in registers"). peeled_one_cta: the peeled rows
+  // one CTA's registers take (below it).
+  const int64_t peeled_one_cta = std::min(register_bytes, kPeeledRowsMaxBytes + 16);
+  const int64_t cluster_from = p.aligned16 ? register_bytes : peeled_one_cta;
   if (has_clusters(d) && packed_or_peeled && p.elem_bytes <= 4 && o.cluster <= 0 && o.register_cluster != 0 &&
       (o.register_cluster > 0 || (row_bytes >= cluster_from && row_bytes <= register_cluster_bytes))) {
     const int threads = o.register_cluster > 0 ? o.register_cluster
@@ -624,7 +626,7 @@ Plan plan_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
   // packs, its head and tail on two threads), where block_rows' CTA a row took 1.2-2.8 x copy and
   // torch's warps were faster at rows of 511 and 999 (docs/design.md, "Odd rows in registers").
   const int peel_vec = 16 / p.elem_bytes;
-  if (!p.aligned16 && p.peelable && p.elem_bytes <= 4 && row_bytes < std::min(register_bytes, kPeeledRowsMaxBytes + 16) &&
+  if (!p.aligned16 && p.peelable && p.elem_bytes <= 4 && row_bytes < peeled_one_cta &&
       o.cluster <= 0 && p.cols >= 2 * peel_vec) {
     // Four or five packs a thread and the edge (more spilled under the 64-register bound).
     Plan plan = plan_register_rows(p, peel_vec, kWarpRowsMinIters);

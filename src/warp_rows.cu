@@ -97,7 +97,7 @@ rows_in_registers_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y,
     const int64_t row = base + (threadIdx.x & (unit - 1)) / group;
     const bool live = row < rows;
     const T* xe = x + row * xs;
-    const int head = Peel ? static_cast<int>((16 - reinterpret_cast<uintptr_t>(xe) % 16) % 16 / sizeof(T)) : 0;
+    const int head = Peel ? static_cast<int>(head_bytes16(xe) / sizeof(T)) : 0;
     const int vectors = Peel ? (length - head) / V : length;
     const uint4* xr = reinterpret_cast<const uint4*>(xe + head);
     uint4 p[N];
@@ -128,8 +128,7 @@ rows_in_registers_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y,
       const int e = i * group + sub;
       if (live && e < vectors) store_log_softmax_pack<T>(yr + e * V, p[i], m, scale, log_sum);
     }
-    for (int j = edge_from; j < edge_to; ++j)
-      ye[j] = from_acc<T>(log_softmax_out_scaled(to_acc(xe[j]), m, scale, log_sum));
+    store_log_softmax_edge(xe, ye, edge_from, edge_to, m, scale, log_sum);
   }
 }
 
@@ -176,7 +175,7 @@ __device__ __forceinline__ void register_cluster_row(const T* __restrict__ x, in
   const int64_t row = blockIdx.x / csize;
   const T* xe = x + row * xs;
   // The head: elements before the row's first 16-byte boundary (none unless Peel).
-  const int head = Peel ? static_cast<int>((16 - reinterpret_cast<uintptr_t>(xe) % 16) % 16 / sizeof(T)) : 0;
+  const int head = Peel ? static_cast<int>(head_bytes16(xe) / sizeof(T)) : 0;
   const int vectors = (cols - head) / V;
   const int begin = static_cast<int>(rank) * span, end = min(vectors, begin + span);
   const uint4* xr = reinterpret_cast<const uint4*>(xe + head);
@@ -213,7 +212,7 @@ __device__ __forceinline__ void register_cluster_row(const T* __restrict__ x, in
   if (lse != nullptr && rank == 0 && threadIdx.x == 0) lse[row] = r.m * scale + log_sum;
   T* ye = y + row * ys;
   if (edge_thread)
-    for (int j = edge_from; j < edge_to; ++j) ye[j] = from_acc<T>(log_softmax_out_scaled(to_acc(xe[j]), r.m, scale, log_sum));
+    store_log_softmax_edge(xe, ye, edge_from, edge_to, r.m, scale, log_sum);
   T* yr = ye + head;
   if constexpr (Bounded) {
 #pragma unroll

@@ -36,8 +36,8 @@ def key(p):
     """What makes two lengths one band: the same family and, in the ring, the same shape of it."""
     if p["family"] != "cluster_rows":
         return (p["family"], p["cluster"])
-    return (p["family"], p["cluster"], p["chunk_bytes"] if p["chunk_bytes"] == 32768 or p["chunk_bytes"] == 16384
-            else "resized", p["ring_slots"], p["chunks_per_cta"], p["threads"])
+    return (p["family"], p["cluster"], p["chunk_bytes"] if p["chunk_bytes"] in (16384, 32768) else "resized",
+            p["ring_slots"], p["chunks_per_cta"], p["threads"])
 
 
 def bands(elem, start, stop, step):
