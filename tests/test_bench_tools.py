@@ -312,6 +312,34 @@ def test_sweep_targets_counts_only_checked_results(tmp_path):
     assert "float16      32768  1.020 x copy  no anchor" in out
 
 
+def test_merge_results_joins_parts_of_one_run(tmp_path):
+    """tools/merge_results.py: parts of one GPU, commit and torch join in order, their commands and
+    dates kept; a part of another commit, or a case timed in two parts, is refused."""
+    def part(name, dtype, commit="c", date="d1"):
+        rows = [dict(op="forward", provider=p, shape=[8, 128], dtype=dtype, status="ok", ms=ms, copy_ms=1.0)
+                for p, ms in (("copy", 1.0), ("softlight", 1.1))]
+        meta = dict(gpu="G", commit=commit, torch="t", softlight_version="v", date=date,
+                    command=f"python -m softlight bench --sweep --dtypes {dtype}")
+        path = tmp_path / name
+        path.write_text(json.dumps({"meta": meta, "rows": rows}))
+        return str(path)
+
+    def merge(*parts):
+        return subprocess.run([sys.executable, str(ROOT / "tools" / "merge_results.py"), str(tmp_path / "m.json"),
+                               *parts], capture_output=True, text=True)
+    a, b = part("a.json", "float32"), part("b.json", "bfloat16", date="d2")
+    assert merge(a, b).returncode == 0
+    doc = json.loads((tmp_path / "m.json").read_text())
+    assert [r["dtype"] for r in doc["rows"]] == ["float32"] * 2 + ["bfloat16"] * 2
+    assert doc["meta"]["command"] == ("python -m softlight bench --sweep --dtypes float32 ; "
+                                      "python -m softlight bench --sweep --dtypes bfloat16")
+    assert doc["meta"]["date"] == "d1, d2" and doc["meta"]["commit"] == "c"
+    other = merge(a, part("o.json", "float16", commit="e"))
+    assert other.returncode != 0 and "differ in commit" in other.stderr
+    twice = merge(a, part("t.json", "float32"))
+    assert twice.returncode != 0 and "in two parts" in twice.stderr
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 @pytest.mark.parametrize("tool", ["grid_rows_trace.cu", "cluster_rows_trace.cu"])
 def test_trace_tools_build(tmp_path, tool):
