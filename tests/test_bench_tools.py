@@ -312,6 +312,26 @@ def test_sweep_targets_counts_only_checked_results(tmp_path):
     assert "float16      32768  1.020 x copy  no anchor" in out
 
 
+def test_sweep_targets_compares_runs(tmp_path):
+    """tools/sweep_targets.py with several sweeps: each is judged, then a table lists every point
+    that misses a target in any of them (x copy in each; the anchor ahead and by how much)."""
+    def sweep(name, sl_4096, sl_128):
+        rows = []
+        for cols, sl, quack in ((4096, sl_4096, 0.56), (128, sl_128, 0.51), (32768, 0.50, 0.51)):
+            for p, ms in (("copy", 0.50), ("softlight", sl), ("quack", quack)):
+                rows.append(dict(op="forward", provider=p, shape=[1 << 20, cols], dtype="float32", status="ok", ms=ms))
+        (tmp_path / name).write_text(json.dumps({"meta": {}, "rows": rows}))
+        return name
+    runs = [sweep("a.json", 0.51, 0.50), sweep("b.json", 0.53, 0.52)]
+    out = subprocess.run([sys.executable, str(ROOT / "tools" / "sweep_targets.py"), *runs], cwd=tmp_path,
+                         capture_output=True, text=True, check=True).stdout
+    assert "== a.json\nahead of every anchor at 3 of 3 points; both targets at 3" in out
+    assert "== b.json\nahead of every anchor at 2 of 3 points; both targets at 1" in out
+    table = out[out.index("| point |"):].splitlines()
+    assert table[0] == "| point | a.json | b.json |"
+    assert table[2:] == ["| float32 4096 | 1.020 | 1.060 |", "| float32 128 | 1.000 | 1.040 (quack +2.0 %) |"]
+
+
 def test_merge_results_joins_parts_of_one_run(tmp_path):
     """tools/merge_results.py: parts of one GPU, commit and torch join in order, their commands and
     dates kept; a part of another commit, or a case timed in two parts, is refused."""

@@ -3,9 +3,12 @@ sweep's targets: at each point softlight's time no more than the best anchor's, 
 1.05 x the copy's wherever rows have 1024 elements or more. Only results checked right count.
 
     python tools/sweep_targets.py docs/perf/NVIDIA-H200-2026-12-01-sweep-passes.json [--points]
+    python tools/sweep_targets.py run1.json run2.json [...] [--points]
 
 Prints the counts, the points behind an anchor (which anchor, by how much) and the points over
-1.05 x copy; --points adds a line per point.
+1.05 x copy; --points adds a line per point. Given several sweeps (runs, or sizes), it does so for
+each and then prints, as a Markdown table, every point that misses a target in any of them: its
+x copy in each, and the anchor ahead of it and by how much where one is.
 """
 import json
 import sys
@@ -39,6 +42,30 @@ def judge(by):
     return x_copy, best, ratio, best is None or ratio <= 1.0, x_copy <= COPY_BOUND
 
 
+def misses(j, cols):
+    """Whether a judged point misses either target."""
+    return not j[3] or (not j[4] and cols >= COPY_BOUND_FROM_COLS)
+
+
+def compare(paths):
+    """The Markdown table of the points that miss a target in any of the sweeps at `paths`."""
+    runs = [points(json.load(open(p))["rows"]) for p in paths]
+    print("\n| point | " + " | ".join(paths) + " |")
+    print("|---|" + "---|" * len(paths))
+    for cols, dtype in dict.fromkeys(k for run in runs for k in run):
+        judged = [judge(run[(cols, dtype)]) if (cols, dtype) in run else None for run in runs]
+        if not any(j and misses(j, cols) for j in judged):
+            continue
+        cells = []
+        for j in judged:
+            if j is None:
+                cells.append("–")
+                continue
+            x_copy, best, ratio, is_ahead, _ = j
+            cells.append(f"{x_copy:.3f}" + ("" if is_ahead else f" ({best} +{100 * (ratio - 1):.1f} %)"))
+        print(f"| {dtype} {cols} | " + " | ".join(cells) + " |")
+
+
 def main(path, show_points=False):
     rows = json.load(open(path))["rows"]
     ahead = both = judged = 0
@@ -66,4 +93,10 @@ def main(path, show_points=False):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], "--points" in sys.argv[2:])
+    paths = [a for a in sys.argv[1:] if not a.startswith("--")]
+    for path in paths:
+        if len(paths) > 1:
+            print(f"== {path}")
+        main(path, "--points" in sys.argv[1:])
+    if len(paths) > 1:
+        compare(paths)
