@@ -42,9 +42,14 @@ def judge(by):
     return x_copy, best, ratio, best is None or ratio <= 1.0, x_copy <= COPY_BOUND
 
 
+def in_copy_bound(j, cols):
+    """Whether a judged point meets the copy bound (which holds from COPY_BOUND_FROM_COLS up)."""
+    return j[4] or cols < COPY_BOUND_FROM_COLS
+
+
 def misses(j, cols):
     """Whether a judged point misses either target."""
-    return not j[3] or (not j[4] and cols >= COPY_BOUND_FROM_COLS)
+    return not j[3] or not in_copy_bound(j, cols)
 
 
 def compare(paths):
@@ -75,8 +80,8 @@ def main(path, show_points=False):
         if j is None:
             print(f"{dtype} {cols}: no counted time for softlight or the copy")
             continue
-        x_copy, best, ratio, is_ahead, in_bound = j
-        in_bound = in_bound or cols < COPY_BOUND_FROM_COLS
+        x_copy, best, ratio, is_ahead, _ = j
+        in_bound = in_copy_bound(j, cols)
         judged += 1
         ahead += is_ahead
         both += is_ahead and in_bound
