@@ -52,9 +52,10 @@ def misses(j, cols):
     return not j[3] or not in_copy_bound(j, cols)
 
 
-def compare(paths):
-    """The Markdown table of the points that miss a target in any of the sweeps at `paths`."""
-    runs = [points(json.load(open(p))["rows"]) for p in paths]
+def compare(paths, sweeps):
+    """The Markdown table of the points that miss a target in any of the sweeps (their rows, read
+    from `paths`)."""
+    runs = [points(rows) for rows in sweeps]
     print("\n| point | " + " | ".join(paths) + " |")
     print("|---|" + "---|" * len(paths))
     for cols, dtype in dict.fromkeys(k for run in runs for k in run):
@@ -71,8 +72,7 @@ def compare(paths):
         print(f"| {dtype} {cols} | " + " | ".join(cells) + " |")
 
 
-def main(path, show_points=False):
-    rows = json.load(open(path))["rows"]
+def main(rows, show_points=False):
     ahead = both = judged = 0
     behind, over = [], []
     for (cols, dtype), by in points(rows).items():
@@ -99,9 +99,10 @@ def main(path, show_points=False):
 
 if __name__ == "__main__":
     paths = [a for a in sys.argv[1:] if not a.startswith("--")]
-    for path in paths:
+    sweeps = [json.load(open(path))["rows"] for path in paths]
+    for path, rows in zip(paths, sweeps):
         if len(paths) > 1:
             print(f"== {path}")
-        main(path, "--points" in sys.argv[1:])
+        main(rows, "--points" in sys.argv[1:])
     if len(paths) > 1:
-        compare(paths)
+        compare(paths, sweeps)

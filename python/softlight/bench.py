@@ -241,16 +241,17 @@ def providers(args, gpu, data, torch, op):
         after torch._dynamo.reset(), so that every shape gets the kernels Inductor makes for that
         shape alone (a function recompiled for many shapes turns dynamic, and past dynamo's
         recompile limit runs eagerly). "dynamic": one function a dim, compiled with dynamic=True."""
-        if args.compile == "static":
-            torch._dynamo.reset()
-        elif dim in compiled:
+        dynamic = args.compile == "dynamic"
+        if dynamic and dim in compiled:
             return compiled[dim]
-        opts = {"dynamic": True} if args.compile == "dynamic" else {"dynamic": False}
+        if not dynamic:
+            torch._dynamo.reset()
         if op == "forward":
-            f = torch.compile(lambda t: torch.log_softmax(t, dim), **opts)
+            f = torch.compile(lambda t: torch.log_softmax(t, dim), dynamic=dynamic)
         else:
-            f = torch.compile(lambda g, y: g - torch.exp(y) * g.sum(dim, keepdim=True), **opts)
-        compiled[dim] = f
+            f = torch.compile(lambda g, y: g - torch.exp(y) * g.sum(dim, keepdim=True), dynamic=dynamic)
+        if dynamic:
+            compiled[dim] = f
         return f
     if op == "forward":
         p["torch"] = ("log", lambda c: lambda: torch.log_softmax(c.inp, c.dim))
