@@ -10,7 +10,9 @@ for the inputs; times with cuda.core events. Results are not checked: check a se
 tools/tune.py or the tests first.
 
 --torch times torch's own call in each round too (torch.log_softmax, or its backward
-torch._log_softmax_backward_data). --fresh gives every call a new output from torch's allocator,
+torch._log_softmax_backward_data); --compile times torch.compile's, compiled for this shape as the
+bench compiles it (dynamic=False; the backward as dy - exp(y) * sum(dy)), compiled and autotuned
+before the first round. With TORCH_LOGS=output_code the generated kernels go to stderr. --fresh gives every call a new output from torch's allocator,
 as the bench does (else one buffer, made once). --sleep N queues torch.cuda._sleep(N) ahead of each
 timed call, so that host work is hidden and the times are the GPU's alone.
 """
@@ -59,6 +61,20 @@ def torch_call(x, y, op):
     return lambda: torch.log_softmax(x, -1)
 
 
+def compiled_call(x, y, op):
+    """torch.compile's call on the same problem, as the bench compiles it, run once (compiled and
+    autotuned) before it is timed."""
+    if op == "backward":
+        f = torch.compile(lambda g, o: g - torch.exp(o) * g.sum(-1, keepdim=True), dynamic=False)
+        call = lambda: f(x, y)  # noqa: E731
+    else:
+        f = torch.compile(lambda t: torch.log_softmax(t, -1), dynamic=False)
+        call = lambda: f(x)  # noqa: E731
+    call()
+    torch.cuda.synchronize()
+    return call
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("shape")
@@ -68,6 +84,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--reps", type=int, default=8)
     ap.add_argument("--torch", action="store_true", help="time torch's own call alongside")
+    ap.add_argument("--compile", action="store_true", help="time torch.compile's call alongside")
     ap.add_argument("--fresh", action="store_true", help="a new output at every call, as the bench")
     ap.add_argument("--sleep", type=int, default=0, help="torch.cuda._sleep cycles ahead of each timed call")
     a = ap.parse_args()
@@ -75,10 +92,13 @@ def main():
     gpu = Gpu(0)
     ext = torch.cuda.ExternalStream(gpu.handle)
     x, y, out, run, floor = problem(rows, cols, a.dtype, a.op, gpu, ext, a.fresh)
-    # (label, knobs, call): each setting, then torch's call under no knobs.
+    # (label, knobs, call): each setting, then torch's and torch.compile's calls under no knobs.
     calls = [(s or "default", s, run) for s in a.settings]
     if a.torch:
         calls.append(("torch", "", torch_call(x, y, a.op)))
+    if a.compile:
+        with torch.cuda.stream(ext):
+            calls.append(("torch.compile", "", compiled_call(x, y, a.op)))
     before = (lambda: torch.cuda._sleep(a.sleep)) if a.sleep > 0 else None  # noqa: E731
     times = {label: [] for label, _, _ in calls}
     floors = []
