@@ -439,6 +439,19 @@ template <class A> __device__ __forceinline__ A group_sum(A v, int width) {
   for (int o = width / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
+// The same over a width known at compile time, unrolled to its levels: the loops above compile to
+// about six instructions a level, a convergence check before each shuffle (docs/design.md, "Short
+// rows, leaner").
+template <int W, class A> __device__ __forceinline__ A group_max(A v) {
+#pragma unroll
+  for (int o = W / 2; o > 0; o /= 2) v = max_acc(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+template <int W, class A> __device__ __forceinline__ A group_sum(A v) {
+#pragma unroll
+  for (int o = W / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
 
 // A (max, sum) pair merged over the lanes of a warp (butterfly: every lane gets the result).
 template <class A> __device__ __forceinline__ MaxSum<A> shfl_merge_max_sum(MaxSum<A> p, A f) {

@@ -244,11 +244,16 @@ register_cluster_bounded_kernel(const T* __restrict__ x, int64_t xs, T* __restri
 // lanes (at least the row's packs, at most a warp) holds a row, a warp 32 / group rows per load, so
 // that each of a lane's R loads covers 512 contiguous bytes of the warp's R * 32 / group rows.
 // Same arithmetic as rows_in_registers_kernel, R rows reduced side by side.
-template <class T, int R>
+// G > 0 (16-bit rows, docs/design.md "Short rows, leaner"): the group known at compile time, so that
+// its butterflies unroll to their levels; and where the group has a lane for each of the R rows
+// (G >= R), each row's log is taken on one lane of the group and passed to the others, one log a
+// lane instead of R.
+template <class T, int R, int G = 0>
 __global__ void __launch_bounds__(kWarpRowsThreads)
 short_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t ys, int64_t rows, int vectors,
-                  int group, acc_t<T> scale, acc_t<T>* __restrict__ lse) {
+                  int group_arg, acc_t<T> scale, acc_t<T>* __restrict__ lse) {
   using A = acc_t<T>;
+  const int group = G > 0 ? G : group_arg;
   const int lane = threadIdx.x & 31;
   const int sub = lane & (group - 1);
   const int step = 32 / group;  // rows per load of a warp
@@ -264,12 +269,35 @@ short_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_
       p[i][0] = live[i] ? reinterpret_cast<const uint4*>(x + row * xs)[sub] : neg_inf_pack<T>();
     }
     A m[R], log_sum[R];
+    if constexpr (G > 0) {
 #pragma unroll
-    for (int i = 0; i < R; ++i) m[i] = group_max(packs_max<T, 1>(p[i]), group);
+      for (int i = 0; i < R; ++i) m[i] = group_max<G>(packs_max<T, 1>(p[i]));
+      A sum[R];
 #pragma unroll
-    for (int i = 0; i < R; ++i) {
-      const ShiftedExp<A> ex = shifted_exp(m[i], scale);
-      log_sum[i] = log_acc(group_sum(packs_exp_sum<T, 1>(p[i], ex), group) * exp_base(-ex.lo));
+      for (int i = 0; i < R; ++i) {
+        const ShiftedExp<A> ex = shifted_exp(m[i], scale);
+        sum[i] = group_sum<G>(packs_exp_sum<T, 1>(p[i], ex)) * exp_base(-ex.lo);
+      }
+      if constexpr (G >= R) {
+        // Row i's sum is the same on every lane of the group: lane i takes its log for all.
+        A mine = sum[0];
+#pragma unroll
+        for (int i = 1; i < R; ++i) mine = (sub & (R - 1)) == i ? sum[i] : mine;
+        const A log_mine = log_acc(mine);
+#pragma unroll
+        for (int i = 0; i < R; ++i) log_sum[i] = __shfl_sync(0xffffffffu, log_mine, i, G);
+      } else {
+#pragma unroll
+        for (int i = 0; i < R; ++i) log_sum[i] = log_acc(sum[i]);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < R; ++i) m[i] = group_max(packs_max<T, 1>(p[i]), group);
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+        const ShiftedExp<A> ex = shifted_exp(m[i], scale);
+        log_sum[i] = log_acc(group_sum(packs_exp_sum<T, 1>(p[i], ex), group) * exp_base(-ex.lo));
+      }
     }
 #pragma unroll
     for (int i = 0; i < R; ++i) opaque(p[i][0]);
@@ -514,6 +542,23 @@ cudaError_t launch_register_clusters(const Plan& p, const RowsArgs& a, cudaStrea
   }
 }
 
+// short_rows_kernel for the plan's rows a lane: 16-bit rows as planned (four a lane, groups up to
+// 8) with the group at compile time (docs/design.md, "Short rows, leaner"; fp32 rows of 32 ran 1.5 %
+// slower so, and keep the group as an argument).
+template <class T, class Kernel> cudaError_t choose_short_rows(const Plan& p, Kernel& k) {
+  if constexpr (sizeof(T) == 2) {
+    if (p.rows_per_lane == kShortRowsPerLane && p.group <= 8)
+      return with_count(p.group, [&](auto g) {
+        k = short_rows_kernel<T, kShortRowsPerLane, decltype(g)::value>;
+        return cudaSuccess;
+      });
+  }
+  return with_count(p.rows_per_lane, [&](auto n) {
+    k = short_rows_kernel<T, decltype(n)::value>;
+    return cudaSuccess;
+  });
+}
+
 template <class T, int V>
 cudaError_t launch_iters(const Plan& p, const RowsArgs& a, cudaStream_t stream) {
   // Rows in 16-byte packs go to short_rows_kernel (several rows a lane) or rows_in_registers_kernel,
@@ -525,10 +570,7 @@ cudaError_t launch_iters(const Plan& p, const RowsArgs& a, cudaStream_t stream) 
   cudaError_t chosen;
   if constexpr (kPacked) {
     if (p.rows_per_lane > 0)
-      chosen = with_count(p.rows_per_lane, [&](auto n) {
-        k = short_rows_kernel<T, decltype(n)::value>;
-        return cudaSuccess;
-      });
+      chosen = choose_short_rows<T>(p, k);
     else if (p.peel) {
       if constexpr (sizeof(T) <= 4)  // the planner peels fp32 and 16-bit rows only
         chosen = with_one_of<4, 5>(p.iters, [&](auto n) {  // the edge's pack more: six spilled

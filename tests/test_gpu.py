@@ -804,6 +804,36 @@ def test_rows_per_lane(monkeypatch, rows, bytes_, per_lane, dtype):
     assert_lse_close(lse2, x, 0.75, dtype)
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("bytes_", [16, 32, 64, 96, 128])
+def test_16_bit_short_rows_special_values_at_every_place(bytes_, dtype):
+    """16-bit short rows as planned (a lane holds a pack of each of four rows, the group of 1 to 8
+    lanes known at compile time; from groups of four, each row's log is taken on one lane of the
+    group and passed to the rest): NaN, +inf, rows of -inf and rows of one finite element at every
+    place of a lane's four rows and of a group's lanes, against float64, with the LSE and a
+    temperature."""
+    cols, rows = bytes_ // 2, 1031
+    p = planned(rows, cols, dtype)
+    assert p["family"] == "warp_rows" and p["rows_per_lane"] == 4 and p["group"] <= 8, p
+    x = random_rows(rows, cols, dtype)
+    for r in range(0, 160, 3):  # a warp takes 32 / group rows a load: every place for groups of 1 to 8
+        kind, c = (r // 3) % 4, r % cols
+        if kind == 0:
+            x[r, c] = float("nan")
+        elif kind == 1:
+            x[r, :] = float("-inf")
+        elif kind == 2:
+            x[r, c] = float("inf")
+        else:
+            x[r, :] = float("-inf")
+            x[r, c] = 1.5
+    run_and_check(x, dtype, f"16-bit short rows {dtype} {rows}x{cols}")
+    y2, lse2 = softlight.log_softmax(x, temperature=0.75, return_lse=True)
+    torch.cuda.synchronize()
+    assert_close_to_float64(y2, x, dtype, "16-bit short rows, T=0.75", transform=lambda v: v / 0.75)
+    assert_lse_close(lse2, x, 0.75, dtype)
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.75])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("cols,family", [(393216, "cluster_rows"), (4096, "warp_rows"), (128, "warp_rows")])
