@@ -440,8 +440,8 @@ template <class A> __device__ __forceinline__ A group_sum(A v, int width) {
   return v;
 }
 // The same over a width known at compile time, unrolled to its levels: the loops above compile to
-// about six instructions a level, a convergence check before each shuffle (docs/design.md, "Short
-// rows, leaner").
+// eight instructions a level, a convergence check before each shuffle (docs/design.md, "Short rows,
+// leaner").
 template <int W, class A> __device__ __forceinline__ A group_max(A v) {
 #pragma unroll
   for (int o = W / 2; o > 0; o /= 2) v = max_acc(v, __shfl_xor_sync(0xffffffffu, v, o));
