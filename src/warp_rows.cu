@@ -290,7 +290,7 @@ short_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_
 #pragma unroll
         for (int i = 0; i < R; ++i) log_sum[i] = log_acc(sum[i]);
       }
-    } else {
+    } else {  // the group at run time: kept apart, as one path with the above changes its code (fp32)
 #pragma unroll
       for (int i = 0; i < R; ++i) m[i] = group_max(packs_max<T, 1>(p[i]), group);
 #pragma unroll

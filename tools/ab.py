@@ -11,10 +11,11 @@ tools/tune.py or the tests first.
 
 --torch times torch's own call in each round too (torch.log_softmax, or its backward
 torch._log_softmax_backward_data); --compile times torch.compile's, compiled for this shape as the
-bench compiles it (dynamic=False; the backward as dy - exp(y) * sum(dy)), compiled and autotuned
-before the first round. With TORCH_LOGS=output_code the generated kernels go to stderr. --fresh gives every call a new output from torch's allocator,
-as the bench does (else one buffer, made once). --sleep N queues torch.cuda._sleep(N) ahead of each
-timed call, so that host work is hidden and the times are the GPU's alone.
+bench compiles it (softlight.bench.compile_op, dynamic=False), compiled and autotuned before the
+first round (with TORCH_LOGS=output_code its kernels go to stderr). --fresh gives every call a new
+output from torch's allocator, as the bench does (else one buffer, made once). --sleep N queues
+torch.cuda._sleep(N) ahead of each timed call, so that host work is hidden and the times are the
+GPU's alone.
 """
 import argparse
 import os
@@ -24,6 +25,7 @@ import torch
 
 import softlight
 from softlight._device import Gpu
+from softlight.bench import compile_op
 
 
 def set_knobs(setting):
@@ -64,12 +66,8 @@ def torch_call(x, y, op):
 def compiled_call(x, y, op):
     """torch.compile's call on the same problem, as the bench compiles it, run once (compiled and
     autotuned) before it is timed."""
-    if op == "backward":
-        f = torch.compile(lambda g, o: g - torch.exp(o) * g.sum(-1, keepdim=True), dynamic=False)
-        call = lambda: f(x, y)  # noqa: E731
-    else:
-        f = torch.compile(lambda t: torch.log_softmax(t, -1), dynamic=False)
-        call = lambda: f(x)  # noqa: E731
+    f = compile_op(torch, op, -1, dynamic=False)
+    call = (lambda: f(x, y)) if op == "backward" else (lambda: f(x))
     call()
     torch.cuda.synchronize()
     return call

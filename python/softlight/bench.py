@@ -246,10 +246,7 @@ def providers(args, gpu, data, torch, op):
             return compiled[dim]
         if not dynamic:
             torch._dynamo.reset()
-        if op == "forward":
-            f = torch.compile(lambda t: torch.log_softmax(t, dim), dynamic=dynamic)
-        else:
-            f = torch.compile(lambda g, y: g - torch.exp(y) * g.sum(dim, keepdim=True), dynamic=dynamic)
+        f = compile_op(torch, op, dim, dynamic)
         if dynamic:
             compiled[dim] = f
         return f
@@ -276,6 +273,13 @@ def providers(args, gpu, data, torch, op):
         keep = set(args.providers.split(",")) | {"copy"}
         p = {k: v for k, v in p.items() if k in keep}
     return p
+
+
+def compile_op(torch, op, dim, dynamic):
+    """torch.compile of the op along dim: log_softmax, or the backward as dy - exp(y) * sum(dy)."""
+    if op == "forward":
+        return torch.compile(lambda t: torch.log_softmax(t, dim), dynamic=dynamic)
+    return torch.compile(lambda g, y: g - torch.exp(y) * g.sum(dim, keepdim=True), dynamic=dynamic)
 
 
 def _skip(why):
