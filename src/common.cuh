@@ -226,11 +226,18 @@ template <class T> __device__ __forceinline__ uint4 edge_pack(const T* xr, int64
 __device__ __forceinline__ uintptr_t head_bytes16(const void* row) {
   return (16 - reinterpret_cast<uintptr_t>(row) % 16) % 16;
 }
-// y for elements [from, to) of a row (a peeled row's edge), element by element.
+// y for elements [from, to) of a row (a peeled row's edge, fewer than a pack) from `pack`, the edge
+// as edge_pack loaded it (element j at from + j): x is not read again. Read again, each element
+// was a global load after the row's reductions, one after another, on the thread that ends last.
 template <class T>
-__device__ __forceinline__ void store_log_softmax_edge(const T* xe, T* ye, int from, int to, acc_t<T> m, acc_t<T> scale,
+__device__ __forceinline__ void store_log_softmax_edge(T* ye, uint4 pack, int from, int to, acc_t<T> m, acc_t<T> scale,
                                                        acc_t<T> log_sum) {
-  for (int j = from; j < to; ++j) ye[j] = from_acc<T>(log_softmax_out_scaled(to_acc(xe[j]), m, scale, log_sum));
+  constexpr int V = 16 / sizeof(T);
+  T e[V];
+  memcpy(e, &pack, 16);
+#pragma unroll
+  for (int j = 0; j < V; ++j)
+    if (from + j < to) ye[from + j] = from_acc<T>(log_softmax_out_scaled(to_acc(e[j]), m, scale, log_sum));
 }
 
 // Halves w[0, n) onto w[0] with `op` in a tree (a chain would be n long). An odd n keeps its

@@ -128,7 +128,8 @@ rows_in_registers_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y,
       const int e = i * group + sub;
       if (live && e < vectors) store_log_softmax_pack<T>(yr + e * V, p[i], m, scale, log_sum);
     }
-    store_log_softmax_edge(xe, ye, edge_from, edge_to, m, scale, log_sum);
+    if constexpr (Peel)
+      if (edge_from < edge_to) store_log_softmax_edge(ye, p[ITERS], edge_from, edge_to, m, scale, log_sum);
   }
 }
 
@@ -161,6 +162,7 @@ __device__ __forceinline__ void register_cluster_row(const T* __restrict__ x, in
   __shared__ MaxSum<A> warp_pairs[kRegisterClusterMaxThreads / 32];
   __shared__ alignas(16) MaxSum<A> partials[kMaxCluster];
   __shared__ alignas(8) uint64_t arrived;
+  __shared__ uint4 edges[2];  // a peeled row's head and tail as loaded, for y (Peel)
   const uint32_t rank = cluster_rank();
   uint32_t csize;
   asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(csize));
@@ -193,6 +195,7 @@ __device__ __forceinline__ void register_cluster_row(const T* __restrict__ x, in
   MaxSum<A> q = packs_max_sum<T, ITERS>(p, scale);
   if (edge_thread) {
     const uint4 edge[1] = {edge_pack(xe, edge_from, edge_to)};
+    edges[threadIdx.x] = edge[0];
     q = merge_max_sum(q, packs_max_sum<T, 1>(edge, scale), f);
   }
   q = shfl_merge_max_sum(q, f);
@@ -211,8 +214,7 @@ __device__ __forceinline__ void register_cluster_row(const T* __restrict__ x, in
   const A log_sum = log_acc(r.s);
   if (lse != nullptr && rank == 0 && threadIdx.x == 0) lse[row] = r.m * scale + log_sum;
   T* ye = y + row * ys;
-  if (edge_thread)
-    store_log_softmax_edge(xe, ye, edge_from, edge_to, r.m, scale, log_sum);
+  if (edge_thread) store_log_softmax_edge(ye, edges[threadIdx.x], edge_from, edge_to, r.m, scale, log_sum);
   T* yr = ye + head;
   if constexpr (Bounded) {
 #pragma unroll
