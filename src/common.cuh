@@ -227,8 +227,8 @@ __device__ __forceinline__ uintptr_t head_bytes16(const void* row) {
   return (16 - reinterpret_cast<uintptr_t>(row) % 16) % 16;
 }
 // y for elements [from, to) of a row (a peeled row's edge, fewer than a pack) from `pack`, the edge
-// as edge_pack loaded it (element j at from + j): x is not read again. Read again, each element
-// was a global load after the row's reductions, one after another, on the thread that ends last.
+// as edge_pack loaded it (element j at from + j), so x is not read a second time (measured even
+// against the second read: docs/design.md, "A peeled row's edges, written from its packs").
 template <class T>
 __device__ __forceinline__ void store_log_softmax_edge(T* ye, uint4 pack, int from, int to, acc_t<T> m, acc_t<T> scale,
                                                        acc_t<T> log_sum) {
