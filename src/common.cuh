@@ -221,6 +221,34 @@ template <class T> __device__ __forceinline__ uint4 edge_pack(const T* xr, int64
   return u;
 }
 
+// Elements [lo, hi) of the 16-byte block at `b` loaded one by one into their places in a pack, -inf
+// elsewhere: a row's part of a block that may not be read whole (it would leave the array).
+template <class T> __device__ __forceinline__ uint4 block_elements(const T* b, int lo, int hi) {
+  constexpr int V = 16 / sizeof(T);
+  const uint4 none = neg_inf_pack<T>();
+  T e[V];
+  memcpy(e, &none, 16);
+#pragma unroll
+  for (int k = 0; k < V; ++k)
+    if (k >= lo && k < hi) e[k] = b[k];
+  uint4 u;
+  memcpy(&u, e, 16);
+  return u;
+}
+// `pack` with its elements outside [lo, hi) set to -inf: a block loaded whole, cut to a row's part.
+template <class T> __device__ __forceinline__ uint4 mask_pack(uint4 pack, int lo, int hi) {
+  constexpr int V = 16 / sizeof(T);
+  const uint4 none = neg_inf_pack<T>();
+  T e[V], n[V];
+  memcpy(e, &pack, 16);
+  memcpy(n, &none, 16);
+#pragma unroll
+  for (int k = 0; k < V; ++k)
+    if (k < lo || k >= hi) e[k] = n[k];
+  memcpy(&pack, e, 16);
+  return pack;
+}
+
 // Bytes from `row` to its first 16-byte boundary (0 on one): the head of a peeled row, the part
 // before the 16-byte packs of its interior.
 __device__ __forceinline__ uintptr_t head_bytes16(const void* row) {
@@ -238,6 +266,19 @@ __device__ __forceinline__ void store_log_softmax_edge(T* ye, uint4 pack, int fr
 #pragma unroll
   for (int j = 0; j < V; ++j)
     if (from + j < to) ye[from + j] = from_acc<T>(log_softmax_out_scaled(to_acc(e[j]), m, scale, log_sum));
+}
+
+// y for elements [lo, hi) of the 16-byte block at `yb` from `pack`, x's block as loaded (element k
+// at yb[k]): a peeled row's first and last blocks in register clusters.
+template <class T>
+__device__ __forceinline__ void store_log_softmax_part(T* yb, uint4 pack, int lo, int hi, acc_t<T> m, acc_t<T> scale,
+                                                       acc_t<T> log_sum) {
+  constexpr int V = 16 / sizeof(T);
+  T e[V];
+  memcpy(e, &pack, 16);
+#pragma unroll
+  for (int k = 0; k < V; ++k)
+    if (k >= lo && k < hi) yb[k] = from_acc<T>(log_softmax_out_scaled(to_acc(e[k]), m, scale, log_sum));
 }
 
 // Halves w[0, n) onto w[0] with `op` in a tree (a chain would be n long). An odd n keeps its

@@ -100,7 +100,8 @@ Plan plan_register_rows(const Problem& p, int vec, int min_iters) {
 // cluster), the row's packs spread evenly over them in runs of whole warps' packs; a cluster per
 // row (plan.grid clusters). None where no such cluster holds the row or the grid would not fit.
 Plan plan_register_cluster(const Problem& p, const DeviceInfo& d, int threads, int iters) {
-  const int64_t vectors = p.cols * p.elem_bytes / 16;
+  // A peeled row's packs are the 16-byte blocks that end in it: at most ceil(bytes / 16).
+  const int64_t vectors = ceil_div(p.cols * p.elem_bytes, 16);
   const int64_t per_cta = int64_t{threads} * iters;
   const int64_t c = ceil_div(vectors, per_cta);
   if (threads < 32 || threads > kRegisterClusterMaxThreads || threads % 32 != 0 || c < 2 ||
@@ -115,7 +116,7 @@ Plan plan_register_cluster(const Problem& p, const DeviceInfo& d, int threads, i
   plan.cluster = static_cast<int>(c);
   plan.segment = ceil_div(ceil_div(vectors, c), 32) * 32;
   plan.grid = p.rows;
-  plan.peel = !p.aligned16;  // the packs are each row's interior (see plan_rows)
+  plan.peel = !p.aligned16;  // the packs are the blocks each row touches (see register_cluster_row)
   // CTAs of more than 128 threads hold eight packs a thread in 64 registers (four CTAs an SM). So
   // do 16-bit rows in 16-byte packs that do not start on 128 bytes: each warp's load then waits on
   // five L2 lines instead of four, and eight CTAs an SM hide that where six did not (bf16 rows of
@@ -600,7 +601,7 @@ Plan plan_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
   // bits), a CTA of 128 threads holding 16 KB up to rows of 128 KB and of 256 threads holding 32 KB
   // above (docs/design.md, "Rows in registers over a cluster"); SOFTLIGHT_REGISTER_CLUSTER=N
   // forces CTAs of N threads, 0 turns them off. Rows off 16 bytes but off alike in x and y (rows of
-  // 50 257) too, peeled: their interior in packs, head and tail element by element.
+  // 50 257) too, peeled: the 16-byte blocks each row touches, its first and last cut to the row.
   const int64_t register_cluster_bytes = p.elem_bytes == 4 ? kRegisterClusterMaxRowBytes : kRegisterClusterMax16BitRowBytes;
   const bool packed_or_peeled = p.aligned16 || (p.peelable && o.peel_clusters != 0);
   // Peeled rows from 16 KB: one CTA's registers held them slower than two CTAs' (16 383 fp16: 1.372

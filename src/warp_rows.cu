@@ -144,9 +144,15 @@ rows_in_registers_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y,
 // instruction: docs/design.md, "Rows in registers over a cluster"), only one at the start, so that
 // no pair reaches a CTA before its mbarrier is initialised. The SM overlaps the loads, exchanges
 // and stores of the several CTAs it holds and takes a new one as each ends.
-// Peel: rows off 16 bytes, x and y off alike (rows of 50 257). The packs are the row's interior,
-// from its first 16-byte boundary; the head before it and the tail after its last whole pack (each
-// fewer than a pack) go to CTA 0's threads 0 and 1, which fold them into their pairs and write them.
+// Peel: rows off 16 bytes, x and y off alike (rows of 50 257). The packs are the 16-byte blocks the
+// row touches, block k holding row elements [k * V - lead, (k + 1) * V - lead), `lead` the elements
+// before the row in its first block: the blocks that end in the row are the cluster's packs, block 0
+// cut to the row by CTA 0's thread 0; the block the row ends inside (if any) is loaded with the
+// packs by CTA 0's thread 1, which folds its part in. Each writes its block's part element by
+// element. So no load waits after the reduction on CTA 0, whose pair the whole cluster waits for:
+// the edges loaded one by one after it cost 4-6 % at rows of 50 257 16-bit (docs/design.md, "A
+// peeled row's edges as blocks"). Where a block would leave the array (the first row's first
+// block, the last row's last), its part of the row is loaded element by element.
 // Bounded (Plan::bounded; register_cluster_bounded_kernel): 64 registers a thread, the packs
 // unpacked again for y. CTAs of 256 threads, four to an SM: bf16 took 79 registers and three CTAs,
 // 4-11 % slower than fp16 at the same bytes. CTAs of 128 threads, eight to an SM, for 16-bit rows in
@@ -162,47 +168,51 @@ __device__ __forceinline__ void register_cluster_row(const T* __restrict__ x, in
   __shared__ MaxSum<A> warp_pairs[kRegisterClusterMaxThreads / 32];
   __shared__ alignas(16) MaxSum<A> partials[kMaxCluster];
   __shared__ alignas(8) uint64_t arrived;
-  __shared__ uint4 edges[2];  // a peeled row's head and tail as loaded, for y (Peel)
   const uint32_t rank = cluster_rank();
   uint32_t csize;
   asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(csize));
   const int threads = static_cast<int>(blockDim.x);
+  const int tid = static_cast<int>(threadIdx.x);
   const A f = exp_factor(scale);
   const uint32_t bar = smem_addr(&arrived);
-  if (threadIdx.x == 0) {
+  if (tid == 0) {
     mbar_init(bar, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
   const int64_t row = blockIdx.x / csize;
   const T* xe = x + row * xs;
-  // The head: elements before the row's first 16-byte boundary (none unless Peel).
-  const int head = Peel ? static_cast<int>(head_bytes16(xe) / sizeof(T)) : 0;
-  const int vectors = (cols - head) / V;
-  const int begin = static_cast<int>(rank) * span, end = min(vectors, begin + span);
-  const uint4* xr = reinterpret_cast<const uint4*>(xe + head);
+  // The row's blocks (Peel; otherwise lead and tail are 0 and the blocks are the row's packs).
+  const int lead = Peel ? static_cast<int>(reinterpret_cast<uintptr_t>(xe) % 16 / sizeof(T)) : 0;
+  const int full = (lead + cols) / V;                // blocks that end in the row
+  const int tail = Peel ? (lead + cols) % V : 0;     // the row's elements in the block after them
+  const T* xb = xe - lead;
+  const uint4* xv = reinterpret_cast<const uint4*>(xb);
+  const bool head_thread = Peel && rank == 0 && tid == 0 && lead > 0;
+  const bool tail_thread = Peel && rank == 0 && tid == 1 && tail > 0;
+  const bool head_out = Peel && row == 0;                              // block 0 would start before x
+  const bool tail_out = Peel && row == gridDim.x / csize - 1;          // the last block would end after it
+  const int begin = static_cast<int>(rank) * span, end = min(full, begin + span);
   uint4 p[ITERS];
 #pragma unroll
   for (int i = 0; i < ITERS; ++i) {
-    const int e = begin + i * threads + static_cast<int>(threadIdx.x);
-    p[i] = e < end ? xr[e] : neg_inf_pack<T>();
+    const int e = begin + i * threads + tid;
+    p[i] = e < end && (i > 0 || !(head_thread && head_out)) ? xv[e] : neg_inf_pack<T>();
   }
-  // A peeled row's edge of this thread: [edge_from, edge_to), empty on all but two threads.
-  const bool edge_thread = Peel && rank == 0 && threadIdx.x < 2;
-  const int edge_from = threadIdx.x == 0 ? 0 : head + vectors * V;
-  const int edge_to = threadIdx.x == 0 ? head : cols;
+  uint4 last = tail_thread && !tail_out ? xv[full] : neg_inf_pack<T>();
+  if (head_thread) p[0] = head_out ? block_elements(xb, lead, V) : mask_pack<T>(p[0], lead, V);
   // This thread's pair, then the warp's, then the CTA's.
   MaxSum<A> q = packs_max_sum<T, ITERS>(p, scale);
-  if (edge_thread) {
-    const uint4 edge[1] = {edge_pack(xe, edge_from, edge_to)};
-    edges[threadIdx.x] = edge[0];
-    q = merge_max_sum(q, packs_max_sum<T, 1>(edge, scale), f);
+  if (tail_thread) {
+    const uint4 t[1] = {tail_out ? block_elements(xb + full * V, 0, tail) : mask_pack<T>(last, 0, tail)};
+    last = t[0];
+    q = merge_max_sum(q, packs_max_sum<T, 1>(t, scale), f);
   }
   q = shfl_merge_max_sum(q, f);
   if ((threadIdx.x & 31) == 0) warp_pairs[threadIdx.x >> 5] = q;
   __syncthreads();
   asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");  // every CTA's mbarrier is ready
-  if (threadIdx.x == 0) {
+  if (tid == 0) {
     MaxSum<A> c{neg_inf<A>(), A(0)};
     for (int w = 0; w < threads / 32; ++w) c = merge_max_sum(c, warp_pairs[w], f);
     mbar_arrive_expect_tx(bar, csize * uint32_t{2 * sizeof(A)});
@@ -212,18 +222,20 @@ __device__ __forceinline__ void register_cluster_row(const T* __restrict__ x, in
   MaxSum<A> r{neg_inf<A>(), A(0)};
   for (uint32_t k = 0; k < csize; ++k) r = merge_max_sum(r, partials[k], f);
   const A log_sum = log_acc(r.s);
-  if (lse != nullptr && rank == 0 && threadIdx.x == 0) lse[row] = r.m * scale + log_sum;
-  T* ye = y + row * ys;
-  if (edge_thread) store_log_softmax_edge(ye, edges[threadIdx.x], edge_from, edge_to, r.m, scale, log_sum);
-  T* yr = ye + head;
+  if (lse != nullptr && rank == 0 && tid == 0) lse[row] = r.m * scale + log_sum;
+  T* yb = y + row * ys - lead;  // y's blocks: y is off 16 bytes as x is
+  if (tail_thread) store_log_softmax_part(yb + full * V, last, 0, tail, r.m, scale, log_sum);
   if constexpr (Bounded) {
 #pragma unroll
     for (int i = 0; i < ITERS; ++i) opaque(p[i]);  // unpacked again (see rows_in_registers_kernel)
   }
 #pragma unroll
   for (int i = 0; i < ITERS; ++i) {
-    const int e = begin + i * threads + static_cast<int>(threadIdx.x);
-    if (e < end) store_log_softmax_pack<T>(yr + e * V, p[i], r.m, scale, log_sum);
+    const int e = begin + i * threads + tid;
+    if (i == 0 && head_thread)
+      store_log_softmax_part(yb, p[0], lead, V, r.m, scale, log_sum);
+    else if (e < end)
+      store_log_softmax_pack<T>(yb + e * V, p[i], r.m, scale, log_sum);
   }
 #endif
 }

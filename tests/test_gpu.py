@@ -691,10 +691,12 @@ def test_register_clusters_rows_off_128_bytes(cols, off, dtype):
 @pytest.mark.parametrize("cols", [8203, 32001, 50257, 65531, 131069])
 def test_peeled_rows_in_registers_over_a_cluster(monkeypatch, cols, threads, dtype):
     """Rows off 16 bytes, x and y off alike (odd lengths: each row of a contiguous array starts at
-    another offset), in registers over a cluster: each row's 16-byte interior in packs, its head
-    and tail (fewer than a pack each) element by element. The planner's choice (0) and CTAs of 128
-    and 256 threads forced; special values on the edges, views offset by one to seven elements,
-    temperature and LSE, against float64; nothing written outside the rows."""
+    another offset), in registers over a cluster: the 16-byte blocks each row touches in packs, the
+    first and last cut to the row (element by element in the first row's first block and the last
+    row's last, which would leave the array). The planner's choice (0) and CTAs of 128 and 256
+    threads forced; special values on the edges, views offset by one to seven elements,
+    temperature and LSE, against float64; nothing written outside the rows; y strided; in place,
+    where a row's outer blocks hold its neighbours' elements while they are written."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("clusters need Hopper")
     if threads:
@@ -718,6 +720,10 @@ def test_peeled_rows_in_registers_over_a_cluster(monkeypatch, cols, threads, dty
     torch.cuda.synchronize()
     assert_close_to_float64(y, x, dtype, f"peeled register clusters {dtype} {cols}, y strided")
     assert bool((wide[:, cols:] == POISON).all()), "nothing written past a row"
+    xi = x.clone()
+    softlight.log_softmax(xi, out=xi)
+    torch.cuda.synchronize()
+    assert_close_to_float64(xi, x, dtype, f"peeled register clusters {dtype} {cols}, in place")
 
 
 @pytest.mark.parametrize("rows,cols", [(5, 2_097_152), (7, 524_288), (3, 3_027_760), (4, 4_194_304), (3, 6_058_800)])
