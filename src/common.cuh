@@ -207,33 +207,28 @@ template <class T> __device__ __forceinline__ uint4 neg_inf_pack() {
   }
 }
 
-// Elements [from, to) of a row (fewer than a pack: a peeled row's edge) as a pack, the rest -inf.
-template <class T> __device__ __forceinline__ uint4 edge_pack(const T* xr, int64_t from, int64_t to) {
+// Elements [from, to) of xr (fewer than a pack), element from + j at place j of a pack, the places
+// below `first` and the rest -inf (I: the index type the callers' arithmetic is in).
+template <class T, class I> __device__ __forceinline__ uint4 load_places(const T* xr, I from, I to, int first) {
   constexpr int V = 16 / sizeof(T);
   const uint4 none = neg_inf_pack<T>();
   T e[V];
   memcpy(e, &none, 16);
 #pragma unroll
   for (int j = 0; j < V; ++j)
-    if (from + j < to) e[j] = xr[from + j];
+    if (j >= first && from + j < to) e[j] = xr[from + j];
   uint4 u;
   memcpy(&u, e, 16);
   return u;
 }
-
+// Elements [from, to) of a row (fewer than a pack: a peeled row's edge) as a pack, the rest -inf.
+template <class T> __device__ __forceinline__ uint4 edge_pack(const T* xr, int64_t from, int64_t to) {
+  return load_places<T, int64_t>(xr, from, to, 0);
+}
 // Elements [lo, hi) of the 16-byte block at `b` loaded one by one into their places in a pack, -inf
 // elsewhere: a row's part of a block that may not be read whole (it would leave the array).
 template <class T> __device__ __forceinline__ uint4 block_elements(const T* b, int lo, int hi) {
-  constexpr int V = 16 / sizeof(T);
-  const uint4 none = neg_inf_pack<T>();
-  T e[V];
-  memcpy(e, &none, 16);
-#pragma unroll
-  for (int k = 0; k < V; ++k)
-    if (k >= lo && k < hi) e[k] = b[k];
-  uint4 u;
-  memcpy(&u, e, 16);
-  return u;
+  return load_places<T, int>(b, 0, hi, lo);
 }
 // `pack` with its elements outside [lo, hi) set to -inf: a block loaded whole, cut to a row's part.
 template <class T> __device__ __forceinline__ uint4 mask_pack(uint4 pack, int lo, int hi) {
@@ -254,31 +249,32 @@ template <class T> __device__ __forceinline__ uint4 mask_pack(uint4 pack, int lo
 __device__ __forceinline__ uintptr_t head_bytes16(const void* row) {
   return (16 - reinterpret_cast<uintptr_t>(row) % 16) % 16;
 }
-// y for elements [from, to) of a row (a peeled row's edge, fewer than a pack) from `pack`, the edge
-// as edge_pack loaded it (element j at from + j), so x is not read a second time (measured even
-// against the second read: docs/design.md, "A peeled row's edges, written from its packs").
+// y for places [first, to - from) of `pack` at y + from + j (place j), x's elements as loaded, so x
+// is not read a second time (measured even against the second read: docs/design.md, "A peeled
+// row's edges, written from its packs").
 template <class T>
-__device__ __forceinline__ void store_log_softmax_edge(T* ye, uint4 pack, int from, int to, acc_t<T> m, acc_t<T> scale,
-                                                       acc_t<T> log_sum) {
+__device__ __forceinline__ void store_log_softmax_places(T* y, uint4 pack, int from, int to, int first, acc_t<T> m,
+                                                         acc_t<T> scale, acc_t<T> log_sum) {
   constexpr int V = 16 / sizeof(T);
   T e[V];
   memcpy(e, &pack, 16);
 #pragma unroll
   for (int j = 0; j < V; ++j)
-    if (from + j < to) ye[from + j] = from_acc<T>(log_softmax_out_scaled(to_acc(e[j]), m, scale, log_sum));
+    if (j >= first && from + j < to) y[from + j] = from_acc<T>(log_softmax_out_scaled(to_acc(e[j]), m, scale, log_sum));
 }
-
+// y for elements [from, to) of a row (a peeled row's edge, fewer than a pack) from `pack`, the edge
+// as edge_pack loaded it (element j at from + j).
+template <class T>
+__device__ __forceinline__ void store_log_softmax_edge(T* ye, uint4 pack, int from, int to, acc_t<T> m, acc_t<T> scale,
+                                                       acc_t<T> log_sum) {
+  store_log_softmax_places(ye, pack, from, to, 0, m, scale, log_sum);
+}
 // y for elements [lo, hi) of the 16-byte block at `yb` from `pack`, x's block as loaded (element k
 // at yb[k]): a peeled row's first and last blocks in register clusters.
 template <class T>
 __device__ __forceinline__ void store_log_softmax_part(T* yb, uint4 pack, int lo, int hi, acc_t<T> m, acc_t<T> scale,
                                                        acc_t<T> log_sum) {
-  constexpr int V = 16 / sizeof(T);
-  T e[V];
-  memcpy(e, &pack, 16);
-#pragma unroll
-  for (int k = 0; k < V; ++k)
-    if (k >= lo && k < hi) yb[k] = from_acc<T>(log_softmax_out_scaled(to_acc(e[k]), m, scale, log_sum));
+  store_log_softmax_places(yb, pack, 0, hi, lo, m, scale, log_sum);
 }
 
 // Halves w[0, n) onto w[0] with `op` in a tree (a chain would be n long). An odd n keeps its
