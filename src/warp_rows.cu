@@ -77,9 +77,9 @@ warp_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t
 // through shared memory. Rows are walked unit by unit (a warp, or the CTA) so that every thread of
 // a unit stays in its reductions even where the last rows run out.
 // Peel: rows off 16 bytes, x and y off alike (odd lengths in a contiguous array); `length` is the
-// row in elements, not packs. The packs are each row's interior from its first 16-byte boundary;
-// its head and tail (fewer than a pack each) are an extra pack of the group's threads 0 and 1,
-// -inf elsewhere, folded with the rest and written element by element.
+// row in elements, not packs. The packs are the 16-byte blocks the row touches, the first and last
+// cut to the row on the group's threads 0 and 1 (the last as an extra pack, -inf elsewhere) and
+// written element by element.
 template <class T, int ITERS, bool Peel = false>
 __global__ void __launch_bounds__(1024)
 rows_in_registers_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t ys, int64_t rows,
@@ -97,19 +97,30 @@ rows_in_registers_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y,
     const int64_t row = base + (threadIdx.x & (unit - 1)) / group;
     const bool live = row < rows;
     const T* xe = x + row * xs;
-    const int head = Peel ? static_cast<int>(head_bytes16(xe) / sizeof(T)) : 0;
-    const int vectors = Peel ? (length - head) / V : length;
-    const uint4* xr = reinterpret_cast<const uint4*>(xe + head);
+    // A peeled row as the 16-byte blocks it touches (as in register_cluster_row): block k holds
+    // elements [k * V - lead, (k + 1) * V - lead); the blocks that end in the row are the packs,
+    // block 0 cut to the row by thread 0, the block the row ends inside loaded by thread 1 with its
+    // packs as p[ITERS]. The first row's first block and the last row's last, which could leave
+    // the array, are loaded element by element.
+    const int lead = Peel ? static_cast<int>(reinterpret_cast<uintptr_t>(xe) % 16 / sizeof(T)) : 0;
+    const int vectors = Peel ? (lead + length) / V : length;
+    const int tail = Peel ? (lead + length) % V : 0;
+    const T* xb = xe - lead;
+    const uint4* xr = reinterpret_cast<const uint4*>(xb);
+    const bool head_thread = Peel && live && sub == 0 && lead > 0;
+    const bool tail_thread = Peel && live && sub == 1 && tail > 0;
     uint4 p[N];
 #pragma unroll
     for (int i = 0; i < ITERS; ++i) {
       const int e = i * group + sub;
-      p[i] = live && e < vectors ? xr[e] : neg_inf_pack<T>();
+      p[i] = live && e < vectors && (i > 0 || !(head_thread && row == 0)) ? xr[e] : neg_inf_pack<T>();
     }
-    // This thread's edge of a peeled row: [edge_from, edge_to), empty on all but threads 0 and 1.
-    const int edge_from = sub == 0 ? 0 : head + vectors * V;
-    const int edge_to = !Peel || !live || sub > 1 ? edge_from : sub == 0 ? head : length;
-    if constexpr (Peel) p[ITERS] = edge_from < edge_to ? edge_pack(xe, edge_from, edge_to) : neg_inf_pack<T>();
+    if constexpr (Peel) {
+      p[ITERS] = tail_thread && row < rows - 1 ? xr[vectors] : neg_inf_pack<T>();
+      if (head_thread) p[0] = row == 0 ? block_elements(xb, lead, V) : mask_pack<T>(p[0], lead, V);
+      if (tail_thread)
+        p[ITERS] = row == rows - 1 ? block_elements(xb + vectors * V, 0, tail) : mask_pack<T>(p[ITERS], 0, tail);
+    }
     A m = packs_max<T, N>(p);
     m = group > 32 ? block_max(m, scratch, group, 1) : group_max(m, group);
     const ShiftedExp<A> ex = shifted_exp(m, scale);
@@ -117,8 +128,7 @@ rows_in_registers_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y,
     s = (group > 32 ? block_sum(s, scratch, group, 1) : group_sum(s, group)) * exp_base(-ex.lo);
     const A log_sum = log_acc(s);
     if (lse != nullptr && live && sub == 0) lse[row] = m * scale + log_sum;
-    T* ye = y + row * ys;
-    T* yr = ye + head;
+    T* yb = y + row * ys - lead;  // y's blocks: y is off 16 bytes as x is
     // Unpacked again below: kept from the sum instead, the values of 16-bit rows would double the
     // registers of the packs and halve the warps resident.
 #pragma unroll
@@ -126,10 +136,12 @@ rows_in_registers_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y,
 #pragma unroll
     for (int i = 0; i < ITERS; ++i) {
       const int e = i * group + sub;
-      if (live && e < vectors) store_log_softmax_pack<T>(yr + e * V, p[i], m, scale, log_sum);
+      if (i == 0 && head_thread)
+        store_log_softmax_part(yb, p[0], lead, V, m, scale, log_sum);
+      else if (live && e < vectors)
+        store_log_softmax_pack<T>(yb + e * V, p[i], m, scale, log_sum);
     }
-    if constexpr (Peel)
-      if (edge_from < edge_to) store_log_softmax_edge(ye, p[ITERS], edge_from, edge_to, m, scale, log_sum);
+    if (tail_thread) store_log_softmax_part(yb + vectors * V, p[ITERS], 0, tail, m, scale, log_sum);
   }
 }
 
