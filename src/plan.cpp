@@ -623,9 +623,10 @@ Plan plan_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
                                      : plan_register_rows(p, vec, min_iters);
   if (ceil_div(p.cols, short_vec) <= int64_t{32} * kWarpRowsMaxIters) return plan_warp_rows(p, short_vec);
   // Longer rows off 16 bytes but off alike in x and y (odd lengths such as 511 bf16 or 999 fp32 in
-  // a contiguous array) up to 16 KB: rows in registers, peeled (each row's interior in
-  // packs, its head and tail on two threads), where block_rows' CTA a row took 1.2-2.8 x copy and
-  // torch's warps were faster at rows of 511 and 999 (docs/design.md, "Odd rows in registers").
+  // a contiguous array) up to 16 KB: rows in registers, peeled (each row the 16-byte blocks it
+  // touches, the first and last cut to the row on two threads), where block_rows' CTA a row took
+  // 1.2-2.8 x copy and torch's warps were faster at rows of 511 and 999 (docs/design.md, "Odd rows
+  // in registers", "Odd rows in one CTA's registers as blocks").
   const int peel_vec = 16 / p.elem_bytes;
   if (!p.aligned16 && p.peelable && p.elem_bytes <= 4 && row_bytes < peeled_one_cta &&
       o.cluster <= 0 && p.cols >= 2 * peel_vec) {
