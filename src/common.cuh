@@ -225,12 +225,7 @@ template <class T, class I> __device__ __forceinline__ uint4 load_places(const T
 template <class T> __device__ __forceinline__ uint4 edge_pack(const T* xr, int64_t from, int64_t to) {
   return load_places<T, int64_t>(xr, from, to, 0);
 }
-// Elements [lo, hi) of the 16-byte block at `b` loaded one by one into their places in a pack, -inf
-// elsewhere: a row's part of a block that may not be read whole (it would leave the array).
-template <class T> __device__ __forceinline__ uint4 block_elements(const T* b, int lo, int hi) {
-  return load_places<T, int>(b, 0, hi, lo);
-}
-// `pack` with its elements outside [lo, hi) set to -inf: a block loaded whole, cut to a row's part.
+// `pack` with its elements outside [lo, hi) set to -inf.
 template <class T> __device__ __forceinline__ uint4 mask_pack(uint4 pack, int lo, int hi) {
   constexpr int V = 16 / sizeof(T);
   const uint4 none = neg_inf_pack<T>();
@@ -243,11 +238,23 @@ template <class T> __device__ __forceinline__ uint4 mask_pack(uint4 pack, int lo
   memcpy(&pack, e, 16);
   return pack;
 }
+// A peeled row's first or last 16-byte block cut to the row's elements [lo, hi) of it, -inf
+// elsewhere: `loaded` (the block at `b`, read whole) masked, or, where the block would leave the
+// array (`outside`: the first row's first block, the last row's last), the row's part read element
+// by element from `b`.
+template <class T> __device__ __forceinline__ uint4 cut_block(const T* b, uint4 loaded, int lo, int hi, bool outside) {
+  return outside ? load_places<T, int>(b, 0, hi, lo) : mask_pack<T>(loaded, lo, hi);
+}
 
 // Bytes from `row` to its first 16-byte boundary (0 on one): the head of a peeled row, the part
 // before the 16-byte packs of its interior.
 __device__ __forceinline__ uintptr_t head_bytes16(const void* row) {
   return (16 - reinterpret_cast<uintptr_t>(row) % 16) % 16;
+}
+// Elements of T before `row` in its 16-byte block (0 on a boundary): a peeled row's `lead`, block k
+// of the row holding its elements [k * V - lead, (k + 1) * V - lead).
+template <class T> __device__ __forceinline__ int lead_elements(const T* row) {
+  return static_cast<int>(reinterpret_cast<uintptr_t>(row) % 16 / sizeof(T));
 }
 // y for places [first, to - from) of `pack` at y + from + j (place j), x's elements as loaded, so x
 // is not read a second time (measured even against the second read: docs/design.md, "A peeled

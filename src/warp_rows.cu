@@ -102,7 +102,7 @@ rows_in_registers_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y,
     // block 0 cut to the row by thread 0, the block the row ends inside loaded by thread 1 with its
     // packs as p[ITERS]. The first row's first block and the last row's last, which could leave
     // the array, are loaded element by element.
-    const int lead = Peel ? static_cast<int>(reinterpret_cast<uintptr_t>(xe) % 16 / sizeof(T)) : 0;
+    const int lead = Peel ? lead_elements(xe) : 0;
     const int vectors = Peel ? (lead + length) / V : length;
     const int tail = Peel ? (lead + length) % V : 0;
     const T* xb = xe - lead;
@@ -117,9 +117,8 @@ rows_in_registers_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y,
     }
     if constexpr (Peel) {
       p[ITERS] = tail_thread && row < rows - 1 ? xr[vectors] : neg_inf_pack<T>();
-      if (head_thread) p[0] = row == 0 ? block_elements(xb, lead, V) : mask_pack<T>(p[0], lead, V);
-      if (tail_thread)
-        p[ITERS] = row == rows - 1 ? block_elements(xb + vectors * V, 0, tail) : mask_pack<T>(p[ITERS], 0, tail);
+      if (head_thread) p[0] = cut_block(xb, p[0], lead, V, row == 0);
+      if (tail_thread) p[ITERS] = cut_block(xb + vectors * V, p[ITERS], 0, tail, row == rows - 1);
     }
     A m = packs_max<T, N>(p);
     m = group > 32 ? block_max(m, scratch, group, 1) : group_max(m, group);
@@ -195,7 +194,7 @@ __device__ __forceinline__ void register_cluster_row(const T* __restrict__ x, in
   const int64_t row = blockIdx.x / csize;
   const T* xe = x + row * xs;
   // The row's blocks (Peel; otherwise lead and tail are 0 and the blocks are the row's packs).
-  const int lead = Peel ? static_cast<int>(reinterpret_cast<uintptr_t>(xe) % 16 / sizeof(T)) : 0;
+  const int lead = Peel ? lead_elements(xe) : 0;
   const int full = (lead + cols) / V;                // blocks that end in the row
   const int tail = Peel ? (lead + cols) % V : 0;     // the row's elements in the block after them
   const T* xb = xe - lead;
@@ -212,11 +211,11 @@ __device__ __forceinline__ void register_cluster_row(const T* __restrict__ x, in
     p[i] = e < end && (i > 0 || !(head_thread && head_out)) ? xv[e] : neg_inf_pack<T>();
   }
   uint4 last = tail_thread && !tail_out ? xv[full] : neg_inf_pack<T>();
-  if (head_thread) p[0] = head_out ? block_elements(xb, lead, V) : mask_pack<T>(p[0], lead, V);
+  if (head_thread) p[0] = cut_block(xb, p[0], lead, V, head_out);
   // This thread's pair, then the warp's, then the CTA's.
   MaxSum<A> q = packs_max_sum<T, ITERS>(p, scale);
   if (tail_thread) {
-    const uint4 t[1] = {tail_out ? block_elements(xb + full * V, 0, tail) : mask_pack<T>(last, 0, tail)};
+    const uint4 t[1] = {cut_block(xb + full * V, last, 0, tail, tail_out)};
     last = t[0];
     q = merge_max_sum(q, packs_max_sum<T, 1>(t, scale), f);
   }
