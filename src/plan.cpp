@@ -623,17 +623,19 @@ Plan plan_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
                                      : plan_register_rows(p, vec, min_iters);
   if (ceil_div(p.cols, short_vec) <= int64_t{32} * kWarpRowsMaxIters) return plan_warp_rows(p, short_vec);
   // Longer rows off 16 bytes but off alike in x and y (odd lengths such as 511 bf16 or 999 fp32 in
-  // a contiguous array) up to 16 KB: rows in registers, peeled (each row the 16-byte blocks it
-  // touches, the first and last cut to the row on two threads), where block_rows' CTA a row took
+  // a contiguous array) up to 16 KB: rows in registers, peeled (each row the 16-byte blocks that end
+  // in it, and the elements of the two it starts and ends inside), where block_rows' CTA a row took
   // 1.2-2.8 x copy and torch's warps were faster at rows of 511 and 999 (docs/design.md, "Odd rows
   // in registers", "Odd rows in one CTA's registers as blocks").
   const int peel_vec = 16 / p.elem_bytes;
   if (!p.aligned16 && p.peelable && p.elem_bytes <= 4 && row_bytes < peeled_one_cta &&
       o.cluster <= 0 && p.cols >= 2 * peel_vec) {
-    // Four or five packs a thread and the edge (more spilled under the 64-register bound).
+    // Four or five packs a thread (more spilled under the 64-register bound). At four, a group of
+    // at least 2 x vec threads, which hold the elements of the blocks the row starts and ends
+    // inside; at five, the edge takes a pack more on threads 0 and 1 (warp_rows.cu).
     Plan plan = plan_register_rows(p, peel_vec, kWarpRowsMinIters);
     if (plan.iters > 5) plan = plan_warp_rows(p, peel_vec, kRegisterRowsMaxGroup, kWarpRowsMinIters, kRegisterRowsWarpThreads);
-    if (plan.iters == 4 || plan.iters == 5) {
+    if ((plan.iters == 4 && plan.group >= 2 * peel_vec) || plan.iters == 5) {
       plan.peel = true;
       return plan;
     }

@@ -77,16 +77,24 @@ warp_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t
 // through shared memory. Rows are walked unit by unit (a warp, or the CTA) so that every thread of
 // a unit stays in its reductions even where the last rows run out.
 // Peel: rows off 16 bytes, x and y off alike (odd lengths in a contiguous array); `length` is the
-// row in elements, not packs. The packs are the 16-byte blocks the row touches, the first and last
-// cut to the row on the group's threads 0 and 1 (the last as an extra pack, -inf elsewhere) and
-// written element by element.
+// row in elements, not packs. The packs are the 16-byte blocks that end in the row. The row's
+// elements in the blocks it starts and ends inside (fewer than V each) take one of two forms, by
+// what each measured fastest (docs/design.md, "A peeled row's edges over lanes"):
+//   Lanes (four packs a thread): an element each on the group's threads 0 to 2V - 1, one warp-wide
+//     load and store (the planner gives peeled rows groups of at least 2V threads). The kernels
+//     take 6-9 registers fewer, which at four packs lifts the CTAs an SM holds;
+//   Blocks (five packs, where the registers saved lift no CTA and the lanes measured slower): the
+//     two blocks whole on threads 0 and 1, block 0 as its first pack and the last as an extra pack
+//     (-inf elsewhere), cut to the row and written element by element.
 template <class T, int ITERS, bool Peel = false>
 __global__ void __launch_bounds__(1024)
 rows_in_registers_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t ys, int64_t rows,
                          int length, int group, acc_t<T> scale, acc_t<T>* __restrict__ lse) {
   using A = acc_t<T>;
   constexpr int V = 16 / sizeof(T);
-  constexpr int N = Peel ? ITERS + 1 : ITERS;
+  constexpr bool Lanes = Peel && ITERS == 4;
+  constexpr bool Blocks = Peel && !Lanes;
+  constexpr int N = Blocks ? ITERS + 1 : ITERS;
   __shared__ A scratch[32];
   const int unit = group > 32 ? group : 32;
   const int sub = threadIdx.x & (group - 1);
@@ -97,37 +105,57 @@ rows_in_registers_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y,
     const int64_t row = base + (threadIdx.x & (unit - 1)) / group;
     const bool live = row < rows;
     const T* xe = x + row * xs;
-    // A peeled row as the 16-byte blocks it touches (as in register_cluster_row): block k holds
-    // elements [k * V - lead, (k + 1) * V - lead); the blocks that end in the row are the packs,
-    // block 0 cut to the row by thread 0, the block the row ends inside loaded by thread 1 with its
-    // packs as p[ITERS]. The first row's first block and the last row's last, which could leave
-    // the array, are loaded element by element.
+    // A peeled row as the 16-byte blocks it touches: block k holds elements [k * V - lead,
+    // (k + 1) * V - lead). Blocks: block 0 cut to the row by thread 0, the block the row ends inside
+    // loaded by thread 1 as p[ITERS]; the first row's first block and the last row's last, which
+    // could leave the array, loaded element by element. Lanes: block 0 and the block the row ends
+    // inside as elements, thread sub < V holding element sub - lead of the first, thread V + j
+    // element j of the last.
     const int lead = Peel ? lead_elements(xe) : 0;
     const int vectors = Peel ? (lead + length) / V : length;
     const int tail = Peel ? (lead + length) % V : 0;
     const T* xb = xe - lead;
     const uint4* xr = reinterpret_cast<const uint4*>(xb);
-    const bool head_thread = Peel && live && sub == 0 && lead > 0;
-    const bool tail_thread = Peel && live && sub == 1 && tail > 0;
+    const bool head_thread = Blocks && live && sub == 0 && lead > 0;
+    const bool tail_thread = Blocks && live && sub == 1 && tail > 0;
+    const int first_pack = Lanes && lead > 0 ? 1 : 0;  // Lanes: block 0 as elements
+    int edge = -1;  // Lanes: this thread's edge element in the row, if any
+    if (Lanes && live) {
+      if (sub < V) {
+        if (lead > 0 && sub >= lead) edge = sub - lead;
+      } else if (sub < 2 * V && sub - V < tail) {
+        edge = vectors * V - lead + sub - V;
+      }
+    }
     uint4 p[N];
 #pragma unroll
     for (int i = 0; i < ITERS; ++i) {
       const int e = i * group + sub;
-      p[i] = live && e < vectors && (i > 0 || !(head_thread && row == 0)) ? xr[e] : neg_inf_pack<T>();
+      p[i] = live && e < vectors && (i > 0 || !(head_thread && row == 0)) && (!Lanes || e >= first_pack)
+                 ? xr[e]
+                 : neg_inf_pack<T>();
     }
-    if constexpr (Peel) {
+    if constexpr (Blocks) {
       p[ITERS] = tail_thread && row < rows - 1 ? xr[vectors] : neg_inf_pack<T>();
       if (head_thread) p[0] = cut_block(xb, p[0], lead, V, row == 0);
       if (tail_thread) p[ITERS] = cut_block(xb + vectors * V, p[ITERS], 0, tail, row == rows - 1);
     }
+    // The edge element's load after the packs' (the warp sync keeps ptxas from hoisting it above
+    // them): hoisted, it was converted before the last packs' loads issued where registers were
+    // short, and the warp waited a whole load before loading the rest.
+    if constexpr (Lanes) __syncwarp();
+    const A ev = edge >= 0 ? to_acc(xe[edge]) : neg_inf<A>();
     A m = packs_max<T, N>(p);
+    if constexpr (Lanes) m = max_acc(m, ev);
     m = group > 32 ? block_max(m, scratch, group, 1) : group_max(m, group);
     const ShiftedExp<A> ex = shifted_exp(m, scale);
     A s = packs_exp_sum<T, N>(p, ex);
+    if constexpr (Lanes) s += exp_base(fma(ev, ex.f, -ex.hi));
     s = (group > 32 ? block_sum(s, scratch, group, 1) : group_sum(s, group)) * exp_base(-ex.lo);
     const A log_sum = log_acc(s);
     if (lse != nullptr && live && sub == 0) lse[row] = m * scale + log_sum;
-    T* yb = y + row * ys - lead;  // y's blocks: y is off 16 bytes as x is
+    T* ye = y + row * ys;
+    T* yb = ye - lead;  // y's blocks: y is off 16 bytes as x is
     // Unpacked again below: kept from the sum instead, the values of 16-bit rows would double the
     // registers of the packs and halve the warps resident.
 #pragma unroll
@@ -137,10 +165,11 @@ rows_in_registers_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y,
       const int e = i * group + sub;
       if (i == 0 && head_thread)
         store_log_softmax_part(yb, p[0], lead, V, m, scale, log_sum);
-      else if (live && e < vectors)
+      else if (live && e < vectors && (!Lanes || e >= first_pack))
         store_log_softmax_pack<T>(yb + e * V, p[i], m, scale, log_sum);
     }
     if (tail_thread) store_log_softmax_part(yb + vectors * V, p[ITERS], 0, tail, m, scale, log_sum);
+    if (edge >= 0) ye[edge] = from_acc<T>(log_softmax_out_scaled(ev, m, scale, log_sum));
   }
 }
 

@@ -628,11 +628,13 @@ def check_peeled_view(base, x, off, dtype, what):
                                         (8191, "float16")])
 def test_odd_rows_in_registers(cols, dtype):
     """Rows off 16 bytes, x and y off alike (odd lengths: each row of a contiguous array starts at
-    another offset), under 16 KB, in registers: the 16-byte blocks each row touches in packs, the
-    first and last cut to the row on two threads (element by element in the first row's first block
-    and the last row's last). Special values on the edges, views offset by one to seven elements,
-    temperature and LSE, in place (a row's outer blocks hold its neighbours' elements while they are
-    written), against float64; nothing written outside the rows."""
+    another offset), under 16 KB, in registers: the 16-byte blocks that end in each row in packs; the
+    row's elements in the blocks it starts and ends inside an element each on the group's first
+    2 x vec threads at four packs a thread, and at five those two blocks cut to the row on two
+    threads (element by element in the first row's first block and the last row's last). Special
+    values on the edges, views offset by one to seven elements, temperature and LSE, in place (a
+    row's outer blocks hold its neighbours' elements while they are written), against float64;
+    nothing written outside the rows."""
     p = planned(37, cols, dtype, aligned=False, peelable=True)
     assert (p["family"], p["peel"], p["cluster"], p["rows_per_lane"]) == ("warp_rows", True, 0, 0), p
     assert p["iters"] in (4, 5), p

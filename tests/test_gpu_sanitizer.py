@@ -66,7 +66,9 @@ CHILD = textwrap.dedent(r"""
         assert e == cu.CUresult.CUDA_SUCCESS, e
         return rest[0] if len(rest) == 1 else rest
     rng = np.random.default_rng(0)
-    for dtype, cols, off in [(np.float32, 50257, 0), (np.float16, 50257, 3), (np.float16, 32767, 1)]:
+    # 50 257 and 32 767: rows in registers over a cluster; 999 and 1001: rows in one CTA's registers.
+    for dtype, cols, off in [(np.float32, 50257, 0), (np.float16, 50257, 3), (np.float16, 32767, 1),
+                             (np.float32, 999, 1), (np.float16, 1001, 5)]:
         rows = 5
         x = (rng.standard_normal((rows, cols)) * 3).astype(dtype)
         n = x.nbytes + off * x.itemsize

@@ -147,15 +147,16 @@ def test_equally_misaligned_rows_are_peeled_to_vectors(cols, dtype, vec):
     (3001, "bfloat16", 128, 4), (4097, "float16", 128, 5), (8191, "bfloat16", 256, 4)])
 def test_odd_rows_in_registers(cols, dtype, group, iters):
     """Rows off 16 bytes but off alike in x and y, past 256 elements and up to 16 KB, are held in
-    registers, peeled: packs of each row's interior, four or five a thread (the edge takes a pack
-    more), on any GPU. Rows misaligned differently, float64 rows, and rows past 16 KB are not."""
+    registers, peeled: the 16-byte blocks that end in each row, four or five a thread (at four in
+    groups of at least 2 x vec threads, an element each of the blocks the row starts and ends
+    inside), on any GPU. Rows misaligned differently, float64 rows, and rows past 16 KB are not."""
     vec = 16 // ELEM[dtype]
     for dev in (H200, A100):
         p = _C.plan(1000, cols, ELEM[dtype], False, **dev, peelable=True)
         assert (p["family"], p["peel"], p["vec"], p["group"], p["iters"], p["cluster"]) == \
             ("warp_rows", True, vec, group, iters, 0), p
         assert p["threads"] == max(group, 64) and p["grid"] == math.ceil(1000 / (p["threads"] // group))
-        assert group * iters * vec >= cols
+        assert group * iters * vec >= cols and (iters == 5 or group >= 2 * vec)
     assert _C.plan(1000, cols, ELEM[dtype], False, **H200)["family"] == "block_rows"  # not peelable
     assert _C.plan(1000, cols, ELEM[dtype], False, **A100, peelable=True, register_rows_bytes=1)["family"] == "block_rows"
     assert _C.plan(1000, 1001, 8, False, **A100, peelable=True)["family"] == "block_rows"  # float64
@@ -163,6 +164,23 @@ def test_odd_rows_in_registers(cols, dtype, group, iters):
     assert _C.plan(1000, past, ELEM[dtype], False, **A100, peelable=True)["family"] == "block_rows"
     q = _C.plan(1000, past, ELEM[dtype], False, **H200, peelable=True)
     assert (q["family"], q["cluster"], q["peel"]) == ("warp_rows", 2, True), q
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_odd_rows_at_four_packs_have_a_thread_for_each_edge_element(dtype):
+    """At four packs a thread, a peeled row's elements in the blocks it starts and ends inside go an
+    element each to the group's threads 0 to 2 x vec - 1 (warp_rows.cu): every such plan, at every
+    length from 2 x vec elements to 16 KB, has a group that large."""
+    e = ELEM[dtype]
+    vec = 16 // e
+    seen = 0
+    for dev in (H200, A100):
+        for cols in range(2 * vec, 16384 // e + 2):
+            p = _C.plan(1000, cols, e, False, **dev, peelable=True)
+            if p["family"] == "warp_rows" and p["peel"] and p["cluster"] == 0 and p["iters"] == 4:
+                seen += 1
+                assert p["group"] >= 2 * vec, (cols, p)
+    assert seen > 1000
 
 
 @pytest.mark.parametrize("cols,dtype,vec,group", [(100, "bfloat16", 4, 8), (100, "float16", 4, 8), (2, "float32", 2, 1),
