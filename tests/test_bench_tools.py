@@ -229,6 +229,46 @@ def test_sass_loops_counts_each_loop_by_class():
 
 
 
+def test_sass_loads_finds_a_narrow_load_waited_on_before_the_packs(capsys):
+    """tools/sass_loads.py on a made-up listing: in the first function a 16-bit load's register is
+    used before two of the 16-byte loads after it issue (the warp waits a whole load there); in the
+    second a pack loads into the narrow load's register; in the third the narrow load comes after the
+    packs. Only the instructions before the first CTA barrier count, and a predicated early exit
+    does not end them."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("sass_loads", ROOT / "tools" / "sass_loads.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    listing = """
+        Function : _Z5earlyv
+        /*0000*/               @P0 EXIT ;
+        /*0010*/               @P1 LDG.E.U16 R8, desc[UR4][R8.64] ;
+        /*0020*/               @P2 LDG.E.128 R12, desc[UR4][R2.64] ;
+        /*0030*/               @P1 SHF.L.U32 R34, R8, 0x10, RZ ;
+        /*0040*/                   MOV R8, 0xff80ff80 ;
+        /*0050*/               @P4 LDG.E.128 R8, desc[UR4][R4.64] ;
+        /*0060*/               @P5 LDG.E.128 R20, desc[UR4][R6.64] ;
+        /*0070*/                   BAR.SYNC.DEFER_BLOCKING 0x1, R25 ;
+        /*0080*/                   LDG.E.128 R4, desc[UR4][R6.64] ;
+        Function : _Z6reloadv
+        /*0000*/               @P1 LDG.E.U16 R9, desc[UR4][R2.64] ;
+        /*0010*/               @P4 LDG.E.128 R8, desc[UR4][R4.64] ;
+        /*0020*/               @P5 LDG.E.128 R20, desc[UR4][R6.64] ;
+        Function : _Z4latev
+        /*0000*/               @P2 LDG.E.128 R12, desc[UR4][R2.64] ;
+        /*0010*/               @P4 LDG.E.128 R8, desc[UR4][R4.64] ;
+        /*0020*/                   WARPSYNC.ALL ;
+        /*0030*/               @P1 LDG.E.U16 R30, desc[UR4][R30.64] ;
+        /*0040*/               @P1 SHF.L.U32 R34, R30, 0x10, RZ ;
+        /*0050*/                   SHFL.BFLY PT, R5, R4, 0x1, 0x1f ;
+    """.split("\n")
+    (_, early), (_, reload), (_, late) = list(tool.functions(listing))
+    assert "".join(k for _, k, _ in tool.loads(tool.head(early))) == "EPPP"
+    assert tool.waits(tool.head(early)) == [(0x10, 0x30, 2)]
+    assert tool.waits(reload) == [(0x0, 0x10, 2)]  # R9 loaded again by the pack into R8-R11
+    assert "".join(k for _, k, _ in tool.loads(tool.head(late))) == "PPE" and tool.waits(tool.head(late)) == []
+
+
 def test_ncu_sass_blocks_and_stalls(tmp_path):
     """tools/ncu_sass.py on a made-up source page: the kernel's name line, the header, two straight
     runs of code (a loop body executed 10 times, a spin loop executed 40 times) and one instruction
