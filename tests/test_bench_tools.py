@@ -16,6 +16,15 @@ ROOT = Path(__file__).resolve().parents[1]
 PERF = ROOT / "docs" / "perf"
 
 
+def load_tool(name):
+    """tools/<name>.py as a module (the tools are scripts, not a package)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_parse_shapes():
     assert bench.parse_shapes("4096x393216, 64X4096x4096") == [(4096, 393216), (64, 4096, 4096)]
     for bad in ("4096", "4096x", "x5", "4096*393216", "4096x-1"):
@@ -201,10 +210,7 @@ def test_perf_table_renders_every_result(path):
 def test_sass_loops_counts_each_loop_by_class():
     """tools/sass_loops.py on a made-up listing: two functions, the second with a loop nested in
     another; only the named function is read."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("sass_loops", ROOT / "tools" / "sass_loops.py")
-    sass = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sass)
+    sass = load_tool("sass_loops")
     listing = """
         Function : _Z5otherv
         /*0000*/                   MOV R1, c[0x0][0x28] ;
@@ -235,10 +241,7 @@ def test_sass_loads_finds_a_narrow_load_waited_on_before_the_packs(capsys):
     second a pack loads into the narrow load's register; in the third the narrow load comes after the
     packs. Only the instructions before the first CTA barrier count, and a predicated early exit
     does not end them."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("sass_loads", ROOT / "tools" / "sass_loads.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = load_tool("sass_loads")
     listing = """
         Function : _Z5earlyv
         /*0000*/               @P0 EXIT ;
@@ -273,10 +276,7 @@ def test_ncu_sass_blocks_and_stalls(tmp_path):
     """tools/ncu_sass.py on a made-up source page: the kernel's name line, the header, two straight
     runs of code (a loop body executed 10 times, a spin loop executed 40 times) and one instruction
     executed once; blocks by share of the instructions, stalls by samples with their main reasons."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("ncu_sass", ROOT / "tools" / "ncu_sass.py")
-    ncu = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ncu)
+    ncu = load_tool("ncu_sass")
     head = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed",
             "stall_long_sb", "stall_wait", "stall_long_sb (Not Issued)"]
     body = [["0x10", "LDS.128 R4, [R2]", "2", "10", "1", "1", "9"],
@@ -304,10 +304,7 @@ def test_ab_builds_summary_takes_medians_over_rounds(tmp_path, capsys):
     """tools/ab_builds.py summary: per shape and build, the median time over the rounds, its ratio
     to the median floor of the same build, the largest error of any round; a build missing at a
     shape shows '-'; lines other than RESULT are skipped."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("ab_builds", ROOT / "tools" / "ab_builds.py")
-    ab = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ab)
+    ab = load_tool("ab_builds")
     f = tmp_path / "ab.txt"
     rounds = [("old", {"8x4096:float32": [0.5, 0.60, 1e-6], "8x4096:float32:backward": [0.8, 1.2, 2e-6]}),
               ("new", {"8x4096:float32": [0.5, 0.55, 3e-6]}),
@@ -416,10 +413,7 @@ def test_slice_balance_bands_and_the_planners_resized_chunks():
     is 1 where every CTA holds as many bytes, and over 1 where some hold a chunk less. Every plan whose
     chunks the planner resized (the two-chunk and four-chunk rules) shares its rows evenly, to the
     chunks' 16-byte rounding; plans in 32 KB chunks may not (the bands no rule covers)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("slice_balance", ROOT / "tools" / "slice_balance.py")
-    sb = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sb)
+    sb = load_tool("slice_balance")
     uneven = []
     for cols in range(132000, 560000, 2000):
         p = sb.plan_of(cols, 2)
