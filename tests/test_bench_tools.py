@@ -235,11 +235,11 @@ def test_sass_loops_counts_each_loop_by_class():
 
 
 
-def test_sass_loads_finds_a_narrow_load_waited_on_before_the_packs(capsys):
+def test_sass_loads_finds_a_load_waited_on_before_the_packs(capsys):
     """tools/sass_loads.py on a made-up listing: in the first function a 16-bit load's register is
     used before two of the 16-byte loads after it issue (the warp waits a whole load there); in the
-    second a pack loads into the narrow load's register; in the third the narrow load comes after the
-    packs. Only the instructions before the first CTA barrier count, and a predicated early exit
+    second a pack loads into the narrow load's register; in the third a pack is summed before the
+    next is loaded; in the fourth the narrow load comes after the packs. Only the instructions before the first CTA barrier count, and a predicated early exit
     does not end them."""
     tool = load_tool("sass_loads")
     listing = """
@@ -257,6 +257,10 @@ def test_sass_loads_finds_a_narrow_load_waited_on_before_the_packs(capsys):
         /*0000*/               @P1 LDG.E.U16 R9, desc[UR4][R2.64] ;
         /*0010*/               @P4 LDG.E.128 R8, desc[UR4][R4.64] ;
         /*0020*/               @P5 LDG.E.128 R20, desc[UR4][R6.64] ;
+        Function : _Z6summedv
+        /*0000*/                   LDG.E.128 R8, desc[UR4][R2.64] ;
+        /*0010*/                   FADD R40, RZ, R10 ;
+        /*0020*/                   LDG.E.128 R12, desc[UR4][R4.64] ;
         Function : _Z4latev
         /*0000*/               @P2 LDG.E.128 R12, desc[UR4][R2.64] ;
         /*0010*/               @P4 LDG.E.128 R8, desc[UR4][R4.64] ;
@@ -265,10 +269,11 @@ def test_sass_loads_finds_a_narrow_load_waited_on_before_the_packs(capsys):
         /*0040*/               @P1 SHF.L.U32 R34, R30, 0x10, RZ ;
         /*0050*/                   SHFL.BFLY PT, R5, R4, 0x1, 0x1f ;
     """.split("\n")
-    (_, early), (_, reload), (_, late) = list(tool.functions(listing))
+    (_, early), (_, reload), (_, summed), (_, late) = list(tool.functions(listing))
     assert "".join(k for _, k, _ in tool.loads(tool.head(early))) == "EPPP"
-    assert tool.waits(tool.head(early)) == [(0x10, 0x30, 2)]
-    assert tool.waits(reload) == [(0x0, 0x10, 2)]  # R9 loaded again by the pack into R8-R11
+    assert tool.waits(tool.head(early)) == [(0x10, "E", 0x30, 2)]
+    assert tool.waits(reload) == [(0x0, "E", 0x10, 2)]  # R9 loaded again by the pack into R8-R11
+    assert tool.waits(summed) == [(0x0, "P", 0x10, 1)]  # a pack summed before the next is loaded
     assert "".join(k for _, k, _ in tool.loads(tool.head(late))) == "PPE" and tool.waits(tool.head(late)) == []
 
 

@@ -1,15 +1,16 @@
-"""The order of a kernel's first global loads in its SASS, and whether a narrow load is waited on
-before the wide loads after it issue (docs/design.md, "A peeled row's edges over lanes": ptxas put a
+"""The order of a kernel's first global loads in its SASS, and whether a load is waited on before
+the 16-byte loads after it issue (docs/design.md, "A peeled row's edges over lanes": ptxas put a
 peeled row's edge element load above the packs' loads, then used its register before the last
-packs' loads issued, so the warp waited a whole load before loading the rest of its row).
+packs' loads issued, so the warp waited a whole load before loading the rest of its row; the short
+rows' backward summed each pack before loading the next).
 
     nvcc -std=c++17 -O3 -arch=sm_90a -Iinclude -Isrc -cubin -o wr.cubin src/warp_rows.cu
     cuobjdump -sass wr.cubin > wr.sass
     python tools/sass_loads.py wr.sass rows_in_registers_kernel
 
 For each function whose name holds the given part, up to its first CTA barrier or shuffle: the global
-loads in order (P a 16-byte load, E a narrower one), then each narrow load whose register an
-instruction touches before a 16-byte load that comes after it ("waits").
+loads in order (P a 16-byte load, E a narrower one), then each load whose registers an instruction
+touches before a 16-byte load that comes after it issues ("waits").
 """
 import importlib.util
 import re
@@ -56,18 +57,19 @@ def loads(code):
 
 
 def waits(code):
-    """(load address, address of the instruction that touches its register, 16-byte loads from
-    there on) for each narrow load whose register is used (or loaded again) before a 16-byte load
+    """(load address, its kind, address of the instruction that touches its registers, 16-byte loads
+    from there on) for each load whose registers are used (or loaded again) before a 16-byte load
     that follows it issues."""
     found = []
     order = loads(code)
     for k, (a, kind, reg) in enumerate(order):
         later = [b for b, w, _ in order[k + 1:] if w == "P"]
-        if kind != "E" or not later:
+        if not later or reg < 0:
             continue
+        mine = set(range(reg, reg + (4 if kind == "P" else 1)))
         for b, ins in code:
-            if a < b <= later[-1] and reg in registers(ins):
-                found.append((a, b, sum(x >= b for x in later)))
+            if a < b <= later[-1] and mine & registers(ins):
+                found.append((a, kind, b, sum(x >= b for x in later)))
                 break
     return found
 
@@ -80,7 +82,7 @@ def main(path, name_part):
         first = head(code)
         order = "".join(kind for _, kind, _ in loads(first))
         late = waits(first)
-        note = "; ".join(f"E at {a:04x} used at {b:04x}, {n} P after" for a, b, n in late) or "no wait"
+        note = "; ".join(f"{k} at {a:04x} used at {b:04x}, {n} P after" for a, k, b, n in late) or "no wait"
         print(f"{order or '-':24s} {note}  {name}")
 
 
