@@ -256,32 +256,19 @@ __device__ __forceinline__ uintptr_t head_bytes16(const void* row) {
 template <class T> __device__ __forceinline__ int lead_elements(const T* row) {
   return static_cast<int>(reinterpret_cast<uintptr_t>(row) % 16 / sizeof(T));
 }
-// y for places [first, to - from) of `pack` at y + from + j (place j), x's elements as loaded, so x
-// is not read a second time (measured even against the second read: docs/design.md, "A peeled
-// row's edges, written from its packs").
+// y for elements [lo, hi) of the 16-byte block at `yb` from `pack`, x's block as loaded (element k
+// at yb[k]), so x is not read a second time (measured even against the second read:
+// docs/design.md, "A peeled row's edges, written from its packs"): a peeled row's first and last
+// blocks.
 template <class T>
-__device__ __forceinline__ void store_log_softmax_places(T* y, uint4 pack, int from, int to, int first, acc_t<T> m,
-                                                         acc_t<T> scale, acc_t<T> log_sum) {
+__device__ __forceinline__ void store_log_softmax_part(T* yb, uint4 pack, int lo, int hi, acc_t<T> m, acc_t<T> scale,
+                                                       acc_t<T> log_sum) {
   constexpr int V = 16 / sizeof(T);
   T e[V];
   memcpy(e, &pack, 16);
 #pragma unroll
-  for (int j = 0; j < V; ++j)
-    if (j >= first && from + j < to) y[from + j] = from_acc<T>(log_softmax_out_scaled(to_acc(e[j]), m, scale, log_sum));
-}
-// y for elements [from, to) of a row (a peeled row's edge, fewer than a pack) from `pack`, the edge
-// as edge_pack loaded it (element j at from + j).
-template <class T>
-__device__ __forceinline__ void store_log_softmax_edge(T* ye, uint4 pack, int from, int to, acc_t<T> m, acc_t<T> scale,
-                                                       acc_t<T> log_sum) {
-  store_log_softmax_places(ye, pack, from, to, 0, m, scale, log_sum);
-}
-// y for elements [lo, hi) of the 16-byte block at `yb` from `pack`, x's block as loaded (element k
-// at yb[k]): a peeled row's first and last blocks in register clusters.
-template <class T>
-__device__ __forceinline__ void store_log_softmax_part(T* yb, uint4 pack, int lo, int hi, acc_t<T> m, acc_t<T> scale,
-                                                       acc_t<T> log_sum) {
-  store_log_softmax_places(yb, pack, 0, hi, lo, m, scale, log_sum);
+  for (int k = 0; k < V; ++k)
+    if (k >= lo && k < hi) yb[k] = from_acc<T>(log_softmax_out_scaled(to_acc(e[k]), m, scale, log_sum));
 }
 
 // Halves w[0, n) onto w[0] with `op` in a tree (a chain would be n long). An odd n keeps its

@@ -235,12 +235,12 @@ def test_sass_loops_counts_each_loop_by_class():
 
 
 
-def test_sass_loads_finds_a_load_waited_on_before_the_packs(capsys):
+def test_sass_loads_finds_a_load_waited_on_before_the_packs():
     """tools/sass_loads.py on a made-up listing: in the first function a 16-bit load's register is
     used before two of the 16-byte loads after it issue (the warp waits a whole load there); in the
     second a pack loads into the narrow load's register; in the third a pack is summed before the
-    next is loaded; in the fourth the narrow load comes after the packs. Only the instructions before the first CTA barrier count, and a predicated early exit
-    does not end them."""
+    next is loaded; in the fourth the narrow load comes after the packs. Only the instructions
+    before the first CTA barrier count, and a predicated early exit does not end them."""
     tool = load_tool("sass_loads")
     listing = """
         Function : _Z5earlyv
