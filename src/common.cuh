@@ -195,6 +195,23 @@ __device__ __forceinline__ void load_pack(const T* p, acc_t<T> (&out)[V]) {
   }
 }
 
+// V elements at p as they lie in memory (one 16- or 8-byte load where they make one), or zeros
+// where !load: kept unconverted until used, so that a thread's loads all issue before it waits on
+// any (converting at the load made each load wait before the next issued; tools/sass_loads.py).
+template <class T, int V> __device__ __forceinline__ void load_raw(const T* p, bool load, T (&out)[V]) {
+  if constexpr (sizeof(T) * V == 16) {
+    const uint4 u = load ? *reinterpret_cast<const uint4*>(p) : make_uint4(0u, 0u, 0u, 0u);
+    memcpy(out, &u, 16);
+  } else if constexpr (sizeof(T) * V == 8) {
+    const uint2 u = load ? *reinterpret_cast<const uint2*>(p) : make_uint2(0u, 0u);
+    memcpy(out, &u, 8);
+  } else {
+    const T zero = from_acc<T>(acc_t<T>(0));
+#pragma unroll
+    for (int i = 0; i < V; ++i) out[i] = load ? p[i] : zero;
+  }
+}
+
 // A 16-byte pack of -inf: the stand-in for packs past the end of a row in a (max, sum) step.
 template <class T> __device__ __forceinline__ uint4 neg_inf_pack() {
   if constexpr (sizeof(T) == 2) {

@@ -435,26 +435,28 @@ warp_rows_backward_kernel(const T* __restrict__ dy, int64_t dys, const T* __rest
   for (int64_t base = warp * rows_per_warp; base < rows; base += warps * rows_per_warp) {
     const int64_t row = base + lane / group;
     const bool live = row < rows;
-    A g[ITERS][V], p[ITERS][V];
-    A s = 0;
+    // dy and y as loaded (zeros past the row), every load issued before any is converted or summed.
+    T g[ITERS][V], p[ITERS][V];
 #pragma unroll
     for (int i = 0; i < ITERS; ++i) {
       const int e = (i * group + sub) * V;
-      if (live && e < cols) {
-        load_pack<T, V>(dy + row * dys + e, g[i]);
-        load_pack<T, V>(y + row * ys + e, p[i]);
-#pragma unroll
-        for (int j = 0; j < V; ++j) s += g[i][j];
-      }
+      load_raw<T, V>(dy + row * dys + e, live && e < cols, g[i]);
+      load_raw<T, V>(y + row * ys + e, live && e < cols, p[i]);
     }
+    A s = 0;
+#pragma unroll
+    for (int i = 0; i < ITERS; ++i)
+#pragma unroll
+      for (int j = 0; j < V; ++j) s += to_acc(g[i][j]);
     s = group_sum(s, group);
 #pragma unroll
     for (int i = 0; i < ITERS; ++i) {
       const int e = (i * group + sub) * V;
       if (live && e < cols) {
+        A d[V];
 #pragma unroll
-        for (int j = 0; j < V; ++j) g[i][j] = log_softmax_grad(g[i][j], p[i][j], s);
-        store_pack<T, V>(dx + row * dxs + e, g[i]);
+        for (int j = 0; j < V; ++j) d[j] = log_softmax_grad(to_acc(g[i][j]), to_acc(p[i][j]), s);
+        store_pack<T, V>(dx + row * dxs + e, d);
       }
     }
   }
