@@ -518,6 +518,17 @@ Plan plan_axis(const AxisProblem& p, const DeviceInfo& d, const SplitOverrides& 
     rows.elem_bytes = p.elem_bytes;
     rows.aligned16 = p.aligned16;
     if (ceil_div(p.dim, vec) <= int64_t{32} * kWarpRowsMaxIters) return plan_warp_rows(rows, vec);
+    // Longer rows under the clusters' least, in 16-byte packs: a CTA a row (cta_rows_backward_kernel)
+    // of the fewest warps that hold it in four packs a thread, unless a cluster is asked for.
+    const int64_t vectors = ceil_div(p.dim, vec);
+    if (p.aligned16 && co.cluster <= 0 && p.dim * p.elem_bytes < kClusterMinRowBytes &&
+        vectors <= int64_t{kBackwardCtaThreads} * kWarpRowsMinIters) {
+      Plan plan = plan_warp_rows(rows, vec, kBackwardCtaThreads);
+      plan.group = static_cast<int>(ceil_div(ceil_div(vectors, kWarpRowsMinIters), 32) * 32);
+      plan.iters = kWarpRowsMinIters;
+      size_warp_rows_grid(plan, rows.rows, kWarpRowsThreads);
+      return plan;
+    }
     if (has_clusters(d) && p.aligned16 && (p.dim * p.elem_bytes >= kClusterMinRowBytes || co.cluster > 0))
       return plan_cluster_rows(rows, d, co, true);
   }

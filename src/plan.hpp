@@ -150,6 +150,9 @@ struct Plan {
 constexpr int kWarpRowsThreads = 128;
 constexpr int kWarpRowsMaxIters = 8;
 constexpr int kWarpRowsMinIters = 4;
+// The backward's rows past a warp's eight packs a thread and under kClusterMinRowBytes: dy and y of
+// a row held by one CTA of up to this many threads, four packs of each a thread.
+constexpr int kBackwardCtaThreads = 512;
 // Rows read in 16-byte packs and shorter than this (up to it with eight packs a thread, below) are
 // held in registers by a group of up to kRegisterRowsMaxGroup threads (past a warp, a CTA per
 // row), four packs per thread; longer rows

@@ -462,6 +462,43 @@ warp_rows_backward_kernel(const T* __restrict__ dy, int64_t dys, const T* __rest
   }
 }
 
+// The same backward where the group is the CTA (rows past a warp's eight packs a thread): a row a
+// CTA, the sum over the CTA. Written apart from warp_rows_backward_kernel, whose code (as measured)
+// changed when the two shared one row function.
+template <class T, int V, int ITERS>
+__global__ void __launch_bounds__(kBackwardCtaThreads, 2)
+cta_rows_backward_kernel(const T* __restrict__ dy, int64_t dys, const T* __restrict__ y, int64_t ys,
+                         T* __restrict__ dx, int64_t dxs, int64_t rows, int cols) {
+  using A = acc_t<T>;
+  __shared__ A scratch[32];
+  const int t = threadIdx.x, threads = blockDim.x;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    T g[ITERS][V], p[ITERS][V];  // dy and y as loaded, every load issued before any is summed
+#pragma unroll
+    for (int i = 0; i < ITERS; ++i) {
+      const int e = (i * threads + t) * V;
+      load_raw<T, V>(dy + row * dys + e, e < cols, g[i]);
+      load_raw<T, V>(y + row * ys + e, e < cols, p[i]);
+    }
+    A s = 0;
+#pragma unroll
+    for (int i = 0; i < ITERS; ++i)
+#pragma unroll
+      for (int j = 0; j < V; ++j) s += to_acc(g[i][j]);
+    s = block_sum(s, scratch, threads, 1);
+#pragma unroll
+    for (int i = 0; i < ITERS; ++i) {
+      const int e = (i * threads + t) * V;
+      if (e < cols) {
+        A d[V];
+#pragma unroll
+        for (int j = 0; j < V; ++j) d[j] = log_softmax_grad(to_acc(g[i][j]), to_acc(p[i][j]), s);
+        store_pack<T, V>(dx + row * dxs + e, d);
+      }
+    }
+  }
+}
+
 // Calls f(std::integral_constant<int, N>{}) for the count n the planner chose, one of Ns (the
 // unroll counts a kernel is built for); any other is an error.
 template <int... Ns, class F> cudaError_t with_one_of(int n, F&& f) {
@@ -474,6 +511,13 @@ template <class F> cudaError_t with_count(int n, F&& f) { return with_one_of<1, 
 
 template <class T, int V>
 cudaError_t launch_backward_iters(const Plan& p, const AxisCall& a, cudaStream_t stream) {
+  if (p.group > 32) {  // a CTA a row, four packs a thread (the planner's only count there)
+    if (p.iters != 4) return cudaErrorInvalidValue;
+    cta_rows_backward_kernel<T, V, 4><<<static_cast<unsigned>(p.grid), p.threads, 0, stream>>>(
+        static_cast<const T*>(a.in0), a.in0_s[0], static_cast<const T*>(a.in1), a.in1_s[0],
+        static_cast<T*>(a.out), a.out_s[0], a.n[0], static_cast<int>(a.n[1]));
+    return cudaGetLastError();
+  }
   return with_count(p.iters, [&](auto iters) {
     constexpr int kIters = decltype(iters)::value;
     warp_rows_backward_kernel<T, V, kIters><<<static_cast<unsigned>(p.grid), p.threads, 0, stream>>>(

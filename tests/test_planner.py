@@ -656,7 +656,23 @@ def test_axis_nothing_to_do():
 def test_backward_of_short_rows_stays_in_registers():
     p = plan_axis(1000, 1000, backward=True)
     assert (p["family"], p["vec"], p["group"], p["iters"]) == ("warp_rows", 4, 32, 8)
-    assert plan_axis(1000, 1025, backward=True)["family"] == "split_rows"
+    assert plan_axis(1000, 1025, backward=True, aligned=False)["family"] == "split_rows"
+
+
+@pytest.mark.parametrize("dim,dtype,group,iters", [
+    (1028, "float32", 96, 4), (3000, "float32", 192, 4), (4096, "float32", 256, 4), (8188, "float32", 512, 4),
+    (2056, "bfloat16", 96, 4), (8192, "bfloat16", 256, 4), (16376, "bfloat16", 512, 4), (1500, "float64", 192, 4)])
+def test_backward_of_rows_under_32_kb_takes_a_cta_a_row(dim, dtype, group, iters):
+    """Aligned rows past a warp's eight packs a thread and under 32 KB: dy and y held by one CTA
+    (group = threads) of the fewest warps that hold the row in four packs of each a thread."""
+    for dev in (H200, A100):
+        p = plan_axis(1000, dim, dtype=dtype, backward=True, dev=dev)
+        vectors = -(-dim * ELEM[dtype] // 16)
+        assert (p["family"], p["group"], p["threads"], p["iters"]) == ("warp_rows", group, group, iters)
+        assert p["group"] % 32 == 0 and p["group"] * 4 >= vectors > (p["group"] - 32) * 4
+        assert p["grid"] == 1000
+    assert plan_axis(1000, 3000, backward=True, aligned=False)["family"] == "split_rows"
+    assert plan_axis(1000, 4096, backward=True, cluster=2)["family"] == "cluster_rows"  # asked for
 
 
 @pytest.mark.parametrize("dim,dtype,cluster,aux_bytes", [
@@ -676,7 +692,8 @@ def test_backward_of_long_aligned_rows_keeps_dy_in_a_cluster_ring(dim, dtype, cl
 def test_backward_cluster_ring_limits():
     assert plan_axis(64, 4 << 20, backward=True)["resident"] is False  # 16 MB rows stream dy twice
     assert plan_axis(64, 8191, backward=True, aligned=False)["family"] == "split_rows"
-    assert plan_axis(64, 8188, backward=True)["family"] == "split_rows"  # under 32 KB
+    assert plan_axis(64, 8192, backward=True)["family"] == "cluster_rows"  # 32 KB
+    assert plan_axis(64, 8188, backward=True, dev=A100)["family"] == "warp_rows"  # under 32 KB: a CTA a row
     assert plan_axis(64, 393216, backward=True, dev=A100)["family"] == "split_rows"
 
 
