@@ -23,7 +23,8 @@
 //   nvcc -std=c++17 -O3 -arch=sm_90a -o hold_probe tools/hold_probe.cu -ldl
 //   ./hold_probe path/to/libsoftlight.so 60 4194304
 #include <cuda_runtime.h>
-#include <dlfcn.h>
+
+#include "probe_common.h"
 
 #include <algorithm>
 #include <cmath>
@@ -33,14 +34,6 @@
 #include <string>
 #include <vector>
 
-#define CK(e)                                                                        \
-  do {                                                                               \
-    cudaError_t err_ = (e);                                                          \
-    if (err_ != cudaSuccess) {                                                       \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(err_)); \
-      std::exit(1);                                                                  \
-    }                                                                                \
-  } while (0)
 
 struct HoldArgs {
   const float* x;
@@ -259,7 +252,6 @@ __global__ void copy_tile1(const float4* __restrict__ x, float4* __restrict__ y,
   if (i < n4) y[i] = x[i];
 }
 
-typedef int (*fwd_t)(const void*, int64_t, void*, int64_t, int64_t, int64_t, int, void*);
 
 struct Variant {
   std::string name;
@@ -279,16 +271,10 @@ int main(int argc, char** argv) {
   }
   const int64_t rows = atoll(argv[2]), cols = atoll(argv[3]);
   const int rounds = argc > 4 ? atoi(argv[4]) : 4;
-  void* lib = dlopen(argv[1], RTLD_NOW);
-  if (!lib) {
-    std::fprintf(stderr, "dlopen: %s\n", dlerror());
-    return 1;
-  }
-  auto fwd = reinterpret_cast<fwd_t>(dlsym(lib, "softlight_log_softmax_forward"));
+  const fwd_t fwd = open_forward(argv[1]);
   const int64_t n = rows * cols;
   float *x, *y;
-  CK(cudaMalloc(&x, n * 4));
-  CK(cudaMalloc(&y, n * 4));
+  alloc_pair(n, &x, &y);
   std::vector<float> hx(cols);
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t i = 0; i < cols; ++i)
@@ -422,26 +408,13 @@ int main(int argc, char** argv) {
       if (v.kind < 0) continue;
       for (int w = 0; w < 2; ++w) run(v);
       std::vector<float> t;
-      for (int k = 0; k < 5; ++k) {
-        CK(cudaEventRecord(e0, st));
-        run(v);
-        CK(cudaEventRecord(e1, st));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        t.push_back(ms);
-      }
-      std::sort(t.begin(), t.end());
-      v.ms.push_back(t[2]);
+      for (int k = 0; k < 5; ++k) t.push_back(time_once(st, e0, e1, [&] { run(v); }));
+      v.ms.push_back(median(t));
     }
-  const auto med = [](std::vector<float> t) {
-    std::sort(t.begin(), t.end());
-    return t.size() ? t[t.size() / 2] : NAN;
-  };
-  const float copy = med(vs[0].ms);
+  const float copy = median(vs[0].ms);
   for (auto& v : vs) {
     if (v.kind < 0) continue;
-    std::printf("RESULT %-100s %.4f ms  %.3fx  rounds", v.name.c_str(), med(v.ms), med(v.ms) / copy);
+    std::printf("RESULT %-100s %.4f ms  %.3fx  rounds", v.name.c_str(), median(v.ms), median(v.ms) / copy);
     for (float m : v.ms) std::printf(" %.4f", m);
     std::printf("\n");
   }

@@ -13,7 +13,8 @@
 //   nvcc -std=c++17 -O3 -arch=sm_90a -Isrc -Iinclude -o /tmp/ring_probe tools/ring_probe.cu -ldl
 //   RC_SET=d /tmp/ring_probe path/to/libsoftlight.so 4096 393216
 #include <cuda_runtime.h>
-#include <dlfcn.h>
+
+#include "probe_common.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -368,16 +369,7 @@ __global__ void count_diff(const float* a, const float* b, int64_t n, unsigned l
     if (a[i] != b[i]) atomicAdd(bad, 1ull);
 }
 
-#define CK(e)                                                                                    \
-  do {                                                                                           \
-    cudaError_t _e = (e);                                                                        \
-    if (_e != cudaSuccess) {                                                                     \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(_e));            \
-      std::exit(1);                                                                              \
-    }                                                                                            \
-  } while (0)
 
-typedef int (*fwd_t)(const void*, int64_t, void*, int64_t, int64_t, int64_t, int, void*);
 
 struct Variant {
   std::string name;
@@ -392,16 +384,10 @@ struct Variant {
 
 int main(int argc, char** argv) {
   const int64_t rows = argc > 2 ? atoll(argv[2]) : 4096, cols = argc > 3 ? atoll(argv[3]) : 393216;
-  void* lib = dlopen(argv[1], RTLD_NOW);
-  if (!lib) {
-    std::fprintf(stderr, "dlopen: %s\n", dlerror());
-    return 1;
-  }
-  auto fwd = reinterpret_cast<fwd_t>(dlsym(lib, "softlight_log_softmax_forward"));
+  const fwd_t fwd = open_forward(argv[1]);
   const int64_t n = rows * cols;
   float *x, *y;
-  CK(cudaMalloc(&x, n * 4));
-  CK(cudaMalloc(&y, n * 4));
+  alloc_pair(n, &x, &y);
   {
     std::vector<float> h(cols);
     for (int64_t i = 0; i < cols; ++i) h[i] = float((i * 2654435761u) % 1000) / 1000.f;
@@ -649,13 +635,7 @@ int main(int argc, char** argv) {
   for (int r = 0; r < rounds; ++r)
     for (auto& v : vs)
       for (int i = 0; i < reps; ++i) {
-        CK(cudaEventRecord(a, st));
-        run(v);
-        CK(cudaEventRecord(b, st));
-        CK(cudaEventSynchronize(b));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, a, b));
-        v.ms.push_back(ms);
+        v.ms.push_back(time_once(st, a, b, [&] { run(v); }));
         if (r == rounds - 1 && i == reps - 1 && (v.kind == 3 || v.kind == 4 || v.kind == 9 || v.kind == 10)) {
           unsigned long long t[2][1024];
           CK(cudaMemcpyFromSymbol(t, g_t, sizeof t));
@@ -668,10 +648,6 @@ int main(int argc, char** argv) {
                       (e0 - s0) / 1e3, (e1 - s0) / 1e3);
         }
       }
-  auto med = [](std::vector<float> m) {
-    std::sort(m.begin(), m.end());
-    return m[m.size() / 2];
-  };
-  const float base = med(vs[0].ms);
-  for (auto& v : vs) std::printf("%-60s %7.3f ms  %6.3fx memcpy\n", v.name.c_str(), med(v.ms), med(v.ms) / base);
+  const float base = median(vs[0].ms);
+  for (auto& v : vs) std::printf("%-60s %7.3f ms  %6.3fx memcpy\n", v.name.c_str(), median(v.ms), median(v.ms) / base);
 }
