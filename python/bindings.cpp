@@ -158,7 +158,7 @@ py::dict plan(int64_t rows, int64_t cols, int elem_bytes, bool aligned16, int cc
 
 py::dict plan_axis(int64_t outer, int64_t dim, int64_t inner, int elem_bytes, bool rows, bool aligned16,
                    bool backward, int cc_major, int sm_count, int64_t smem_optin, int max_cluster,
-                   bool tiles_aligned, int cluster, int exchange) {
+                   bool tiles_aligned, int cluster, int exchange, int rows_per_lane) {
   softlight::AxisProblem p;
   p.outer = outer;
   p.dim = dim;
@@ -171,6 +171,7 @@ py::dict plan_axis(int64_t outer, int64_t dim, int64_t inner, int elem_bytes, bo
   softlight::Overrides over;
   over.cluster = cluster;
   over.exchange = exchange;
+  over.rows_per_lane = rows_per_lane;
   return plan_dict(softlight::plan_axis(p, device(cc_major, 0, sm_count, smem_optin, max_cluster),
                                         softlight::SplitOverrides{}, over));
 }
@@ -297,7 +298,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("plan_axis", &plan_axis, py::arg("outer"), py::arg("dim"), py::arg("inner"), py::arg("elem_bytes"),
         py::arg("rows"), py::arg("aligned16"), py::arg("backward"), py::arg("cc_major"), py::arg("sm_count"),
         py::arg("smem_optin"), py::arg("max_cluster"), py::arg("tiles_aligned") = false, py::arg("cluster") = 0,
-        py::arg("exchange") = -1);
+        py::arg("exchange") = -1, py::arg("rows_per_lane") = -1);
   m.def("plan", &plan, py::arg("rows"), py::arg("cols"), py::arg("elem_bytes"), py::arg("aligned16"),
         py::arg("cc_major"), py::arg("cc_minor"), py::arg("sm_count"), py::arg("smem_optin"),
         py::arg("max_cluster"), py::arg("cluster") = 0, py::arg("chunk_bytes") = 0,

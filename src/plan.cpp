@@ -517,6 +517,18 @@ Plan plan_axis(const AxisProblem& p, const DeviceInfo& d, const SplitOverrides& 
     rows.cols = p.dim;
     rows.elem_bytes = p.elem_bytes;
     rows.aligned16 = p.aligned16;
+    // Rows of at most kShortRowsMaxBytes in 16-byte packs (SOFTLIGHT_ROWS_PER_LANE: up to 512 bytes, 0
+    // off): a pack of each of kShortRowsPerLane rows a lane, as the forward's short rows.
+    const int64_t row_bytes = p.dim * p.elem_bytes;
+    const int per_lane = co.rows_per_lane >= 0 ? co.rows_per_lane : row_bytes <= kShortRowsMaxBytes ? kShortRowsPerLane : 0;
+    if (p.aligned16 && p.dim > 1 && row_bytes <= 16 * 32 && per_thread_count(per_lane)) {
+      Plan plan = plan_warp_rows(rows, vec);
+      plan.group = static_cast<int>(pow2_ceil(ceil_div(p.dim, vec)));
+      plan.iters = 1;
+      plan.rows_per_lane = per_lane;
+      plan.grid = std::min<int64_t>(ceil_div(p.outer, int64_t{kWarpRowsThreads} / plan.group * per_lane), int64_t{1} << 30);
+      return plan;
+    }
     if (ceil_div(p.dim, vec) <= int64_t{32} * kWarpRowsMaxIters) return plan_warp_rows(rows, vec);
     // Longer rows under the clusters' least, in 16-byte packs: a CTA a row (cta_rows_backward_kernel)
     // of the fewest warps that hold it in four packs a thread, unless a cluster is asked for.

@@ -462,6 +462,49 @@ warp_rows_backward_kernel(const T* __restrict__ dy, int64_t dys, const T* __rest
   }
 }
 
+// The same backward for rows of at most 32 packs, a pack of each of R rows a lane (as the forward's
+// short rows), so that each load of a warp covers 512 contiguous bytes where groups of fewer than
+// eight lanes, several packs each, read runs of 32 or 64 bytes.
+template <class T, int V, int R>
+__global__ void __launch_bounds__(kWarpRowsThreads)
+short_rows_backward_kernel(const T* __restrict__ dy, int64_t dys, const T* __restrict__ y, int64_t ys,
+                           T* __restrict__ dx, int64_t dxs, int64_t rows, int cols, int group) {
+  using A = acc_t<T>;
+  const int lane = threadIdx.x & 31;
+  const int e = (lane & (group - 1)) * V;
+  const int span = 32 / group;  // rows one load of a warp covers
+  const int64_t warps = int64_t{gridDim.x} * (blockDim.x / 32);
+  const int64_t warp = int64_t{blockIdx.x} * (blockDim.x / 32) + (threadIdx.x >> 5);
+  for (int64_t base = warp * span * R; base < rows; base += warps * span * R) {
+    T g[R][V], p[R][V];  // dy and y as loaded, every load issued before any is summed
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int64_t row = base + r * span + lane / group;
+      load_raw<T, V>(dy + row * dys + e, row < rows && e < cols, g[r]);
+      load_raw<T, V>(y + row * ys + e, row < rows && e < cols, p[r]);
+    }
+    A s[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      s[r] = 0;
+#pragma unroll
+      for (int j = 0; j < V; ++j) s[r] += to_acc(g[r][j]);
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) s[r] = group_sum(s[r], group);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int64_t row = base + r * span + lane / group;
+      if (row < rows && e < cols) {
+        A d[V];
+#pragma unroll
+        for (int j = 0; j < V; ++j) d[j] = log_softmax_grad(to_acc(g[r][j]), to_acc(p[r][j]), s[r]);
+        store_pack<T, V>(dx + row * dxs + e, d);
+      }
+    }
+  }
+}
+
 // The same backward where the group is the CTA (rows past a warp's eight packs a thread): a row a
 // CTA, the sum over the CTA. Written apart from warp_rows_backward_kernel, whose code (as measured)
 // changed when the two shared one row function.
@@ -511,6 +554,14 @@ template <class F> cudaError_t with_count(int n, F&& f) { return with_one_of<1, 
 
 template <class T, int V>
 cudaError_t launch_backward_iters(const Plan& p, const AxisCall& a, cudaStream_t stream) {
+  if (p.rows_per_lane > 0)  // short rows: a pack of each of rows_per_lane rows a lane
+    return with_count(p.rows_per_lane, [&](auto per_lane) {
+      constexpr int kRows = decltype(per_lane)::value;
+      short_rows_backward_kernel<T, V, kRows><<<static_cast<unsigned>(p.grid), p.threads, 0, stream>>>(
+          static_cast<const T*>(a.in0), a.in0_s[0], static_cast<const T*>(a.in1), a.in1_s[0],
+          static_cast<T*>(a.out), a.out_s[0], a.n[0], static_cast<int>(a.n[1]), p.group);
+      return cudaGetLastError();
+    });
   if (p.group > 32) {  // a CTA a row, four packs a thread (the planner's only count there)
     if (p.iters != 4) return cudaErrorInvalidValue;
     cta_rows_backward_kernel<T, V, 4><<<static_cast<unsigned>(p.grid), p.threads, 0, stream>>>(

@@ -180,8 +180,8 @@ def test_forward_tiles_in_place_and_strided_outer():
 
 # --- backward --------------------------------------------------------------------------------------
 
-BACKWARD_COLS = [1, 7, 100, 1000, 1024, 1025, 1028, 2048, 3000, 4096, 8188, 16384, 32768, 50257, 131072, 393216,
-                 1048576]
+BACKWARD_COLS = [1, 7, 16, 32, 64, 100, 1000, 1024, 1025, 1028, 2048, 3000, 4096, 8188, 16384, 32768, 50257, 131072,
+                 393216, 1048576]
 
 
 @pytest.mark.parametrize("cols", BACKWARD_COLS)
@@ -194,6 +194,23 @@ def test_backward_rows(cols, dtype):
     assert softlight.log_softmax_backward(dy, y, grad_in=dx) is dx
     torch.cuda.synchronize()
     assert_grad_close(dx, dy, y, -1, dtype, f"{rows}x{cols}")
+
+
+@pytest.mark.parametrize("per_lane", [1, 2, 4, 8])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_backward_short_rows_a_pack_of_each_row_a_lane(monkeypatch, per_lane, dtype):
+    """Aligned rows up to 512 bytes with SOFTLIGHT_ROWS_PER_LANE: a lane holds a pack of each of
+    per_lane rows; rows of one pack to 32, groups not filled, rows left over past the last warp's."""
+    monkeypatch.setenv("SOFTLIGHT_ROWS_PER_LANE", str(per_lane))
+    per_pack = 16 // torch.tensor([], dtype=tdtype(dtype)).element_size()
+    for packs in (1, 3, 9, 25, 32):
+        cols = packs * per_pack
+        y = torch.log_softmax(rand((1037, cols), "float32"), -1).to(tdtype(dtype))
+        dy = rand((1037, cols), dtype, 1.0)
+        dx = torch.full_like(dy, POISON)
+        softlight.log_softmax_backward(dy, y, grad_in=dx)
+        torch.cuda.synchronize()
+        assert_grad_close(dx, dy, y, -1, dtype, f"{per_lane} rows a lane, 1037x{cols}")
 
 
 @pytest.mark.parametrize("cols", [1000, 1003, 70000])

@@ -659,6 +659,24 @@ def test_backward_of_short_rows_stays_in_registers():
     assert plan_axis(1000, 1025, backward=True, aligned=False)["family"] == "split_rows"
 
 
+@pytest.mark.parametrize("dim,dtype,group", [(32, "float32", 8), (4, "float32", 1), (12, "float32", 4),
+                                               (64, "bfloat16", 8), (16, "float64", 8), (24, "float16", 4)])
+def test_backward_of_rows_to_128_bytes_takes_a_pack_of_four_rows_a_lane(dim, dtype, group):
+    """Aligned rows of at most 128 bytes: a lane holds a pack of each of four rows (as the forward's
+    short rows), the group the row's packs to a power of two; SOFTLIGHT_ROWS_PER_LANE picks another
+    count, or 0 the groups of several packs a lane, and reaches rows of 512 bytes."""
+    p = plan_axis(1000, dim, dtype=dtype, backward=True)
+    assert (p["family"], p["group"], p["iters"], p["rows_per_lane"], p["threads"]) == ("warp_rows", group, 1, 4, 128)
+    assert p["grid"] == -(-1000 // (128 // group * 4))
+    assert plan_axis(1000, dim, dtype=dtype, backward=True, rows_per_lane=0)["rows_per_lane"] == 0
+    assert plan_axis(1000, dim, dtype=dtype, backward=True, rows_per_lane=2)["rows_per_lane"] == 2
+    assert plan_axis(1000, 36, backward=True)["rows_per_lane"] == 0  # 144 bytes
+    assert plan_axis(1000, 33, backward=True, aligned=False)["rows_per_lane"] == 0
+    wide = plan_axis(1000, 128, backward=True, rows_per_lane=8)
+    assert (wide["rows_per_lane"], wide["group"], wide["grid"]) == (8, 32, -(-1000 // 32))
+    assert plan_axis(1000, 129 * 4, backward=True, rows_per_lane=8)["rows_per_lane"] == 0  # past 512 bytes
+
+
 @pytest.mark.parametrize("dim,dtype,group,iters", [
     (1028, "float32", 96, 4), (3000, "float32", 192, 4), (4096, "float32", 256, 4), (8188, "float32", 512, 4),
     (2056, "bfloat16", 96, 4), (8192, "bfloat16", 256, 4), (16376, "bfloat16", 512, 4), (1500, "float64", 192, 4)])
