@@ -76,6 +76,25 @@ Plan plan_warp_rows(const Problem& p, int vec, int max_group = 32, int min_iters
   return plan;
 }
 
+// Rows of at most kShortRowsMaxBytes in 16-byte packs (SOFTLIGHT_ROWS_PER_LANE: up to 512 bytes, 0
+// off), forward and backward: a lane holds a pack of each of kShortRowsPerLane rows, so that every
+// load of a warp covers 512 contiguous bytes. None for other rows.
+Plan plan_short_rows(const Problem& p, int vec, const Overrides& o) {
+  const int64_t row_bytes = p.cols * p.elem_bytes;
+  const int rows_per_lane = o.rows_per_lane >= 0 ? o.rows_per_lane : row_bytes <= kShortRowsMaxBytes ? kShortRowsPerLane : 0;
+  if (!p.aligned16 || p.cols <= 1 || row_bytes > 16 * 32 || !per_thread_count(rows_per_lane)) return Plan{};
+  Plan plan;
+  plan.family = Family::warp_rows;
+  plan.vec = vec;
+  plan.threads = kWarpRowsThreads;
+  plan.group = static_cast<int>(pow2_ceil(ceil_div(p.cols, vec)));
+  plan.iters = 1;  // a pack of each row
+  plan.rows_per_lane = rows_per_lane;
+  const int64_t rows_per_cta = int64_t{kWarpRowsThreads} / plan.group * rows_per_lane;
+  plan.grid = std::min<int64_t>(ceil_div(p.rows, rows_per_cta), int64_t{1} << 30);
+  return plan;
+}
+
 // Rows in 16-byte packs in registers (rows_in_registers_kernel, built for 1 to 8 packs a thread).
 // plan_warp_rows rounds a thread's packs up to a power of two, and a row just past a power of two
 // of packs then leaves most threads half their loads: bf16 rows of 4104 (513 packs) in 256 threads
@@ -517,25 +536,17 @@ Plan plan_axis(const AxisProblem& p, const DeviceInfo& d, const SplitOverrides& 
     rows.cols = p.dim;
     rows.elem_bytes = p.elem_bytes;
     rows.aligned16 = p.aligned16;
-    // Rows of at most kShortRowsMaxBytes in 16-byte packs (SOFTLIGHT_ROWS_PER_LANE: up to 512 bytes, 0
-    // off): a pack of each of kShortRowsPerLane rows a lane, as the forward's short rows.
-    const int64_t row_bytes = p.dim * p.elem_bytes;
-    const int per_lane = co.rows_per_lane >= 0 ? co.rows_per_lane : row_bytes <= kShortRowsMaxBytes ? kShortRowsPerLane : 0;
-    if (p.aligned16 && p.dim > 1 && row_bytes <= 16 * 32 && per_thread_count(per_lane)) {
-      Plan plan = plan_warp_rows(rows, vec);
-      plan.group = static_cast<int>(pow2_ceil(ceil_div(p.dim, vec)));
-      plan.iters = 1;
-      plan.rows_per_lane = per_lane;
-      plan.grid = std::min<int64_t>(ceil_div(p.outer, int64_t{kWarpRowsThreads} / plan.group * per_lane), int64_t{1} << 30);
-      return plan;
-    }
-    if (ceil_div(p.dim, vec) <= int64_t{32} * kWarpRowsMaxIters) return plan_warp_rows(rows, vec);
+    const Plan short_rows = plan_short_rows(rows, vec, co);  // a pack of each of four rows a lane
+    if (short_rows.family != Family::none) return short_rows;
+    const int64_t vectors = ceil_div(p.dim, vec);
+    if (vectors <= int64_t{32} * kWarpRowsMaxIters) return plan_warp_rows(rows, vec);
     // Longer rows under the clusters' least, in 16-byte packs: a CTA a row (cta_rows_backward_kernel)
     // of the fewest warps that hold it in four packs a thread, unless a cluster is asked for.
-    const int64_t vectors = ceil_div(p.dim, vec);
     if (p.aligned16 && co.cluster <= 0 && p.dim * p.elem_bytes < kClusterMinRowBytes &&
         vectors <= int64_t{kBackwardCtaThreads} * kWarpRowsMinIters) {
-      Plan plan = plan_warp_rows(rows, vec, kBackwardCtaThreads);
+      Plan plan;
+      plan.family = Family::warp_rows;
+      plan.vec = vec;
       plan.group = static_cast<int>(ceil_div(ceil_div(vectors, kWarpRowsMinIters), 32) * 32);
       plan.iters = kWarpRowsMinIters;
       size_warp_rows_grid(plan, rows.rows, kWarpRowsThreads);
@@ -605,21 +616,8 @@ Plan plan_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
     plan.grid = std::min<int64_t>(ceil_div(p.rows, tile_rows), int64_t{1} << 30);
     return plan;
   }
-  // Rows of at most kShortRowsMaxBytes in 16-byte packs: a lane holds a pack of each of
-  // kShortRowsPerLane rows, so that every load of a warp covers 512 contiguous bytes.
-  const int rows_per_lane = o.rows_per_lane >= 0 ? o.rows_per_lane : row_bytes <= kShortRowsMaxBytes ? kShortRowsPerLane : 0;
-  if (p.aligned16 && p.cols > 1 && row_bytes <= 16 * 32 && per_thread_count(rows_per_lane)) {
-    Plan plan;
-    plan.family = Family::warp_rows;
-    plan.vec = vec;
-    plan.threads = kWarpRowsThreads;
-    plan.group = static_cast<int>(pow2_ceil(ceil_div(p.cols, vec)));
-    plan.iters = 1;  // a pack of each row
-    plan.rows_per_lane = rows_per_lane;
-    const int64_t rows_per_cta = int64_t{kWarpRowsThreads} / plan.group * rows_per_lane;
-    plan.grid = std::min<int64_t>(ceil_div(p.rows, rows_per_cta), int64_t{1} << 30);
-    return plan;
-  }
+  const Plan short_rows = plan_short_rows(p, vec, o);
+  if (short_rows.family != Family::none) return short_rows;
   // Rows past one CTA's registers in registers over a cluster, up to 512 KB (fp32) or 256 KB (16
   // bits), a CTA of 128 threads holding 16 KB up to rows of 128 KB and of 256 threads holding 32 KB
   // above (docs/design.md, "Rows in registers over a cluster"); SOFTLIGHT_REGISTER_CLUSTER=N

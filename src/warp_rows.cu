@@ -421,6 +421,18 @@ flat_rows_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int c
   }
 }
 
+// The backward's steps on a pack of dy (g) and y (p) as load_raw gave them: dy's elements added to
+// s in order; dx = dy - exp(y) * s.
+template <class T, int V> __device__ __forceinline__ void add_raw(acc_t<T>& s, const T (&g)[V]) {
+#pragma unroll
+  for (int j = 0; j < V; ++j) s += to_acc(g[j]);
+}
+template <class T, int V>
+__device__ __forceinline__ void grad_pack(acc_t<T> (&d)[V], const T (&g)[V], const T (&p)[V], acc_t<T> s) {
+#pragma unroll
+  for (int j = 0; j < V; ++j) d[j] = log_softmax_grad(to_acc(g[j]), to_acc(p[j]), s);
+}
+
 // The backward, dx = dy - exp(y) * sum(dy): the group holds a row of dy and of y in registers.
 template <class T, int V, int ITERS>
 __global__ void __launch_bounds__(kWarpRowsThreads)
@@ -445,17 +457,14 @@ warp_rows_backward_kernel(const T* __restrict__ dy, int64_t dys, const T* __rest
     }
     A s = 0;
 #pragma unroll
-    for (int i = 0; i < ITERS; ++i)
-#pragma unroll
-      for (int j = 0; j < V; ++j) s += to_acc(g[i][j]);
+    for (int i = 0; i < ITERS; ++i) add_raw(s, g[i]);
     s = group_sum(s, group);
 #pragma unroll
     for (int i = 0; i < ITERS; ++i) {
       const int e = (i * group + sub) * V;
       if (live && e < cols) {
         A d[V];
-#pragma unroll
-        for (int j = 0; j < V; ++j) d[j] = log_softmax_grad(to_acc(g[i][j]), to_acc(p[i][j]), s);
+        grad_pack(d, g[i], p[i], s);
         store_pack<T, V>(dx + row * dxs + e, d);
       }
     }
@@ -487,8 +496,7 @@ short_rows_backward_kernel(const T* __restrict__ dy, int64_t dys, const T* __res
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       s[r] = 0;
-#pragma unroll
-      for (int j = 0; j < V; ++j) s[r] += to_acc(g[r][j]);
+      add_raw(s[r], g[r]);
     }
 #pragma unroll
     for (int r = 0; r < R; ++r) s[r] = group_sum(s[r], group);
@@ -497,8 +505,7 @@ short_rows_backward_kernel(const T* __restrict__ dy, int64_t dys, const T* __res
       const int64_t row = base + r * span + lane / group;
       if (row < rows && e < cols) {
         A d[V];
-#pragma unroll
-        for (int j = 0; j < V; ++j) d[j] = log_softmax_grad(to_acc(g[r][j]), to_acc(p[r][j]), s[r]);
+        grad_pack(d, g[r], p[r], s[r]);
         store_pack<T, V>(dx + row * dxs + e, d);
       }
     }
@@ -506,8 +513,8 @@ short_rows_backward_kernel(const T* __restrict__ dy, int64_t dys, const T* __res
 }
 
 // The same backward where the group is the CTA (rows past a warp's eight packs a thread): a row a
-// CTA, the sum over the CTA. Written apart from warp_rows_backward_kernel, whose code (as measured)
-// changed when the two shared one row function.
+// CTA, the sum over the CTA. The kernels share the pack steps only: sharing one row function changed
+// warp_rows_backward_kernel's code as measured.
 template <class T, int V, int ITERS>
 __global__ void __launch_bounds__(kBackwardCtaThreads, 2)
 cta_rows_backward_kernel(const T* __restrict__ dy, int64_t dys, const T* __restrict__ y, int64_t ys,
@@ -525,17 +532,14 @@ cta_rows_backward_kernel(const T* __restrict__ dy, int64_t dys, const T* __restr
     }
     A s = 0;
 #pragma unroll
-    for (int i = 0; i < ITERS; ++i)
-#pragma unroll
-      for (int j = 0; j < V; ++j) s += to_acc(g[i][j]);
+    for (int i = 0; i < ITERS; ++i) add_raw(s, g[i]);
     s = block_sum(s, scratch, threads, 1);
 #pragma unroll
     for (int i = 0; i < ITERS; ++i) {
       const int e = (i * threads + t) * V;
       if (e < cols) {
         A d[V];
-#pragma unroll
-        for (int j = 0; j < V; ++j) d[j] = log_softmax_grad(to_acc(g[i][j]), to_acc(p[i][j]), s);
+        grad_pack(d, g[i], p[i], s);
         store_pack<T, V>(dx + row * dxs + e, d);
       }
     }
@@ -554,26 +558,26 @@ template <class F> cudaError_t with_count(int n, F&& f) { return with_one_of<1, 
 
 template <class T, int V>
 cudaError_t launch_backward_iters(const Plan& p, const AxisCall& a, cudaStream_t stream) {
+  const auto dy = static_cast<const T*>(a.in0), y = static_cast<const T*>(a.in1);
+  const auto dx = static_cast<T*>(a.out);
+  const int64_t rows = a.n[0];
+  const int cols = static_cast<int>(a.n[1]);
+  const dim3 grid(static_cast<unsigned>(p.grid)), block(p.threads);
   if (p.rows_per_lane > 0)  // short rows: a pack of each of rows_per_lane rows a lane
     return with_count(p.rows_per_lane, [&](auto per_lane) {
-      constexpr int kRows = decltype(per_lane)::value;
-      short_rows_backward_kernel<T, V, kRows><<<static_cast<unsigned>(p.grid), p.threads, 0, stream>>>(
-          static_cast<const T*>(a.in0), a.in0_s[0], static_cast<const T*>(a.in1), a.in1_s[0],
-          static_cast<T*>(a.out), a.out_s[0], a.n[0], static_cast<int>(a.n[1]), p.group);
+      short_rows_backward_kernel<T, V, decltype(per_lane)::value><<<grid, block, 0, stream>>>(
+          dy, a.in0_s[0], y, a.in1_s[0], dx, a.out_s[0], rows, cols, p.group);
       return cudaGetLastError();
     });
   if (p.group > 32) {  // a CTA a row, four packs a thread (the planner's only count there)
     if (p.iters != 4) return cudaErrorInvalidValue;
-    cta_rows_backward_kernel<T, V, 4><<<static_cast<unsigned>(p.grid), p.threads, 0, stream>>>(
-        static_cast<const T*>(a.in0), a.in0_s[0], static_cast<const T*>(a.in1), a.in1_s[0],
-        static_cast<T*>(a.out), a.out_s[0], a.n[0], static_cast<int>(a.n[1]));
+    cta_rows_backward_kernel<T, V, 4><<<grid, block, 0, stream>>>(dy, a.in0_s[0], y, a.in1_s[0], dx, a.out_s[0],
+                                                                  rows, cols);
     return cudaGetLastError();
   }
   return with_count(p.iters, [&](auto iters) {
-    constexpr int kIters = decltype(iters)::value;
-    warp_rows_backward_kernel<T, V, kIters><<<static_cast<unsigned>(p.grid), p.threads, 0, stream>>>(
-        static_cast<const T*>(a.in0), a.in0_s[0], static_cast<const T*>(a.in1), a.in1_s[0],
-        static_cast<T*>(a.out), a.out_s[0], a.n[0], static_cast<int>(a.n[1]), p.group);
+    warp_rows_backward_kernel<T, V, decltype(iters)::value><<<grid, block, 0, stream>>>(
+        dy, a.in0_s[0], y, a.in1_s[0], dx, a.out_s[0], rows, cols, p.group);
     return cudaGetLastError();
   });
 }
