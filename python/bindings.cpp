@@ -1,16 +1,19 @@
-// pybind11 glue over the C ABI: raw-pointer entry points, DLPack capsule reading, and the planner
-// (pure host code, exposed so that its choices are tested on machines without a GPU).
+// pybind11 glue over the C ABI: one call per operation from Python (the array's pointer, shape and
+// strides in; the 3-d layout worked out here, then the C entry point), DLPack capsule reading, and
+// the planner queries that the CPU tests use.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <array>
-#include <cctype>
 #include <cstdint>
-#include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "../src/plan.hpp"
 #include "softlight/softlight.h"
+#ifdef SOFTLIGHT_TUNING
+#include "../src/softlight_tuning.h"
+#endif
 
 namespace py = pybind11;
 
@@ -42,52 +45,293 @@ struct DLManagedTensorVersioned {
   DLTensor dl_tensor;
 };
 constexpr uint64_t kDLPackReadOnly = 1;
+constexpr int kMaxDims = 64;
 
-// Reads a DLPack capsule without consuming it: the capsule's own destructor releases the tensor,
-// and the caller keeps the producing array alive for as long as the pointer is used.
-py::dict dlpack_view(py::capsule cap) {
+// Reads a DLPack capsule without consuming it: the capsule's own destructor releases the tensor, so
+// the caller keeps the capsule (not only the array) alive for as long as the pointer is used.
+// Returns (ptr, shape, strides in elements, (code, bits, lanes), (device type, id), readonly).
+py::tuple dlpack_view(py::capsule cap) {
   const char* name = cap.name();
   const DLTensor* t = nullptr;
   bool readonly = false;
   if (name && std::string(name) == "dltensor_versioned") {
     auto* m = static_cast<DLManagedTensorVersioned*>(cap.get_pointer());
+    if (m == nullptr) throw py::value_error("empty DLPack capsule");
     if (m->version.major != 1)
       throw py::value_error("unsupported DLPack major version " + std::to_string(m->version.major));
     t = &m->dl_tensor;
     readonly = (m->flags & kDLPackReadOnly) != 0;
   } else if (name && std::string(name) == "dltensor") {
-    t = &static_cast<DLManagedTensor*>(cap.get_pointer())->dl_tensor;
+    auto* m = static_cast<DLManagedTensor*>(cap.get_pointer());
+    if (m == nullptr) throw py::value_error("empty DLPack capsule");
+    t = &m->dl_tensor;
   } else {
     throw py::type_error("not an unconsumed DLPack capsule (name: " + std::string(name ? name : "none") + ")");
   }
+  if (t->ndim < 0 || t->ndim > kMaxDims)
+    throw py::value_error("DLPack tensor with " + std::to_string(t->ndim) + " dimensions (0 to 64 are read)");
+  if (t->ndim > 0 && t->shape == nullptr) throw py::value_error("DLPack tensor without a shape");
   py::tuple shape(t->ndim), strides(t->ndim);
   int64_t expected = 1;
   for (int i = t->ndim - 1; i >= 0; --i) {
+    if (t->shape[i] < 0) throw py::value_error("DLPack tensor with a negative extent");
     shape[i] = t->shape[i];
     strides[i] = t->strides ? t->strides[i] : expected;  // no strides: C-contiguous
     expected *= t->shape[i];
   }
-  py::dict d;
-  d["ptr"] = reinterpret_cast<uintptr_t>(t->data) + t->byte_offset;
-  d["shape"] = shape;
-  d["strides"] = strides;
-  d["dtype_code"] = int(t->dtype.code);
-  d["dtype_bits"] = int(t->dtype.bits);
-  d["dtype_lanes"] = int(t->dtype.lanes);
-  d["device_type"] = int(t->device.device_type);
-  d["device_id"] = int(t->device.device_id);
-  d["readonly"] = readonly;
-  return d;
+  return py::make_tuple(reinterpret_cast<uintptr_t>(t->data) + t->byte_offset, shape, strides,
+                        py::make_tuple(int(t->dtype.code), int(t->dtype.bits), int(t->dtype.lanes)),
+                        py::make_tuple(int(t->device.device_type), int(t->device.device_id)), readonly);
 }
 
-softlight::DeviceInfo device(int cc_major, int cc_minor, int sm_count, int64_t smem_optin, int max_cluster) {
-  softlight::DeviceInfo d;
-  d.cc_major = cc_major;
-  d.cc_minor = cc_minor;
-  d.sm_count = sm_count;
-  d.smem_per_block_optin = smem_optin;
-  d.max_cluster = max_cluster;
-  return d;
+// Layout errors of an array along an axis, as negative codes beside the C ABI's statuses (Python
+// turns them into messages).
+constexpr int kDimOutOfRange = -1;
+constexpr int kBeforeDoNotMerge = -2;
+constexpr int kAfterDoNotMerge = -3;
+constexpr int kNegativeStride = -4;
+constexpr int kShapeMismatch = -5;
+
+using Dims = std::vector<int64_t>;
+
+// (extent, stride) of the axes [a, b) as one evenly strided axis (axes of extent 1 take no part;
+// none at all: (1, 0)); false where they do not form one.
+bool merge(const Dims& shape, const Dims& strides, int a, int b, int64_t* n, int64_t* s) {
+  *n = 1;
+  *s = 0;
+  bool first = true;
+  int64_t next = 0;  // the stride the next axis must have
+  for (int i = b - 1; i >= a; --i) {
+    if (shape[i] == 1) continue;
+    if (!first && strides[i] != next) return false;
+    if (first) *s = strides[i];
+    first = false;
+    *n *= shape[i];
+    next = strides[i] * shape[i];
+  }
+  return true;
+}
+
+// Axis d (normalized) of an array as (outer, dim, inner) extents and strides; a code above on error.
+int layout3(const Dims& shape, const Dims& strides, int d, int64_t n[3], int64_t s[3]) {
+  const int nd = static_cast<int>(shape.size());
+  if (nd == 0) {
+    n[0] = n[1] = n[2] = 1;
+    s[0] = s[1] = s[2] = 0;
+    return 0;
+  }
+  n[0] = n[2] = 1;
+  for (int i = 0; i < d; ++i) n[0] *= shape[i];
+  for (int i = d + 1; i < nd; ++i) n[2] *= shape[i];
+  n[1] = shape[d];
+  s[0] = s[1] = s[2] = 0;
+  for (int i = 0; i < nd; ++i)
+    if (shape[i] == 0) return 0;  // nothing is read or written: any layout will do
+  int64_t m = 0;
+  if (!merge(shape, strides, 0, d, &m, &s[0])) return kBeforeDoNotMerge;
+  if (!merge(shape, strides, d + 1, nd, &m, &s[2])) return kAfterDoNotMerge;
+  for (int i = 0; i < nd; ++i)
+    if (strides[i] < 0) return kNegativeStride;
+  s[1] = shape[d] != 1 ? strides[d] : 0;
+  return 0;
+}
+
+// dim in [-ndim, ndim) (a 0-d array counts as one axis) made non-negative, or -1.
+int normalize_dim(int64_t dim, size_t ndim) {
+  const int64_t n = ndim > 0 ? static_cast<int64_t>(ndim) : 1;
+  if (dim < -n || dim >= n) return -1;
+  return static_cast<int>(dim < 0 ? dim + n : dim);
+}
+
+void* mptr(uintptr_t p) { return reinterpret_cast<void*>(p); }
+
+// The forward of one array along dim: y (ys strides; the shape is x's) = log_softmax(x / t), lse
+// optional. gpu: queued on `stream`; else on the CPU's threads. Returns a C ABI status or a code above.
+int forward(uintptr_t x, const Dims& shape, const Dims& xs, uintptr_t y, const Dims& ys, int64_t dim, int dtype,
+            bool gpu, uintptr_t stream, double temperature, uintptr_t lse) {
+  const int d = normalize_dim(dim, shape.size());
+  if (d < 0) return kDimOutOfRange;
+  if (xs.size() != shape.size() || ys.size() != shape.size()) return kShapeMismatch;
+  int64_t n[3], sx[3], sy[3];
+  if (int e = layout3(shape, xs, d, n, sx)) return e;
+  if (ys != xs) {
+    if (int e = layout3(shape, ys, d, n, sy)) return e;
+  } else {
+    sy[0] = sx[0], sy[1] = sx[1], sy[2] = sx[2];
+  }
+  const softlight_forward_options o{temperature, mptr(lse)};
+  const auto type = static_cast<softlight_dtype>(dtype);
+  py::gil_scoped_release nogil;
+  return gpu ? softlight_log_softmax_forward_3d(mptr(x), sx, mptr(y), sy, n[0], n[1], n[2], type, &o, mptr(stream))
+             : softlight_log_softmax_forward_3d_cpu(mptr(x), sx, mptr(y), sy, n[0], n[1], n[2], type, &o, 0);
+}
+
+// The backward along dim: dx = dy - exp(y) * sum(dy), arrays of one shape.
+int backward(uintptr_t dy, const Dims& shape, const Dims& dys, uintptr_t y, const Dims& ys, uintptr_t dx,
+             const Dims& dxs, int64_t dim, int dtype, bool gpu, uintptr_t stream) {
+  const int d = normalize_dim(dim, shape.size());
+  if (d < 0) return kDimOutOfRange;
+  if (dys.size() != shape.size() || ys.size() != shape.size() || dxs.size() != shape.size()) return kShapeMismatch;
+  int64_t n[3], sg[3], sy[3], sd[3];
+  if (int e = layout3(shape, dys, d, n, sg)) return e;
+  if (int e = layout3(shape, ys, d, n, sy)) return e;
+  if (int e = layout3(shape, dxs, d, n, sd)) return e;
+  const auto type = static_cast<softlight_dtype>(dtype);
+  py::gil_scoped_release nogil;
+  return gpu ? softlight_log_softmax_backward_3d(mptr(dy), sg, mptr(y), sy, mptr(dx), sd, n[0], n[1], n[2], type,
+                                                 mptr(stream))
+             : softlight_log_softmax_backward_3d_cpu(mptr(dy), sg, mptr(y), sy, mptr(dx), sd, n[0], n[1], n[2],
+                                                     type, 0);
+}
+
+// --- the hot entry points, without pybind11's argument conversion -----------------------------
+// Each call of softlight.log_softmax crosses here once; pybind11's conversion of a dozen arguments
+// costs over a microsecond a call, so these three parse their positional arguments with the C API
+// (METH_FASTCALL) and are added to the module beside the pybind11 functions.
+
+bool dims_of(PyObject* o, Dims* out) {
+  PyObject* seq = PySequence_Fast(o, "shape and strides must be sequences of ints");
+  if (seq == nullptr) return false;
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  if (n > kMaxDims) {
+    Py_DECREF(seq);
+    PyErr_SetString(PyExc_ValueError, "more than 64 dimensions");
+    return false;
+  }
+  out->resize(static_cast<size_t>(n));
+  PyObject** items = PySequence_Fast_ITEMS(seq);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    (*out)[static_cast<size_t>(i)] = PyLong_AsLongLong(items[i]);
+    if ((*out)[static_cast<size_t>(i)] == -1 && PyErr_Occurred()) {
+      Py_DECREF(seq);
+      return false;
+    }
+  }
+  Py_DECREF(seq);
+  return true;
+}
+
+bool as_u(PyObject* o, uintptr_t* v) {
+  *v = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(o));
+  return !(*v == static_cast<uintptr_t>(-1) && PyErr_Occurred());
+}
+
+bool as_i(PyObject* o, int64_t* v) {
+  *v = PyLong_AsLongLong(o);
+  return !(*v == -1 && PyErr_Occurred());
+}
+
+bool wrong_count(Py_ssize_t n, Py_ssize_t want, const char* name) {
+  if (n == want) return false;
+  PyErr_Format(PyExc_TypeError, "%s takes %zd positional arguments (%zd given)", name, want, n);
+  return true;
+}
+
+// forward(x, shape, x_strides, y, y_strides, dim, dtype, gpu, stream, temperature, lse) -> status
+PyObject* fast_forward(PyObject*, PyObject* const* a, Py_ssize_t n) {
+  if (wrong_count(n, 11, "forward")) return nullptr;
+  uintptr_t x, y, stream, lse;
+  int64_t dim, dtype;
+  Dims shape, xs, ys;
+  if (!as_u(a[0], &x) || !dims_of(a[1], &shape) || !dims_of(a[2], &xs) || !as_u(a[3], &y) ||
+      !dims_of(a[4], &ys) || !as_i(a[5], &dim) || !as_i(a[6], &dtype) || !as_u(a[8], &stream) || !as_u(a[10], &lse))
+    return nullptr;
+  const int gpu = PyObject_IsTrue(a[7]);
+  const double t = PyFloat_AsDouble(a[9]);
+  if (gpu < 0 || (t == -1.0 && PyErr_Occurred())) return nullptr;
+  return PyLong_FromLong(forward(x, shape, xs, y, ys, dim, static_cast<int>(dtype), gpu, stream, t, lse));
+}
+
+// backward(dy, shape, dy_strides, y, y_strides, dx, dx_strides, dim, dtype, gpu, stream) -> status
+PyObject* fast_backward(PyObject*, PyObject* const* a, Py_ssize_t n) {
+  if (wrong_count(n, 11, "backward")) return nullptr;
+  uintptr_t dy, y, dx, stream;
+  int64_t dim, dtype;
+  Dims shape, dys, ys, dxs;
+  if (!as_u(a[0], &dy) || !dims_of(a[1], &shape) || !dims_of(a[2], &dys) || !as_u(a[3], &y) ||
+      !dims_of(a[4], &ys) || !as_u(a[5], &dx) || !dims_of(a[6], &dxs) || !as_i(a[7], &dim) || !as_i(a[8], &dtype) ||
+      !as_u(a[10], &stream))
+    return nullptr;
+  const int gpu = PyObject_IsTrue(a[9]);
+  if (gpu < 0) return nullptr;
+  return PyLong_FromLong(backward(dy, shape, dys, y, ys, dx, dxs, dim, static_cast<int>(dtype), gpu, stream));
+}
+
+// forward_rows(x, x_stride, y, y_stride, rows, cols, dtype, gpu, stream, temperature, lse, threads) -> status
+PyObject* fast_forward_rows(PyObject*, PyObject* const* a, Py_ssize_t n) {
+  if (wrong_count(n, 12, "forward_rows")) return nullptr;
+  uintptr_t x, y, stream, lse;
+  int64_t xs, ys, rows, cols, dtype, threads;
+  if (!as_u(a[0], &x) || !as_i(a[1], &xs) || !as_u(a[2], &y) || !as_i(a[3], &ys) || !as_i(a[4], &rows) ||
+      !as_i(a[5], &cols) || !as_i(a[6], &dtype) || !as_u(a[8], &stream) || !as_u(a[10], &lse) || !as_i(a[11], &threads))
+    return nullptr;
+  const int gpu = PyObject_IsTrue(a[7]);
+  const double t = PyFloat_AsDouble(a[9]);
+  if (gpu < 0 || (t == -1.0 && PyErr_Occurred())) return nullptr;
+  const softlight_forward_options o{t, mptr(lse)};
+  const auto type = static_cast<softlight_dtype>(dtype);
+  softlight_status st;
+  Py_BEGIN_ALLOW_THREADS
+  st = gpu ? softlight_log_softmax_forward_ex(mptr(x), xs, mptr(y), ys, rows, cols, type, &o, mptr(stream))
+           : softlight_log_softmax_forward_cpu_ex(mptr(x), xs, mptr(y), ys, rows, cols, type, &o,
+                                                  static_cast<int>(threads));
+  Py_END_ALLOW_THREADS
+  return PyLong_FromLong(st);
+}
+
+PyMethodDef kFastMethods[] = {
+    {"forward", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_forward)), METH_FASTCALL,
+     "forward(x, shape, x_strides, y, y_strides, dim, dtype, gpu, stream, temperature, lse) -> status"},
+    {"backward", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_backward)), METH_FASTCALL,
+     "backward(dy, shape, dy_strides, y, y_strides, dx, dx_strides, dim, dtype, gpu, stream) -> status"},
+    {"forward_rows", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_forward_rows)), METH_FASTCALL,
+     "forward_rows(x, x_stride, y, y_stride, rows, cols, dtype, gpu, stream, temperature, lse, threads) -> status"},
+};
+
+// --- planner queries (tests) -----------------------------------------------------------------
+
+template <class T> T get(const py::dict& d, const char* key, T fallback) {
+  return d.contains(key) ? d[key].cast<T>() : fallback;
+}
+
+softlight::DeviceInfo device_of(const py::dict& d) {
+  softlight::DeviceInfo dev;
+  dev.cc_major = get<int>(d, "cc_major", 9);
+  dev.cc_minor = get<int>(d, "cc_minor", 0);
+  dev.sm_count = get<int>(d, "sm_count", 132);
+  dev.smem_per_block_optin = get<int64_t>(d, "smem_optin", 232448);
+  dev.max_cluster = get<int>(d, "max_cluster", dev.cc_major >= 9 ? 16 : 0);
+  return dev;
+}
+
+// Forced values by field name (those of Overrides and SplitOverrides, plan.hpp), from a dict; an
+// unknown name is an error.
+softlight::Tuning tuning_of(const py::dict& d) {
+  softlight::Tuning t;
+  softlight::Overrides& o = t.rows;
+  struct Field { const char* name; int* i; int64_t* l; };
+  const Field fields[] = {
+      {"cluster", &o.cluster, nullptr}, {"chunk_bytes", &o.chunk_bytes, nullptr}, {"threads", &o.threads, nullptr},
+      {"hints", &o.hints, nullptr}, {"tile_bytes", &o.tile_bytes, nullptr}, {"exchange", &o.exchange, nullptr},
+      {"groups", &o.groups, nullptr}, {"claim", &o.claim, nullptr}, {"iters", &o.iters, nullptr},
+      {"register_rows_bytes", nullptr, &o.register_rows_bytes}, {"flat", &o.flat, nullptr},
+      {"rows_per_lane", &o.rows_per_lane, nullptr}, {"peel_clusters", &o.peel_clusters, nullptr},
+      {"register_cluster", &o.register_cluster, nullptr}, {"grid_rows", &o.grid_rows, nullptr},
+      {"item_chunks", &o.item_chunks, nullptr}, {"spill_chunks", nullptr, &o.spill_chunks},
+      {"stripe", &o.stripe, nullptr}, {"split_lanes", &t.split.lanes, nullptr},
+      {"split_segment_bytes", nullptr, &t.split.segment_bytes}};
+  for (const auto& item : d) {
+    const std::string key = py::str(item.first);
+    bool found = false;
+    for (const Field& f : fields) {
+      if (key != f.name) continue;
+      if (f.i) *f.i = item.second.cast<int>();
+      if (f.l) *f.l = item.second.cast<int64_t>();
+      found = true;
+    }
+    if (!found) throw py::key_error("no forced value named " + key);
+  }
+  return t;
 }
 
 py::dict plan_dict(const softlight::Plan& r) {
@@ -124,74 +368,58 @@ py::dict plan_dict(const softlight::Plan& r) {
   return out;
 }
 
-py::dict plan(int64_t rows, int64_t cols, int elem_bytes, bool aligned16, int cc_major,
-              int cc_minor, int sm_count, int64_t smem_optin, int max_cluster, int cluster,
-              int chunk_bytes, int threads, int hints, bool peelable, bool aligned8, int exchange, int claim, int iters,
-              int64_t register_rows_bytes, bool flat16, int flat, int rows_per_lane, int peel_clusters,
-              int register_cluster, int grid_rows, int item_chunks, int64_t spill_chunks, int stripe,
-              bool rows128) {
+// The plan of a forward over rows. problem: rows, cols, elem_bytes and the layout flags of
+// softlight::Problem (aligned16, aligned8, rows128, peelable, flat16; false where absent).
+py::dict plan_rows(const py::dict& problem, const py::dict& device, const py::dict& forced) {
   softlight::Problem p;
-  p.rows = rows;
-  p.cols = cols;
-  p.elem_bytes = elem_bytes;
-  p.aligned16 = aligned16;
-  p.peelable = peelable;
-  p.flat16 = flat16;
-  p.aligned8 = aligned8 || aligned16;
-  p.rows128 = rows128;
-  const auto d = device(cc_major, cc_minor, sm_count, smem_optin, max_cluster);
-  softlight::Overrides over{cluster, chunk_bytes, threads, hints};
-  over.exchange = exchange;
-  over.claim = claim;
-  over.iters = iters;
-  over.register_rows_bytes = register_rows_bytes;
-  over.flat = flat;
-  over.rows_per_lane = rows_per_lane;
-  over.peel_clusters = peel_clusters;
-  over.register_cluster = register_cluster;
-  over.grid_rows = grid_rows;
-  over.item_chunks = item_chunks;
-  over.spill_chunks = spill_chunks;
-  over.stripe = stripe;
-  return plan_dict(softlight::plan_rows(p, d, over));
+  p.rows = problem["rows"].cast<int64_t>();
+  p.cols = problem["cols"].cast<int64_t>();
+  p.elem_bytes = problem["elem_bytes"].cast<int>();
+  p.aligned16 = get<bool>(problem, "aligned16", false);
+  p.aligned8 = get<bool>(problem, "aligned8", false) || p.aligned16;
+  p.rows128 = get<bool>(problem, "rows128", false);
+  p.peelable = get<bool>(problem, "peelable", false);
+  p.flat16 = get<bool>(problem, "flat16", false);
+  return plan_dict(softlight::plan_rows(p, device_of(device), tuning_of(forced).rows));
 }
 
-py::dict plan_axis(int64_t outer, int64_t dim, int64_t inner, int elem_bytes, bool rows, bool aligned16,
-                   bool backward, int cc_major, int sm_count, int64_t smem_optin, int max_cluster,
-                   bool tiles_aligned, int cluster, int exchange, int rows_per_lane) {
+// The plan of any other call: outer, dim, inner, elem_bytes and the flags of softlight::AxisProblem.
+py::dict plan_axis(const py::dict& problem, const py::dict& device, const py::dict& forced) {
   softlight::AxisProblem p;
-  p.outer = outer;
-  p.dim = dim;
-  p.inner = inner;
-  p.elem_bytes = elem_bytes;
-  p.rows = rows;
-  p.aligned16 = aligned16;
-  p.backward = backward;
-  p.tiles_aligned = tiles_aligned;
-  softlight::Overrides over;
-  over.cluster = cluster;
-  over.exchange = exchange;
-  over.rows_per_lane = rows_per_lane;
-  return plan_dict(softlight::plan_axis(p, device(cc_major, 0, sm_count, smem_optin, max_cluster),
-                                        softlight::SplitOverrides{}, over));
+  p.outer = problem["outer"].cast<int64_t>();
+  p.dim = problem["dim"].cast<int64_t>();
+  p.inner = get<int64_t>(problem, "inner", 1);
+  p.elem_bytes = problem["elem_bytes"].cast<int>();
+  p.rows = get<bool>(problem, "rows", p.inner == 1);
+  p.aligned16 = get<bool>(problem, "aligned16", false);
+  p.backward = get<bool>(problem, "backward", false);
+  p.tiles_aligned = get<bool>(problem, "tiles_aligned", false);
+  const softlight::Tuning t = tuning_of(forced);
+  return plan_dict(softlight::plan_axis(p, device_of(device), t.split, t.rows));
 }
 
-// The tuning knobs the library reads from the environment at each call (SOFTLIGHT_<NAME>), by name
-// in lower case.
-py::dict env_knobs() {
-  py::dict out;
-  for (auto& [name, value] : softlight::knob_values(softlight::knobs_from_env())) {
-    for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    out[py::str(name)] = value;
+#ifdef SOFTLIGHT_TUNING
+// Forces values on this thread's later calls (an empty dict: none); SOFTLIGHT_ERROR_INVALID_ARGUMENT
+// (11) where one is out of its range.
+int force(const py::dict& forced) {
+  if (forced.empty()) return softlight_tuning_force(nullptr);
+  softlight_tuning t;
+  int64_t* fields = &t.cluster;
+  const char* names[] = {"cluster", "chunk_bytes", "threads", "hints", "tile_bytes", "exchange", "groups",
+                         "claim", "iters", "register_rows_bytes", "flat", "rows_per_lane", "peel_clusters",
+                         "register_cluster", "grid_rows", "item_chunks", "spill_chunks", "stripe", "split_lanes",
+                         "split_segment_bytes"};
+  static_assert(sizeof(softlight_tuning) == sizeof(names) / sizeof(names[0]) * sizeof(int64_t));
+  for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); ++i) fields[i] = get<int64_t>(forced, names[i], -1);
+  for (const auto& item : forced) {
+    const std::string key = py::str(item.first);
+    bool known = false;
+    for (const char* n : names) known = known || key == n;
+    if (!known) throw py::key_error("no forced value named " + key);
   }
-  return out;
+  return softlight_tuning_force(&t);
 }
-
-softlight_dtype as_dtype(int code) { return static_cast<softlight_dtype>(code); }
-
-using Strides = std::array<int64_t, 3>;
-const void* cptr(uintptr_t p) { return reinterpret_cast<const void*>(p); }
-void* mptr(uintptr_t p) { return reinterpret_cast<void*>(p); }
+#endif
 
 }  // namespace
 
@@ -199,113 +427,22 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "softlight's C ABI, bound for Python (internal: use softlight.log_softmax)";
   m.def("version", &softlight_version);
   m.def("status_string", [](int s) { return std::string(softlight_status_string(static_cast<softlight_status>(s))); });
-  m.def("dtype_size", [](int code) { return softlight_dtype_size(as_dtype(code)); });
-  m.def(
-      "forward",
-      [](uintptr_t x, int64_t xs, uintptr_t y, int64_t ys, int64_t rows, int64_t cols, int dtype,
-         uintptr_t stream, double temperature, uintptr_t lse) {
-        const softlight_forward_options o{temperature, mptr(lse)};
-        py::gil_scoped_release nogil;
-        return static_cast<int>(softlight_log_softmax_forward_ex(cptr(x), xs, mptr(y), ys, rows, cols,
-                                                                 as_dtype(dtype), &o, mptr(stream)));
-      },
-      py::arg("x"), py::arg("x_stride"), py::arg("y"), py::arg("y_stride"), py::arg("rows"),
-      py::arg("cols"), py::arg("dtype"), py::arg("stream"), py::arg("temperature") = 1.0,
-      py::arg("lse") = 0);
-  m.def(
-      "forward_cpu",
-      [](uintptr_t x, int64_t xs, uintptr_t y, int64_t ys, int64_t rows, int64_t cols, int dtype,
-         int threads, double temperature, uintptr_t lse) {
-        const softlight_forward_options o{temperature, mptr(lse)};
-        py::gil_scoped_release nogil;
-        return static_cast<int>(softlight_log_softmax_forward_cpu_ex(cptr(x), xs, mptr(y), ys, rows, cols,
-                                                                     as_dtype(dtype), &o, threads));
-      },
-      py::arg("x"), py::arg("x_stride"), py::arg("y"), py::arg("y_stride"), py::arg("rows"),
-      py::arg("cols"), py::arg("dtype"), py::arg("threads") = 0, py::arg("temperature") = 1.0,
-      py::arg("lse") = 0);
-  // Any axis: extents (outer, dim, inner), strides per array as 3-tuples.
-  m.def(
-      "forward_3d",
-      [](uintptr_t x, Strides xs, uintptr_t y, Strides ys, int64_t outer, int64_t dim, int64_t inner,
-         int dtype, uintptr_t stream, double temperature, uintptr_t lse) {
-        const softlight_forward_options o{temperature, mptr(lse)};
-        py::gil_scoped_release nogil;
-        return static_cast<int>(softlight_log_softmax_forward_3d(cptr(x), xs.data(), mptr(y), ys.data(), outer,
-                                                                 dim, inner, as_dtype(dtype), &o, mptr(stream)));
-      },
-      py::arg("x"), py::arg("x_strides"), py::arg("y"), py::arg("y_strides"), py::arg("outer"),
-      py::arg("dim"), py::arg("inner"), py::arg("dtype"), py::arg("stream"), py::arg("temperature") = 1.0,
-      py::arg("lse") = 0);
-  m.def(
-      "forward_3d_cpu",
-      [](uintptr_t x, Strides xs, uintptr_t y, Strides ys, int64_t outer, int64_t dim, int64_t inner,
-         int dtype, int threads, double temperature, uintptr_t lse) {
-        const softlight_forward_options o{temperature, mptr(lse)};
-        py::gil_scoped_release nogil;
-        return static_cast<int>(softlight_log_softmax_forward_3d_cpu(cptr(x), xs.data(), mptr(y), ys.data(), outer,
-                                                                     dim, inner, as_dtype(dtype), &o, threads));
-      },
-      py::arg("x"), py::arg("x_strides"), py::arg("y"), py::arg("y_strides"), py::arg("outer"),
-      py::arg("dim"), py::arg("inner"), py::arg("dtype"), py::arg("threads") = 0, py::arg("temperature") = 1.0,
-      py::arg("lse") = 0);
-  m.def(
-      "backward_3d",
-      [](uintptr_t dy, Strides dys, uintptr_t y, Strides ys, uintptr_t dx, Strides dxs, int64_t outer,
-         int64_t dim, int64_t inner, int dtype, uintptr_t stream) {
-        py::gil_scoped_release nogil;
-        return static_cast<int>(softlight_log_softmax_backward_3d(cptr(dy), dys.data(), cptr(y), ys.data(), mptr(dx),
-                                                                  dxs.data(), outer, dim, inner, as_dtype(dtype),
-                                                                  mptr(stream)));
-      },
-      py::arg("dy"), py::arg("dy_strides"), py::arg("y"), py::arg("y_strides"), py::arg("dx"),
-      py::arg("dx_strides"), py::arg("outer"), py::arg("dim"), py::arg("inner"), py::arg("dtype"),
-      py::arg("stream"));
-  m.def(
-      "backward_3d_cpu",
-      [](uintptr_t dy, Strides dys, uintptr_t y, Strides ys, uintptr_t dx, Strides dxs, int64_t outer,
-         int64_t dim, int64_t inner, int dtype, int threads) {
-        py::gil_scoped_release nogil;
-        return static_cast<int>(softlight_log_softmax_backward_3d_cpu(cptr(dy), dys.data(), cptr(y), ys.data(),
-                                                                      mptr(dx), dxs.data(), outer, dim, inner,
-                                                                      as_dtype(dtype), threads));
-      },
-      py::arg("dy"), py::arg("dy_strides"), py::arg("y"), py::arg("y_strides"), py::arg("dx"),
-      py::arg("dx_strides"), py::arg("outer"), py::arg("dim"), py::arg("inner"), py::arg("dtype"),
-      py::arg("threads") = 0);
-  m.def(
-      "backward",
-      [](uintptr_t dy, int64_t dys, uintptr_t y, int64_t ys, uintptr_t dx, int64_t dxs, int64_t rows,
-         int64_t cols, int dtype, uintptr_t stream) {
-        py::gil_scoped_release nogil;
-        return static_cast<int>(softlight_log_softmax_backward(cptr(dy), dys, cptr(y), ys, mptr(dx), dxs, rows,
-                                                               cols, as_dtype(dtype), mptr(stream)));
-      },
-      py::arg("dy"), py::arg("dy_stride"), py::arg("y"), py::arg("y_stride"), py::arg("dx"),
-      py::arg("dx_stride"), py::arg("rows"), py::arg("cols"), py::arg("dtype"), py::arg("stream"));
-  m.def(
-      "backward_cpu",
-      [](uintptr_t dy, int64_t dys, uintptr_t y, int64_t ys, uintptr_t dx, int64_t dxs, int64_t rows,
-         int64_t cols, int dtype, int threads) {
-        py::gil_scoped_release nogil;
-        return static_cast<int>(softlight_log_softmax_backward_cpu(cptr(dy), dys, cptr(y), ys, mptr(dx), dxs,
-                                                                   rows, cols, as_dtype(dtype), threads));
-      },
-      py::arg("dy"), py::arg("dy_stride"), py::arg("y"), py::arg("y_stride"), py::arg("dx"),
-      py::arg("dx_stride"), py::arg("rows"), py::arg("cols"), py::arg("dtype"), py::arg("threads") = 0);
+  m.def("dtype_size", [](int code) { return softlight_dtype_size(static_cast<softlight_dtype>(code)); });
+  for (PyMethodDef& def : kFastMethods) {
+    PyObject* f = PyCFunction_NewEx(&def, nullptr, m.ptr());
+    if (f == nullptr) throw py::error_already_set();
+    m.add_object(def.ml_name, py::reinterpret_steal<py::object>(f));
+  }
+  m.def("layout_code", [](const Dims& shape, const Dims& strides, int64_t dim) {
+    const int d = normalize_dim(dim, shape.size());
+    int64_t n[3], s[3];
+    return d < 0 ? kDimOutOfRange : strides.size() != shape.size() ? kShapeMismatch : layout3(shape, strides, d, n, s);
+  });
   m.def("dlpack_view", &dlpack_view, py::arg("capsule"));
-  m.def("env_knobs", &env_knobs);
-  m.def("plan_axis", &plan_axis, py::arg("outer"), py::arg("dim"), py::arg("inner"), py::arg("elem_bytes"),
-        py::arg("rows"), py::arg("aligned16"), py::arg("backward"), py::arg("cc_major"), py::arg("sm_count"),
-        py::arg("smem_optin"), py::arg("max_cluster"), py::arg("tiles_aligned") = false, py::arg("cluster") = 0,
-        py::arg("exchange") = -1, py::arg("rows_per_lane") = -1);
-  m.def("plan", &plan, py::arg("rows"), py::arg("cols"), py::arg("elem_bytes"), py::arg("aligned16"),
-        py::arg("cc_major"), py::arg("cc_minor"), py::arg("sm_count"), py::arg("smem_optin"),
-        py::arg("max_cluster"), py::arg("cluster") = 0, py::arg("chunk_bytes") = 0,
-        py::arg("threads") = 0, py::arg("hints") = -1, py::arg("peelable") = false, py::arg("aligned8") = false,
-        py::arg("exchange") = -1, py::arg("claim") = -1, py::arg("iters") = 0,
-        py::arg("register_rows_bytes") = 0, py::arg("flat16") = false, py::arg("flat") = -1,
-        py::arg("rows_per_lane") = -1, py::arg("peel_clusters") = -1,
-        py::arg("register_cluster") = -1, py::arg("grid_rows") = -1, py::arg("item_chunks") = 0,
-        py::arg("spill_chunks") = -1, py::arg("stripe") = -1, py::arg("rows128") = false);
+  m.def("plan_rows", &plan_rows, py::arg("problem"), py::arg("device") = py::dict(), py::arg("forced") = py::dict());
+  m.def("plan_axis", &plan_axis, py::arg("problem"), py::arg("device") = py::dict(), py::arg("forced") = py::dict());
+  m.def("tuning_valid", [](const py::dict& forced) { return softlight::tuning_valid(tuning_of(forced)); });
+#ifdef SOFTLIGHT_TUNING
+  m.def("force", &force);
+#endif
 }

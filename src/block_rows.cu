@@ -94,7 +94,7 @@ block_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_
 }
 
 template <class T, int V>
-cudaError_t launch(const Plan& p, const RowsArgs& a, cudaStream_t stream) {
+cudaError_t launch(const Plan& p, const Call& a, cudaStream_t stream) {
   auto kernel = block_rows_kernel<T, V>;
   if (p.smem_bytes > 48 * 1024) {
     const cudaError_t e = cudaFuncSetAttribute(
@@ -102,14 +102,14 @@ cudaError_t launch(const Plan& p, const RowsArgs& a, cudaStream_t stream) {
     if (e != cudaSuccess) return e;
   }
   kernel<<<static_cast<unsigned>(p.grid), p.threads, p.smem_bytes, stream>>>(
-      static_cast<const T*>(a.x), a.x_stride, static_cast<T*>(a.y), a.y_stride, a.rows, a.cols,
+      static_cast<const T*>(a.x()), a.x_stride(), static_cast<T*>(a.y()), a.y_stride(), a.rows(), a.cols(),
       p.resident, p.peel, static_cast<acc_t<T>>(a.scale), static_cast<acc_t<T>*>(a.lse));
   return cudaGetLastError();
 }
 
 }  // namespace
 
-cudaError_t launch_block_rows(const Plan& p, const RowsArgs& a, cudaStream_t stream) {
+cudaError_t launch_block_rows(const Plan& p, const Call& a, cudaStream_t stream) {
   return with_element_type_and_vec(a.dtype, p.vec, [&](auto tag, auto vec) {
     return launch<decltype(tag), decltype(vec)::value>(p, a, stream);
   });

@@ -36,8 +36,6 @@
 // Backward (dx = dy - exp(y) * sum(dy)): the ring holds dy, whose sum the statistics warps take;
 // y, needed by the writers only, arrives through a second, short ring (`aux`) that a second
 // producer thread keeps full. So dy and y are each read from DRAM once and dx written once.
-#include <cstdio>
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -65,15 +63,6 @@ struct ClusterShape {
   unsigned long long* counter; // claimed rows: [the next ticket, clusters done claiming]; or null
   int striped;    // a row's chunks dealt to its CTAs in turn, not in contiguous slices
 };
-
-// Trace points, for tools/cluster_rows_trace.cu (none in the library's build). Row events: 0 the
-// producer's first load of the row issued, 1 its last, 2 the statistics warps' partial of the row
-// ready, 3 the row's statistics merged by the writers, 4 the writers done with the row. CTA events:
-// 0 the CTA past its first cluster barrier, 1 past its last.
-#ifndef SOFTLIGHT_CLUSTER_ROWS_TRACE
-#define SOFTLIGHT_CLUSTER_ROWS_TRACE(event, row) ((void)0)
-#define SOFTLIGHT_CLUSTER_ROWS_CTA(event) ((void)0)
-#endif
 
 // The kernel body exists in the sm_90 device pass only (SOFTLIGHT_HOPPER, hopper.cuh); other
 // passes see an empty kernel.
@@ -303,7 +292,6 @@ template <class T, int U, bool Backward, bool Peel> struct ClusterCta {
     if (!sh.resident) pos.advance(sh.ring_slots, my_chunks - kept);  // the writers' sends of this row
     if (edge_thread) fold<2>(edges, part);
     part = block_max_sum(part, scratch, group, kBar, f);
-    if (gtid == 0) SOFTLIGHT_CLUSTER_ROWS_TRACE(2, row_index);
     if (table != nullptr) {
       if constexpr (sizeof(A) == 4)
         if (gtid == 0) store_relaxed_gpu(table + row_index * csize + rank, pack_pair(part.m, part.s));
@@ -345,7 +333,6 @@ template <class T, int U, bool Backward, bool Peel> struct ClusterCta {
       if (lane < static_cast<int>(csize)) row = partials[buf * kMaxCluster + lane];
     }
     row = shfl_merge_max_sum(row, f);
-    if (gtid == 0) SOFTLIGHT_CLUSTER_ROWS_TRACE(3, row_index);
     // Re-arm this buffer for row iter + kStatsBuffers (see kStatsBuffers), then let the
     // statistics warps move on.
     if (gtid == 0) {
@@ -404,7 +391,6 @@ template <class T, int U, bool Backward, bool Peel> struct ClusterCta {
       pos.advance(sh.ring_slots);
     }
     if (gtid == 0) {
-      SOFTLIGHT_CLUSTER_ROWS_TRACE(4, row_index);
       *rows_done = static_cast<int>(iter + 1);
     }
   }
@@ -483,7 +469,6 @@ cluster_rows_kernel(const T* __restrict__ x, int64_t xs, const T* __restrict__ a
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   cluster_sync();
-  if (threadIdx.x == 0) SOFTLIGHT_CLUSTER_ROWS_CTA(0);
 
   if (warp < group_warps) {
     RingPos pos;
@@ -517,7 +502,6 @@ cluster_rows_kernel(const T* __restrict__ x, int64_t xs, const T* __restrict__ a
       const unsigned long long next = more ? cta.claim() : 0;
       const int64_t head = cta.head_bytes(x + row * xs), interior = cta.interior_bytes(head);
       const unsigned char* src = reinterpret_cast<const unsigned char*>(x + row * xs) + head;
-      SOFTLIGHT_CLUSTER_ROWS_TRACE(0, row);
       for (int pass = 0; pass < (sh.resident ? 1 : 2); ++pass) {
         for (int64_t step = pass == 0 ? 0 : cta.kept; step < cta.my_chunks; ++step) {
           const int64_t k = pass == 0 ? step : cta.writers_chunk(step);
@@ -539,14 +523,12 @@ cluster_rows_kernel(const T* __restrict__ x, int64_t xs, const T* __restrict__ a
           pos.advance(sh.ring_slots);
         }
       }
-      SOFTLIGHT_CLUSTER_ROWS_TRACE(1, row);
       if (more && !(more = cta.publish(iter + 1, next))) cta.retire();
     }
   }
   // No CTA may leave while a peer can still write into its shared memory.
   __syncwarp();
   cluster_sync();
-  if (threadIdx.x == 0) SOFTLIGHT_CLUSTER_ROWS_CTA(1);
 #endif
 }
 
@@ -654,14 +636,6 @@ cudaError_t launch(const Plan& p, const Operands& a, cudaStream_t stream) {
                   p.striped ? 1 : 0};
   // Rows are claimed only where a cluster has more than one to take (rows fit the queue's 32 bits).
   const bool claim = p.claim_rows && a.rows > l.clusters && a.rows < (int64_t{1} << 32) - 1;
-  if (std::getenv("SOFTLIGHT_VERBOSE"))
-    std::fprintf(stderr,
-                 "softlight: cluster_rows%s %s=%d %s=%lld (active max %d) threads=%d chunk=%d "
-                 "slots=%d aux=%d chunks/cta=%lld resident=%d hints=%d claim=%d\n",
-                 Backward ? " backward" : "", p.grid_exchange ? "group" : "cluster", p.cluster,
-                 p.grid_exchange ? "groups" : "clusters", static_cast<long long>(l.clusters), l.active, p.threads,
-                 p.chunk_bytes, p.ring_slots, sh.aux_slots, static_cast<long long>(p.chunks_per_cta),
-                 p.resident ? 1 : 0, p.hints, claim ? 1 : 0);
   // A workspace, all ones on the stream before the kernel and freed on the stream after it: grid
   // groups' table of packed (max, sum) pairs by row and rank (kUnsent; fp32 partials only), or
   // claimed rows' counter where the stream has none of its own.
@@ -696,12 +670,12 @@ cudaError_t launch(const Plan& p, const Operands& a, cudaStream_t stream) {
 
 }  // namespace
 
-cudaError_t launch_cluster_rows(const Plan& p, const RowsArgs& a, cudaStream_t stream) {
-  const Operands o{a.x, a.x_stride, nullptr, 0, a.y, a.y_stride, a.rows, a.cols, a.scale, a.lse};
+cudaError_t launch_cluster_rows(const Plan& p, const Call& a, cudaStream_t stream) {
+  const Operands o{a.x(), a.x_stride(), nullptr, 0, a.y(), a.y_stride(), a.rows(), a.cols(), a.scale, a.lse};
   return with_element_type(a.dtype, [&](auto tag) { return launch<decltype(tag), false>(p, o, stream); });
 }
 
-cudaError_t launch_cluster_rows_backward(const Plan& p, const AxisCall& a, cudaStream_t stream) {
+cudaError_t launch_cluster_rows_backward(const Plan& p, const Call& a, cudaStream_t stream) {
   const Operands o{a.in0, a.in0_s[0], a.in1, a.in1_s[0], a.out, a.out_s[0], a.n[0], a.n[1], 1.0, nullptr};
   return with_element_type(a.dtype, [&](auto tag) { return launch<decltype(tag), true>(p, o, stream); });
 }

@@ -14,8 +14,6 @@
 // of the axis stays in the ring (the planner sends longer axes elsewhere): x is read once.
 #include <cudaTypedefs.h>  // the tensor-map encoder's type (the function comes from the driver)
 
-#include <cstdio>
-#include <cstdlib>
 
 #include "common.cuh"
 #include "hopper.cuh"
@@ -33,7 +31,7 @@ struct TileShape {
   int rows_per_chunk;
   int chunk_bytes;                             // rows_per_chunk * w * sizeof(T)
   int ring_slots;
-  double scale;                                // 1 / temperature (see RowsArgs)
+  double scale;                                // 1 / temperature (see Call)
   int hints;                                   // as cluster_rows': bit 0 loads evict-first, bit 1 streaming stores
   void* lse;                                   // optional (outer, inner) log-sum-exp, accumulation type
 };
@@ -303,7 +301,7 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 
 // x of the call as a 3-d tensor map: (inner, dim, outer), boxes of (w, rows, 1). Element types
 // by size: the copy moves bits. cudaErrorNotSupported where the driver cannot make the map.
-cudaError_t encode_x(CUtensorMap* map, const AxisCall& a, int elem, int w, int rows) {
+cudaError_t encode_x(CUtensorMap* map, const Call& a, int elem, int w, int rows) {
   const auto encode = tensor_map_encoder();
   if (encode == nullptr) return cudaErrorNotSupported;
   const CUtensorMapDataType type = elem == 2   ? CU_TENSOR_MAP_DATA_TYPE_UINT16
@@ -324,7 +322,7 @@ cudaError_t encode_x(CUtensorMap* map, const AxisCall& a, int elem, int w, int r
 }
 
 template <class T>
-cudaError_t launch(const Plan& p, const AxisCall& a, cudaStream_t stream) {
+cudaError_t launch(const Plan& p, const Call& a, cudaStream_t stream) {
   auto kernel = cluster_tiles_kernel<T>;
   ClusterLaunch l;
   cudaError_t e = prepare_cluster_launch(kernel, p, stream, &l);
@@ -344,10 +342,6 @@ cudaError_t launch(const Plan& p, const AxisCall& a, cudaStream_t stream) {
   sh.scale = a.scale;
   sh.hints = p.hints;
   sh.lse = a.lse;
-  if (std::getenv("SOFTLIGHT_VERBOSE"))
-    std::fprintf(stderr, "softlight: cluster_tiles cluster=%d clusters=%lld (active max %d) w=%d chunk=%d slots=%d chunks/cta=%lld\n",
-                 p.cluster, static_cast<long long>(l.clusters), l.active, p.lanes, p.chunk_bytes, p.ring_slots,
-                 static_cast<long long>(p.chunks_per_cta));
   alignas(64) CUtensorMap xmap;
   e = encode_x(&xmap, a, static_cast<int>(sizeof(T)), sh.w, sh.rows_per_chunk);
   if (e != cudaSuccess) return e;
@@ -358,7 +352,7 @@ cudaError_t launch(const Plan& p, const AxisCall& a, cudaStream_t stream) {
 
 }  // namespace
 
-cudaError_t launch_cluster_tiles(const Plan& p, const AxisCall& a, cudaStream_t stream) {
+cudaError_t launch_cluster_tiles(const Plan& p, const Call& a, cudaStream_t stream) {
   return with_element_type(a.dtype, [&](auto tag) { return launch<decltype(tag)>(p, a, stream); });
 }
 

@@ -147,25 +147,26 @@ template <class F> void parallel_for(int64_t n, int64_t elements_per_position, i
   for (auto& t : pool) t.join();
 }
 
-template <class T> void run(const RowsCall& c, int num_threads) {
+// The forward of rows (Call::is_rows).
+template <class T> void run_rows(const Call& c, int num_threads) {
   using A = typename Traits<T>::A;
-  parallel_for(c.rows, c.cols, num_threads, [&c](int64_t r0, int64_t r1) {
-    std::vector<A> tmp(static_cast<size_t>(c.cols));
-    const T* x = static_cast<const T*>(c.x);
-    T* y = static_cast<T*>(c.y);
+  parallel_for(c.rows(), c.cols(), num_threads, [&c](int64_t r0, int64_t r1) {
+    std::vector<A> tmp(static_cast<size_t>(c.cols()));
+    const T* x = static_cast<const T*>(c.x());
+    T* y = static_cast<T*>(c.y());
     A* lse = static_cast<A*>(c.lse);
     const A scale = static_cast<A>(c.scale);
     for (int64_t r = r0; r < r1; ++r) {
-      const A l = log_softmax_row(x + r * c.x_stride, y + r * c.y_stride, c.cols, scale, tmp.data());
+      const A l = log_softmax_row(x + r * c.x_stride(), y + r * c.y_stride(), c.cols(), scale, tmp.data());
       if (lse != nullptr) lse[r] = l;
     }
   });
 }
 
 // Any axis: position p = o * inner + i is gathered into a contiguous row, done as a row, and
-// scattered back (rows themselves take run() above). Gathering costs a copy but keeps the row's
+// scattered back (rows themselves take run_rows above). Gathering costs a copy but keeps the row's
 // arithmetic on contiguous, vectorizable memory: strided access in place measured 15-25 % slower.
-template <class T> void run_axis(const AxisCall& c, int num_threads) {
+template <class T> void run_axis(const Call& c, int num_threads) {
   using A = typename Traits<T>::A;
   const int64_t inner = c.n[2], dim = c.n[1];
   parallel_for(c.n[0] * inner, dim, num_threads, [&c, inner, dim](int64_t p0, int64_t p1) {
@@ -201,9 +202,14 @@ template <class F> softlight_status with_cpu_type(softlight_dtype dtype, F&& f) 
   return SOFTLIGHT_SUCCESS;
 }
 
-// A checked axis call (see forward_axis_call) on the CPU.
-softlight_status axis_cpu(const AxisCall& call, int num_threads) {
-  return with_cpu_type(call.dtype, [&](auto tag) { run_axis<decltype(tag)>(call, num_threads); });
+// A checked call (validate.hpp) on the CPU.
+softlight_status run_cpu(const Call& call, int num_threads) {
+  return with_cpu_type(call.dtype, [&](auto tag) {
+    if (!call.backward && call.is_rows())
+      run_rows<decltype(tag)>(call, num_threads);
+    else
+      run_axis<decltype(tag)>(call, num_threads);
+  });
 }
 
 }  // namespace
@@ -213,11 +219,10 @@ extern "C" softlight_status softlight_log_softmax_forward_cpu_ex(
     const void* x, int64_t x_row_stride, void* y, int64_t y_row_stride, int64_t rows, int64_t cols,
     softlight_dtype dtype, const softlight_forward_options* options, int num_threads) {
   using namespace softlight;
-  RowsCall call{x, x_row_stride, y, y_row_stride, rows, cols, dtype};
-  bool noop = false;
-  const softlight_status st = prepare_rows_call(options, &call, &noop);
-  if (st != SOFTLIGHT_SUCCESS || noop) return st;
-  return with_cpu_type(dtype, [&](auto tag) { run<decltype(tag)>(call, num_threads); });
+  softlight_status st;
+  bool noop;
+  const Call call = rows_forward_call(x, x_row_stride, y, y_row_stride, rows, cols, dtype, options, &st, &noop);
+  return st != SOFTLIGHT_SUCCESS || noop ? st : run_cpu(call, num_threads);
 }
 
 extern "C" softlight_status softlight_log_softmax_forward_cpu(const void* x, int64_t x_row_stride,
@@ -235,8 +240,8 @@ extern "C" softlight_status softlight_log_softmax_forward_3d_cpu(
   using namespace softlight;
   softlight_status st;
   bool noop;
-  const AxisCall call = forward_axis_call(x, x_strides, y, y_strides, outer, dim, inner, dtype, options, &st, &noop);
-  return st != SOFTLIGHT_SUCCESS || noop ? st : axis_cpu(call, num_threads);
+  const Call call = forward_call(x, x_strides, y, y_strides, outer, dim, inner, dtype, options, &st, &noop);
+  return st != SOFTLIGHT_SUCCESS || noop ? st : run_cpu(call, num_threads);
 }
 
 extern "C" softlight_status softlight_log_softmax_backward_3d_cpu(
@@ -246,9 +251,8 @@ extern "C" softlight_status softlight_log_softmax_backward_3d_cpu(
   using namespace softlight;
   softlight_status st;
   bool noop;
-  const AxisCall call = backward_axis_call(dy, dy_strides, y, y_strides, dx, dx_strides, outer, dim, inner, dtype,
-                                           &st, &noop);
-  return st != SOFTLIGHT_SUCCESS || noop ? st : axis_cpu(call, num_threads);
+  const Call call = backward_call(dy, dy_strides, y, y_strides, dx, dx_strides, outer, dim, inner, dtype, &st, &noop);
+  return st != SOFTLIGHT_SUCCESS || noop ? st : run_cpu(call, num_threads);
 }
 
 extern "C" softlight_status softlight_log_softmax_backward_cpu(

@@ -11,6 +11,7 @@
 #include "kernels.hpp"
 #include "plan.hpp"
 #include "softlight/softlight.h"
+#include "tuning.hpp"
 #include "validate.hpp"
 
 namespace softlight {
@@ -117,18 +118,6 @@ softlight_status launch_with_cluster_fallback(DeviceInfo dev, const Overrides& o
   return e == cudaSuccess ? SOFTLIGHT_SUCCESS : cuda_status(e);
 }
 
-cudaError_t run_plan(const Plan& plan, const RowsArgs& args, cudaStream_t stream) {
-  switch (plan.family) {
-    case Family::none: return cudaSuccess;
-    case Family::warp_rows: return launch_warp_rows(plan, args, stream);
-    case Family::block_rows: return launch_block_rows(plan, args, stream);
-    case Family::cluster_rows: return launch_cluster_rows(plan, args, stream);
-    case Family::grid_rows: return launch_grid_rows(plan, args, stream);
-    default: break;
-  }
-  return cudaErrorInvalidValue;
-}
-
 // The device of every array of a call (null entries skipped), made current for the scope, and
 // what the planner needs of it.
 class CallDevice {
@@ -153,60 +142,71 @@ class CallDevice {
   std::optional<DeviceScope> scope_;
 };
 
-softlight_status run_rows(const RowsArgs& args, const DeviceInfo& dev, cudaStream_t s) {
+// The problem of a forward rows call as the planner takes it: which vector accesses its layout allows.
+Problem rows_problem(const Call& c) {
   Problem prob;
-  prob.rows = args.rows;
-  prob.cols = args.cols;
-  prob.elem_bytes = softlight_dtype_size(args.dtype);
-  const bool one = args.rows == 1;
-  const std::initializer_list<std::pair<const void*, int64_t>> arrays = {{args.x, one ? 0 : args.x_stride},
-                                                                         {args.y, one ? 0 : args.y_stride}};
-  prob.aligned16 = vectorizable(arrays, args.cols, prob.elem_bytes);
-  prob.aligned8 = vectorizable(arrays, args.cols, prob.elem_bytes, 8);
+  prob.rows = c.rows();
+  prob.cols = c.cols();
+  prob.elem_bytes = softlight_dtype_size(c.dtype);
+  const bool one = c.rows() == 1;
+  const auto x = reinterpret_cast<uintptr_t>(c.x()), y = reinterpret_cast<uintptr_t>(c.y());
+  const std::initializer_list<std::pair<const void*, int64_t>> arrays = {{c.x(), c.x_stride()}, {c.y(), c.y_stride()}};
+  prob.aligned16 = vectorizable(arrays, c.cols(), prob.elem_bytes);
+  prob.aligned8 = vectorizable(arrays, c.cols(), prob.elem_bytes, 8);
   prob.rows128 = rows_start_on(arrays, prob.elem_bytes, 128);
   // Peeling needs element-aligned pointers (as any access does) that agree modulo 16 bytes.
-  prob.peelable = reinterpret_cast<uintptr_t>(args.x) % prob.elem_bytes == 0 &&
-                  (reinterpret_cast<uintptr_t>(args.x) - reinterpret_cast<uintptr_t>(args.y)) % 16 == 0 &&
-                  (one || ((args.x_stride - args.y_stride) * prob.elem_bytes) % 16 == 0);
-  prob.flat16 = reinterpret_cast<uintptr_t>(args.x) % 16 == 0 && reinterpret_cast<uintptr_t>(args.y) % 16 == 0 &&
-                (one || (args.x_stride == args.cols && args.y_stride == args.cols));
-  return launch_with_cluster_fallback(
-      dev, knobs_from_env().rows, [&](const DeviceInfo& d, const Overrides& o) { return plan_rows(prob, d, o); },
-      [&](const Plan& p) { return run_plan(p, args, s); });
+  prob.peelable = x % prob.elem_bytes == 0 && (x - y) % 16 == 0 &&
+                  (one || ((c.x_stride() - c.y_stride()) * prob.elem_bytes) % 16 == 0);
+  prob.flat16 = x % 16 == 0 && y % 16 == 0 && (one || (c.x_stride() == c.cols() && c.y_stride() == c.cols()));
+  return prob;
 }
 
-// A checked axis call: rows of the forward go to run_rows, the rest to the axis plan.
-softlight_status run_axis(const AxisCall& c, const DeviceInfo& dev, cudaStream_t s) {
-  const bool rows = axis_call_is_rows(c);
-  if (rows && !c.backward) {
-    const RowsArgs args{c.in0, c.in0_s[0], c.out, c.out_s[0], c.n[0], c.n[1], c.dtype, c.scale, c.lse};
-    return run_rows(args, dev, s);
-  }
+// The problem of any other call (the backward, and the forward along a non-last axis).
+AxisProblem axis_problem(const Call& c) {
   AxisProblem prob;
   prob.outer = c.n[0];
   prob.dim = c.n[1];
   prob.inner = c.n[2];
   prob.elem_bytes = softlight_dtype_size(c.dtype);
-  prob.rows = rows;
+  prob.rows = c.is_rows();
   prob.backward = c.backward;
-  // Strides are normalized: an outer stride is 0 where there is one row. (The forward has no in1:
-  // in0 stands in for it.)
+  // (The forward has no in1: in0 stands in for it.)
   const void* in1 = c.backward ? c.in1 : c.in0;
   const int64_t in1_stride = c.backward ? c.in1_s[0] : c.in0_s[0];
-  prob.aligned16 = rows && vectorizable({{c.in0, c.in0_s[0]}, {in1, in1_stride}, {c.out, c.out_s[0]}}, c.n[1],
-                                        prob.elem_bytes);
+  prob.aligned16 = prob.rows && vectorizable({{c.in0, c.in0_s[0]}, {in1, in1_stride}, {c.out, c.out_s[0]}}, c.n[1],
+                                             prob.elem_bytes);
   // cluster_tiles reads x through a tensor map: axes nested in order (each stride spans the
   // axes inside it) and extents that fit its 32-bit coordinates.
   const bool nested = (c.n[1] == 1 || c.in0_s[1] >= c.n[2]) && (c.n[0] == 1 || c.in0_s[0] >= c.n[1] * c.in0_s[1]);
   const bool small = c.n[0] < (int64_t{1} << 31) && c.n[1] < (int64_t{1} << 31) && c.n[2] < (int64_t{1} << 31);
-  prob.tiles_aligned = !rows && !c.backward && c.in0_s[2] == 1 && c.out_s[2] == 1 && nested && small &&
+  prob.tiles_aligned = !prob.rows && !c.backward && c.in0_s[2] == 1 && c.out_s[2] == 1 && nested && small &&
                        vectorizable({{c.in0, c.in0_s[0]}, {c.in0, c.in0_s[1]}, {c.out, c.out_s[0]}, {c.out, c.out_s[1]}},
                                     c.n[2], prob.elem_bytes);
-  const Knobs knobs = knobs_from_env();
-  const SplitOverrides& split = knobs.split;
+  return prob;
+}
+
+// A checked call on its device: the plan, and the family's launcher.
+softlight_status run(const Call& c, const DeviceInfo& dev, cudaStream_t s) {
+  const Tuning tuning = forced_tuning();
+  if (!c.backward && c.is_rows()) {
+    const Problem prob = rows_problem(c);
+    return launch_with_cluster_fallback(
+        dev, tuning.rows, [&](const DeviceInfo& d, const Overrides& o) { return plan_rows(prob, d, o); },
+        [&](const Plan& p) {
+          switch (p.family) {
+            case Family::none: return cudaSuccess;
+            case Family::warp_rows: return launch_warp_rows(p, c, s);
+            case Family::block_rows: return launch_block_rows(p, c, s);
+            case Family::cluster_rows: return launch_cluster_rows(p, c, s);
+            case Family::grid_rows: return launch_grid_rows(p, c, s);
+            default: return cudaErrorInvalidValue;
+          }
+        });
+  }
+  const AxisProblem prob = axis_problem(c);
   return launch_with_cluster_fallback(
-      dev, knobs.rows,
-      [&](const DeviceInfo& d, const Overrides& o) { return plan_axis(prob, d, split, o); },
+      dev, tuning.rows,
+      [&](const DeviceInfo& d, const Overrides& o) { return plan_axis(prob, d, tuning.split, o); },
       [&](const Plan& p) {
         switch (p.family) {
           case Family::warp_rows: return launch_warp_rows_backward(p, c, s);
@@ -216,18 +216,18 @@ softlight_status run_axis(const AxisCall& c, const DeviceInfo& dev, cudaStream_t
             if (e != cudaErrorNotSupported) return e;
             AxisProblem q = prob;  // no tensor map: split_rows
             q.tiles_aligned = false;
-            return launch_split_rows(plan_axis(q, dev, split), c, s);
+            return launch_split_rows(plan_axis(q, dev, tuning.split), c, s);
           }
           default: return launch_split_rows(p, c, s);
         }
       });
 }
 
-// A checked axis call (see forward_axis_call) on the device of its arrays.
-softlight_status axis_gpu(const AxisCall& call, void* stream) {
+// A checked call (validate.hpp) on the device of its arrays.
+softlight_status run_gpu(const Call& call, void* stream) {
   CallDevice dev;
   const softlight_status st = dev.open({call.in0, call.backward ? call.in1 : nullptr, call.out, call.lse});
-  return st != SOFTLIGHT_SUCCESS ? st : run_axis(call, dev.info, static_cast<cudaStream_t>(stream));
+  return st != SOFTLIGHT_SUCCESS ? st : run(call, dev.info, static_cast<cudaStream_t>(stream));
 }
 
 }  // namespace
@@ -237,14 +237,10 @@ extern "C" softlight_status softlight_log_softmax_forward_ex(
     const void* x, int64_t x_row_stride, void* y, int64_t y_row_stride, int64_t rows, int64_t cols,
     softlight_dtype dtype, const softlight_forward_options* options, void* stream) {
   using namespace softlight;
-  RowsCall call{x, x_row_stride, y, y_row_stride, rows, cols, dtype};
-  bool noop = false;
-  softlight_status st = prepare_rows_call(options, &call, &noop);
-  if (st != SOFTLIGHT_SUCCESS || noop) return st;
-  CallDevice dev;
-  if ((st = dev.open({x, y, call.lse})) != SOFTLIGHT_SUCCESS) return st;
-  const RowsArgs args{x, x_row_stride, y, y_row_stride, rows, cols, dtype, call.scale, call.lse};
-  return run_rows(args, dev.info, static_cast<cudaStream_t>(stream));
+  softlight_status st;
+  bool noop;
+  const Call call = rows_forward_call(x, x_row_stride, y, y_row_stride, rows, cols, dtype, options, &st, &noop);
+  return st != SOFTLIGHT_SUCCESS || noop ? st : run_gpu(call, stream);
 }
 
 extern "C" softlight_status softlight_log_softmax_forward_3d(
@@ -254,8 +250,8 @@ extern "C" softlight_status softlight_log_softmax_forward_3d(
   using namespace softlight;
   softlight_status st;
   bool noop;
-  const AxisCall call = forward_axis_call(x, x_strides, y, y_strides, outer, dim, inner, dtype, options, &st, &noop);
-  return st != SOFTLIGHT_SUCCESS || noop ? st : axis_gpu(call, stream);
+  const Call call = forward_call(x, x_strides, y, y_strides, outer, dim, inner, dtype, options, &st, &noop);
+  return st != SOFTLIGHT_SUCCESS || noop ? st : run_gpu(call, stream);
 }
 
 extern "C" softlight_status softlight_log_softmax_backward_3d(
@@ -265,11 +261,9 @@ extern "C" softlight_status softlight_log_softmax_backward_3d(
   using namespace softlight;
   softlight_status st;
   bool noop;
-  const AxisCall call = backward_axis_call(dy, dy_strides, y, y_strides, dx, dx_strides, outer, dim, inner, dtype,
-                                           &st, &noop);
-  return st != SOFTLIGHT_SUCCESS || noop ? st : axis_gpu(call, stream);
+  const Call call = backward_call(dy, dy_strides, y, y_strides, dx, dx_strides, outer, dim, inner, dtype, &st, &noop);
+  return st != SOFTLIGHT_SUCCESS || noop ? st : run_gpu(call, stream);
 }
-
 extern "C" softlight_status softlight_log_softmax_backward(
     const void* dy, int64_t dy_row_stride, const void* y, int64_t y_row_stride, void* dx,
     int64_t dx_row_stride, int64_t rows, int64_t cols, softlight_dtype dtype, void* stream) {

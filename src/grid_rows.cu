@@ -44,8 +44,6 @@
 // unless every ring is full of the row, which the planner rules out (chunks a row < CTAs x
 // (slots - item chunks + 1)). A spilled slot waits only for the row before, all of whose items
 // were claimed before it, so the bound counts the chunks a row keeps.
-#include <cstdio>
-#include <cstdlib>
 
 #include "common.cuh"
 #include "hopper.cuh"
@@ -66,18 +64,6 @@ struct GridShape {
   uint64_t* item_stats;         // by item: (max, sum) packed, all ones until posted
   int64_t spill_chunks;         // a row's first chunks folded in the ring, written a row later from L2
 };
-
-// Trace points, for tools/grid_rows_trace.cu (none in the library's build). Events: 0 an item
-// claimed, 1 a chunk landed in the ring, 2 an item posted, 3 a row's statistics handed to the
-// writers, 4 the first writer warp starting a row, 5 it handing back a slot of the row. Spans (time
-// from one CLOCK to another, by row): 0 the producer waiting for free slots, 1 its claims, 2 the
-// statistics warps waiting for a chunk to land, 3 folding it, 4 the writers waiting for a filled
-// slot, 5 for the row's statistics, 6 for a refill, 7 writing a chunk, 8 the merger reading a row.
-#ifndef SOFTLIGHT_GRID_ROWS_TRACE
-#define SOFTLIGHT_GRID_ROWS_TRACE(event, row) ((void)0)
-#define SOFTLIGHT_GRID_ROWS_CLOCK() 0ull
-#define SOFTLIGHT_GRID_ROWS_SPAN(span, row, from, to) ((void)(from), (void)(to))
-#endif
 
 #ifdef SOFTLIGHT_HOPPER
 constexpr uint32_t kUnposted = 0xffffffffu;  // the high word of a slot not yet written
@@ -185,9 +171,7 @@ template <class T, int U, bool Spill, bool WaitLast> struct GridCta {
     bool claimed = false;
     unsigned long long next = 0;
     for (;;) {
-      const unsigned long long t0 = SOFTLIGHT_GRID_ROWS_CLOCK();
       if (!claimed) slots_free(pos, sh.item_chunks, true);
-      const unsigned long long t1 = SOFTLIGHT_GRID_ROWS_CLOCK();
       if (!claimed) next = claim();
       const unsigned long long ticket = next;
       RingPos after = pos;
@@ -202,11 +186,6 @@ template <class T, int U, bool Spill, bool WaitLast> struct GridCta {
       }
       const int64_t item = static_cast<int64_t>(ticket);
       const int64_t row = item / sh.items_per_row;
-      if (row < rows) {
-        SOFTLIGHT_GRID_ROWS_TRACE(0, row);
-        SOFTLIGHT_GRID_ROWS_SPAN(0, row, t0, t1);
-        SOFTLIGHT_GRID_ROWS_SPAN(1, row, t1, SOFTLIGHT_GRID_ROWS_CLOCK());
-      }
       const int64_t k0 = (item - row * sh.items_per_row) * sh.item_chunks;
       const int64_t n = min(int64_t{sh.item_chunks}, sh.chunks_per_row - k0);
       const unsigned char* src = reinterpret_cast<const unsigned char*>(x + row * xs);
@@ -240,7 +219,6 @@ template <class T, int U, bool Spill, bool WaitLast> struct GridCta {
     MaxSum<A> part{neg_inf<A>(), A(0)};
     const A f = exp_factor(scale);
     for (;;) {
-      const unsigned long long t0 = SOFTLIGHT_GRID_ROWS_CLOCK();
       mbar_wait_cta(smem_addr(full + pos.slot), pos.phase);
       const int64_t g = meta[pos.slot];
       if (g >= end_chunk()) {
@@ -249,14 +227,8 @@ template <class T, int U, bool Spill, bool WaitLast> struct GridCta {
       }
       const int64_t row = g / sh.chunks_per_row, k = g - row * sh.chunks_per_row;
       const bool real = !Spill || row < rows;  // else the spilled tail: nothing to fold
-      const unsigned long long t1 = SOFTLIGHT_GRID_ROWS_CLOCK();
-      if (real && gtid == 0) {
-        SOFTLIGHT_GRID_ROWS_TRACE(1, row);
-        SOFTLIGHT_GRID_ROWS_SPAN(2, row, t0, t1);
-      }
       const uint32_t slot = pos.slot;
       if (real) part = merge_max_sum(part, fold_chunk(slot_data(slot), static_cast<int>(bytes_of(k) / 16)), f);
-      if (real && gtid == 0) SOFTLIGHT_GRID_ROWS_SPAN(3, row, t1, SOFTLIGHT_GRID_ROWS_CLOCK());
       pos.advance(sh.ring_slots);
       const bool ends_item = (k + 1) % sh.item_chunks == 0 || k + 1 == sh.chunks_per_row;
       if (ends_item) {
@@ -264,10 +236,7 @@ template <class T, int U, bool Spill, bool WaitLast> struct GridCta {
         if (real) item = block_max_sum(part, scratch, group, kStatsBar, f);
         if (gtid == 0) {
           const int64_t number = row * sh.items_per_row + k / sh.item_chunks;
-          if (real) {
-            store_relaxed_gpu(sh.item_stats + number, pack_pair(item.m, item.s));
-            SOFTLIGHT_GRID_ROWS_TRACE(2, row);
-          }
+          if (real) store_relaxed_gpu(sh.item_stats + number, pack_pair(item.m, item.s));
           enqueue(number);
         }
         part = {neg_inf<A>(), A(0)};
@@ -328,15 +297,12 @@ template <class T, int U, bool Spill, bool WaitLast> struct GridCta {
       if ((Spill && r < 0) || r == last) continue;
       last = r;
       ++seen;
-      const unsigned long long t0 = SOFTLIGHT_GRID_ROWS_CLOCK();
       const MaxSum<A> p = shfl_merge_max_sum(fold_posted(sh.item_stats + r * sh.items_per_row, f), f);
       if (lane == 0) {
-        SOFTLIGHT_GRID_ROWS_SPAN(8, r, t0, SOFTLIGHT_GRID_ROWS_CLOCK());
         const A log_sum = log_acc(p.s);
         row_word[seen % kMergeQueue] = pack_pair(p.m, log_sum);
         __threadfence_block();
         row_tag[seen % kMergeQueue] = r;
-        SOFTLIGHT_GRID_ROWS_TRACE(3, r);
         if (sh.lse != nullptr && item == r * sh.items_per_row + spill_items) static_cast<A*>(sh.lse)[r] = p.m * scale + log_sum;
       }
     }
@@ -382,7 +348,6 @@ template <class T, int U, bool Spill, bool WaitLast> struct GridCta {
     int seen = -1;             // rows taken, as the merger counts them
     MaxSum<A> st{A(0), A(0)};  // (max, log-sum) of `current`
     for (;;) {
-      const unsigned long long t0 = SOFTLIGHT_GRID_ROWS_CLOCK();
       mbar_wait_cta(smem_addr(full + pos.slot), pos.phase);
       const int64_t g = meta[pos.slot];
       if (g >= end_chunk()) return;
@@ -395,28 +360,17 @@ template <class T, int U, bool Spill, bool WaitLast> struct GridCta {
         pos.advance(sh.ring_slots);
         continue;
       }
-      const unsigned long long t1 = SOFTLIGHT_GRID_ROWS_CLOCK();
       if (row != current) {
         ++seen;
         while (row_tag[seen % kMergeQueue] != row) __nanosleep(32);
         __threadfence_block();
         st = unpack_pair(row_word[seen % kMergeQueue]);
         current = row;
-        if (gtid == 0) SOFTLIGHT_GRID_ROWS_TRACE(4, row);
       }
-      const unsigned long long t2 = SOFTLIGHT_GRID_ROWS_CLOCK();
       uint4* dst = reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(y + row * ys) + k * sh.chunk_bytes);
       if (spilled) wait_refill(pos.slot);
-      const unsigned long long t3 = SOFTLIGHT_GRID_ROWS_CLOCK();
       write_chunk(slot_data(pos.slot), dst, static_cast<int>(bytes_of(k) / 16), st.m, st.s);
       release(pos.slot);
-      if (gtid == 0) {
-        SOFTLIGHT_GRID_ROWS_TRACE(5, row);
-        SOFTLIGHT_GRID_ROWS_SPAN(4, row, t0, t1);
-        SOFTLIGHT_GRID_ROWS_SPAN(5, row, t1, t2);
-        SOFTLIGHT_GRID_ROWS_SPAN(6, row, t2, t3);
-        SOFTLIGHT_GRID_ROWS_SPAN(7, row, t3, SOFTLIGHT_GRID_ROWS_CLOCK());
-      }
       pos.advance(sh.ring_slots);
     }
   }
@@ -484,7 +438,7 @@ template <class T, int U> auto grid_rows_kernel_for(bool spill, bool wait_last) 
 
 }  // namespace
 
-cudaError_t launch_grid_rows(const Plan& p, const RowsArgs& a, cudaStream_t stream) {
+cudaError_t launch_grid_rows(const Plan& p, const Call& a, cudaStream_t stream) {
   return with_element_type(a.dtype, [&](auto tag) -> cudaError_t {
     using T = decltype(tag);
     if constexpr (sizeof(T) > 4) {
@@ -503,12 +457,7 @@ cudaError_t launch_grid_rows(const Plan& p, const RowsArgs& a, cudaStream_t stre
         return cudaErrorInvalidClusterSize;
       const int64_t items_per_row = (p.chunks_per_row + p.chunks_per_cta - 1) / p.chunks_per_cta;
       // Workspace, all ones: the counter, then the item slots.
-      const size_t words = 1 + static_cast<size_t>(a.rows * items_per_row);
-      if (std::getenv("SOFTLIGHT_VERBOSE"))
-        std::fprintf(stderr, "softlight: grid_rows ctas=%lld threads=%d chunk=%d slots=%d item=%d items/row=%lld spill=%lld\n",
-                     static_cast<long long>(l.clusters), p.threads, p.chunk_bytes, p.ring_slots,
-                     static_cast<int>(p.chunks_per_cta), static_cast<long long>(items_per_row),
-                     static_cast<long long>(p.spill_chunks));
+      const size_t words = 1 + static_cast<size_t>(a.rows() * items_per_row);
       cudaMemPool_t pool;
       void* ws = nullptr;
       if ((e = workspace_pool(&pool)) || (e = cudaMallocFromPoolAsync(&ws, words * 8, pool, stream))) return e;
@@ -517,8 +466,8 @@ cudaError_t launch_grid_rows(const Plan& p, const RowsArgs& a, cudaStream_t stre
       GridShape sh{p.chunk_bytes, p.ring_slots, static_cast<int>(p.chunks_per_cta), p.chunks_per_row, items_per_row,
                    a.scale, a.lse, reinterpret_cast<unsigned long long*>(w), w + 1, p.spill_chunks};
       if (e == cudaSuccess)
-        e = cudaLaunchKernelEx(&l.cfg, kernel, static_cast<const T*>(a.x), a.x_stride, static_cast<T*>(a.y), a.y_stride,
-                               a.rows, a.cols, sh);
+        e = cudaLaunchKernelEx(&l.cfg, kernel, static_cast<const T*>(a.x()), a.x_stride(), static_cast<T*>(a.y()), a.y_stride(),
+                               a.rows(), a.cols(), sh);
       if (e == cudaSuccess) e = cudaGetLastError();
       if (e == cudaErrorCooperativeLaunchTooLarge) e = cudaErrorInvalidClusterSize;
       const cudaError_t f = cudaFreeAsync(ws, stream);

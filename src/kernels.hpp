@@ -12,18 +12,6 @@
 
 namespace softlight {
 
-struct RowsArgs {
-  const void* x;
-  int64_t x_stride;  // elements
-  void* y;
-  int64_t y_stride;  // elements
-  int64_t rows;
-  int64_t cols;
-  softlight_dtype dtype;
-  double scale;  // 1 / temperature: y = (x - max) * scale - log(sum of exp((x - max) * scale))
-  void* lse;     // optional per-row log-sum-exp, accumulation type
-};
-
 // The device's attributes as the planner takes them (five runtime calls; the library asks once per
 // device, gpu_api.cpp).
 inline cudaError_t query_device_info(int device, DeviceInfo* d) {
@@ -100,28 +88,28 @@ cudaError_t prepare_cluster_launch(Kernel kernel, const Plan& p, cudaStream_t st
   return cudaSuccess;
 }
 
-cudaError_t launch_warp_rows(const Plan& plan, const RowsArgs& a, cudaStream_t stream);
-cudaError_t launch_block_rows(const Plan& plan, const RowsArgs& a, cudaStream_t stream);
+cudaError_t launch_warp_rows(const Plan& plan, const Call& a, cudaStream_t stream);
+cudaError_t launch_block_rows(const Plan& plan, const Call& a, cudaStream_t stream);
 // Returns cudaErrorInvalidClusterSize when no cluster of plan.cluster CTAs can be scheduled.
-cudaError_t launch_cluster_rows(const Plan& plan, const RowsArgs& a, cudaStream_t stream);
+cudaError_t launch_cluster_rows(const Plan& plan, const Call& a, cudaStream_t stream);
 // Returns cudaErrorInvalidClusterSize where the grid cannot be resident or holds too little.
-cudaError_t launch_grid_rows(const Plan& plan, const RowsArgs& a, cudaStream_t stream);
+cudaError_t launch_grid_rows(const Plan& plan, const Call& a, cudaStream_t stream);
 
 // Workspaces (tables, counters) come from a memory pool of softlight's own on the current device,
 // which keeps what it has allocated (cluster_rows.cu).
 cudaError_t workspace_pool(cudaMemPool_t* pool);
 
-// Backward of rows of up to 256 vectors (a rows AxisCall: inner 1, axis strides 1).
-cudaError_t launch_warp_rows_backward(const Plan& plan, const AxisCall& a, cudaStream_t stream);
-// Backward of aligned rows (a rows AxisCall) through cluster_rows' rings; errors as
+// Backward of rows (Call::is_rows) that warps or a CTA hold in registers.
+cudaError_t launch_warp_rows_backward(const Plan& plan, const Call& a, cudaStream_t stream);
+// Backward of aligned rows (Call::is_rows) through cluster_rows' rings; errors as
 // launch_cluster_rows.
-cudaError_t launch_cluster_rows_backward(const Plan& plan, const AxisCall& a, cudaStream_t stream);
+cudaError_t launch_cluster_rows_backward(const Plan& plan, const Call& a, cudaStream_t stream);
 // Forward along a non-last axis, inner contiguous and 16-byte aligned (AxisProblem::tiles_aligned);
 // errors as launch_cluster_rows, and cudaErrorNotSupported (nothing queued) where the driver
 // cannot describe x as a tensor map.
-cudaError_t launch_cluster_tiles(const Plan& plan, const AxisCall& a, cudaStream_t stream);
-// Any AxisCall, forward or backward (strides normalized). cudaErrorInvalidClusterSize when no
+cudaError_t launch_cluster_tiles(const Plan& plan, const Call& a, cudaStream_t stream);
+// Any Call, forward or backward (strides normalized). cudaErrorInvalidClusterSize when no
 // cluster of plan.cluster CTAs can be scheduled.
-cudaError_t launch_split_rows(const Plan& plan, const AxisCall& a, cudaStream_t stream);
+cudaError_t launch_split_rows(const Plan& plan, const Call& a, cudaStream_t stream);
 
 }  // namespace softlight

@@ -1,15 +1,6 @@
 #include "plan.hpp"
 
 #include <algorithm>
-#include <array>
-#include <cstdlib>
-#include <cstring>
-
-#if defined(_WIN32)
-#define environ _environ
-#else
-extern char** environ;  // POSIX: the process environment
-#endif
 
 namespace softlight {
 
@@ -185,7 +176,9 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
     plan.smem_bytes = int64_t{plan.ring_slots + plan.aux_slots} * (c + 16) + kClusterReserveBytes;
     plan.chunks_per_row = ceil_div(row_bytes, c);
   };
-  size_ring(o.chunk_bytes > 0 ? o.chunk_bytes : chunk);
+  // A forced chunk size counts only where its ring keeps two slots besides the backward's second ring.
+  const bool forced_chunk = o.chunk_bytes > 0 && ring_slots_for(d, o.chunk_bytes) - plan.aux_slots >= 2;
+  size_ring(forced_chunk ? o.chunk_bytes : chunk);
   plan.hints = o.hints >= 0 ? o.hints & 7 : kClusterDefaultHints;  // 3 bits, see Overrides
   const int max_cluster = std::min(d.max_cluster, kMaxCluster);
 
@@ -682,71 +675,26 @@ Plan plan_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
   return plan_block_rows(p, d, vec);
 }
 
-namespace {
-
-// Every knob once: its name after SOFTLIGHT_ and the field it sets (an int or an int64_t).
-struct KnobField {
-  const char* name;
-  int* as_int;
-  int64_t* as_int64;
-};
-
-std::array<KnobField, 20> knob_fields(Knobs& k) {
-  Overrides& o = k.rows;
-  return {{{"CLUSTER", &o.cluster, nullptr},
-           {"CHUNK_BYTES", &o.chunk_bytes, nullptr},
-           {"THREADS", &o.threads, nullptr},
-           {"HINTS", &o.hints, nullptr},
-           {"TILE_BYTES", &o.tile_bytes, nullptr},
-           {"EXCHANGE", &o.exchange, nullptr},
-           {"GROUPS", &o.groups, nullptr},
-           {"CLAIM", &o.claim, nullptr},
-           {"ITERS", &o.iters, nullptr},
-           {"REGISTER_ROWS_BYTES", nullptr, &o.register_rows_bytes},
-           {"FLAT", &o.flat, nullptr},
-           {"ROWS_PER_LANE", &o.rows_per_lane, nullptr},
-           {"PEEL_CLUSTERS", &o.peel_clusters, nullptr},
-           {"REGISTER_CLUSTER", &o.register_cluster, nullptr},
-           {"GRID_ROWS", &o.grid_rows, nullptr},
-           {"ITEM_CHUNKS", &o.item_chunks, nullptr},
-           {"SPILL_CHUNKS", nullptr, &o.spill_chunks},
-           {"STRIPE", &o.stripe, nullptr},
-           {"SPLIT_LANES", &k.split.lanes, nullptr},
-           {"SPLIT_SEGMENT_BYTES", nullptr, &k.split.segment_bytes}}};
-}
-
-}  // namespace
-
-std::vector<std::pair<std::string, int64_t>> knob_values(Knobs k) {
-  std::vector<std::pair<std::string, int64_t>> out;
-  for (const KnobField& f : knob_fields(k)) out.emplace_back(f.name, f.as_int != nullptr ? *f.as_int : *f.as_int64);
-  return out;
-}
-
-Knobs knobs_from_env() {
-  Knobs k;
-  Overrides& o = k.rows;
-  const auto table = knob_fields(k);
-  constexpr char kPrefix[] = "SOFTLIGHT_";
-  constexpr size_t kPrefixLen = sizeof(kPrefix) - 1;
-  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
-    const char* var = *e;
-    if (std::strncmp(var, kPrefix, kPrefixLen) != 0) continue;
-    const char* name = var + kPrefixLen;
-    const char* eq = std::strchr(name, '=');
-    if (eq == nullptr) continue;
-    const size_t len = static_cast<size_t>(eq - name);
-    for (const auto& t : table) {
-      if (std::strlen(t.name) != len || std::strncmp(t.name, name, len) != 0) continue;
-      if (t.as_int != nullptr) *t.as_int = std::atoi(eq + 1);
-      if (t.as_int64 != nullptr) *t.as_int64 = std::atoll(eq + 1);
-      break;
-    }
-  }
-  if (o.chunk_bytes % 16 != 0 || o.chunk_bytes < 0) o.chunk_bytes = 0;
-  const int lanes = k.split.lanes;
-  if (lanes < 0 || lanes > 1024 || (lanes & (lanes - 1)) != 0) k.split.lanes = 0;
-  return k;
+bool tuning_valid(const Tuning& t) {
+  const Overrides& o = t.rows;
+  const auto pow2 = [](int64_t v) { return v > 0 && (v & (v - 1)) == 0; };
+  const auto flag = [](int v) { return v >= -1 && v <= 1; };  // -1: the planner's choice
+  const auto count = [&](int v) { return v == 0 || per_thread_count(v); };
+  // Grid groups (exchange 1) take any size of group; clusters are powers of two up to kMaxCluster.
+  const bool cluster_ok = o.cluster == 0 || (o.exchange == 1 ? o.cluster > 0 && o.cluster <= 1024
+                                                              : pow2(o.cluster) && o.cluster <= kMaxCluster);
+  return cluster_ok && (o.chunk_bytes == 0 || (o.chunk_bytes % 16 == 0 && o.chunk_bytes >= 1024 && o.chunk_bytes <= 64 * 1024)) &&
+         (o.threads == 0 || (o.threads >= 96 && o.threads <= kClusterMaxThreads && (o.threads - 32) % 64 == 0)) &&
+         o.hints >= -1 && o.hints <= 7 && (o.tile_bytes == 0 || (pow2(o.tile_bytes) && o.tile_bytes >= 64 && o.tile_bytes <= 512)) &&
+         flag(o.exchange) && o.groups >= 0 && flag(o.claim) && count(o.iters) &&
+         o.register_rows_bytes >= 0 && o.register_rows_bytes <= int64_t{16} * kRegisterRowsMaxGroup * kWarpRowsMaxIters + 1 &&
+         flag(o.flat) && (o.rows_per_lane == -1 || count(o.rows_per_lane)) && flag(o.peel_clusters) &&
+         (o.register_cluster == -1 || o.register_cluster == 0 ||
+          (o.register_cluster % 32 == 0 && o.register_cluster >= 32 && o.register_cluster <= kRegisterClusterMaxThreads)) &&
+         flag(o.grid_rows) && o.item_chunks >= 0 && o.item_chunks <= 8 && o.spill_chunks >= -1 &&
+         o.spill_chunks < (int64_t{1} << 40) && flag(o.stripe) &&
+         (t.split.lanes == 0 || (pow2(t.split.lanes) && t.split.lanes <= 1024)) && t.split.segment_bytes >= 0 &&
+         t.split.segment_bytes <= (int64_t{1} << 30);
 }
 
 }  // namespace softlight

@@ -1,11 +1,16 @@
 // The planner: which kernel family runs a problem, and with what launch shape.
-// Pure host code (no CUDA headers), unit-tested on the CPU through the Python module.
+// Pure host code (no CUDA headers), tested on the CPU through the Python module's planner queries.
 #pragma once
 
 #include <cstdint>
-#include <string>
-#include <utility>
-#include <vector>
+
+// The planner's entry points are exported for the Python bindings' planner queries (the CPU tests
+// of every plan); they are not part of the C ABI.
+#if defined(_WIN32)
+#define SOFTLIGHT_INTERNAL
+#else
+#define SOFTLIGHT_INTERNAL __attribute__((visibility("default")))
+#endif
 
 namespace softlight {
 
@@ -23,7 +28,7 @@ enum class Family : int {
                      // cooperative grid, in items of chunks that any CTA claims
 };
 
-const char* family_name(Family f);
+SOFTLIGHT_INTERNAL const char* family_name(Family f);
 
 // What the planner needs to know about the device (read once per call by the launcher).
 struct DeviceInfo {
@@ -68,7 +73,7 @@ struct AxisProblem {
   bool tiles_aligned = false;
 };
 
-// Tuning overrides for experiments (0 = planner's choice).
+// Forced values for tests and tuning (0 or -1: the planner's choice; see Tuning).
 struct Overrides {
   int cluster = 0;
   int chunk_bytes = 0;
@@ -245,7 +250,7 @@ constexpr int kGridRowsItemChunks = 1;
 constexpr int kGridRowsChunk = 32 * 1024;
 constexpr int kMaxCluster = 16;
 
-Plan plan_rows(const Problem& p, const DeviceInfo& d, const Overrides& o = Overrides{});
+SOFTLIGHT_INTERNAL Plan plan_rows(const Problem& p, const DeviceInfo& d, const Overrides& o = Overrides{});
 
 // split_rows: the cluster is the smallest whose segment per CTA is at most this many bytes (the
 // second pass hopes to find it in the L2 cache: two CTAs per SM hold 25 MB on 132 SMs); inner
@@ -276,21 +281,16 @@ struct SplitOverrides {
 // on Hopper where the layout is aligned and a tile's slice fits a CTA's ring; everything else to
 // split_rows (the forward of rows takes plan_rows). cluster_overrides: cluster, chunk and threads
 // of the cluster families.
-Plan plan_axis(const AxisProblem& p, const DeviceInfo& d, const SplitOverrides& o = SplitOverrides{},
+SOFTLIGHT_INTERNAL Plan plan_axis(const AxisProblem& p, const DeviceInfo& d, const SplitOverrides& o = SplitOverrides{},
                const Overrides& cluster_overrides = Overrides{});
 
-// The tuning knobs of experiments, read from the environment at each call: SOFTLIGHT_<NAME>=<integer>
-// for each field of Overrides (SOFTLIGHT_CLUSTER, SOFTLIGHT_CHUNK_BYTES, ..., SOFTLIGHT_SPILL_CHUNKS)
-// and of SplitOverrides (SOFTLIGHT_SPLIT_LANES, SOFTLIGHT_SPLIT_SEGMENT_BYTES); values the kernels
-// cannot take (a chunk size off 16 bytes, lanes not a power of two up to 1024) count as unset. One
-// pass over the environment: most calls find no SOFTLIGHT_ variable and stop there (twenty getenv
-// calls took about 0.9 us a call on an H200 machine).
-struct Knobs {
+// Values forced for tests and tuning (tuning.hpp); a default build always plans with Tuning{}.
+struct Tuning {
   Overrides rows;
   SplitOverrides split;
 };
-Knobs knobs_from_env();
-// Each knob's name (after SOFTLIGHT_) and its value in k, from the same table knobs_from_env reads.
-std::vector<std::pair<std::string, int64_t>> knob_values(Knobs k);
+// Every forced value within what the kernels are built for (a value the planner may still find
+// does not fit a given problem or device, and then plans as if it were unset).
+SOFTLIGHT_INTERNAL bool tuning_valid(const Tuning& t);
 
 }  // namespace softlight

@@ -213,7 +213,7 @@ split_rows_kernel(const T* __restrict__ in0, Strides s0, const T* __restrict__ i
 }
 
 template <class T, int V, bool Backward>
-cudaError_t launch(const Plan& p, const AxisCall& a, cudaStream_t stream) {
+cudaError_t launch(const Plan& p, const Call& a, cudaStream_t stream) {
   auto kernel = split_rows_kernel<T, V, Backward>;
   const SplitShape sh{a.n[0], a.n[2], p.tiles, (a.n[1] + V - 1) / V, p.segment, p.lanes, p.cluster};
   using P = Part<acc_t<T>, Backward>;
@@ -262,7 +262,7 @@ cudaError_t launch(const Plan& p, const AxisCall& a, cudaStream_t stream) {
 
 }  // namespace
 
-cudaError_t launch_split_rows(const Plan& p, const AxisCall& a, cudaStream_t stream) {
+cudaError_t launch_split_rows(const Plan& p, const Call& a, cudaStream_t stream) {
   return with_element_type_and_vec(a.dtype, p.vec, [&](auto tag, auto vec) {
     using T = decltype(tag);
     constexpr int V = decltype(vec)::value;

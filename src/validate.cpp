@@ -33,7 +33,7 @@ bool lse_clashes(const void* lse, int64_t count, int elem, uintptr_t x0, int64_t
   return ranges_overlap(l0, lb, x0, xb) || ranges_overlap(l0, lb, y0, yb);
 }
 
-template <class Call> softlight_status apply_options(const softlight_forward_options* o, Call* c) {
+softlight_status apply_options(const softlight_forward_options* o, Call* c) {
   if (o == nullptr) return SOFTLIGHT_SUCCESS;
   const double t = o->temperature == 0.0 ? 1.0 : o->temperature;
   if (!(t > 0.0) || !std::isfinite(t)) return SOFTLIGHT_ERROR_INVALID_ARGUMENT;
@@ -41,43 +41,6 @@ template <class Call> softlight_status apply_options(const softlight_forward_opt
   c->lse = o->lse;
   return SOFTLIGHT_SUCCESS;
 }
-
-}  // namespace
-
-softlight_status validate_rows_call(const RowsCall& c, bool* noop) {
-  *noop = false;
-  const int elem = softlight_dtype_size(c.dtype);
-  if (elem == 0) return SOFTLIGHT_ERROR_UNSUPPORTED_DTYPE;
-  if (c.rows < 0 || c.cols < 0) return SOFTLIGHT_ERROR_INVALID_SIZE;
-  if (c.rows == 0 || c.cols == 0) {
-    *noop = true;
-    return SOFTLIGHT_SUCCESS;
-  }
-  if (c.x == nullptr || c.y == nullptr) return SOFTLIGHT_ERROR_NULL_POINTER;
-  // A single row never steps by its stride, so any stride is accepted there.
-  const int64_t xs = c.rows > 1 ? c.x_stride : c.cols;
-  const int64_t ys = c.rows > 1 ? c.y_stride : c.cols;
-  if (xs < c.cols || ys < c.cols) return SOFTLIGHT_ERROR_INVALID_STRIDE;
-  const int64_t n[3] = {c.rows, c.cols, 1}, x_s[3] = {xs, 1, 0}, y_s[3] = {ys, 1, 0};
-  const int64_t xb = span_bytes(n, x_s, elem), yb = span_bytes(n, y_s, elem);
-  if (xb < 0 || yb < 0) return SOFTLIGHT_ERROR_INVALID_SIZE;
-  const auto x0 = reinterpret_cast<uintptr_t>(c.x), y0 = reinterpret_cast<uintptr_t>(c.y);
-  if (x0 == y0) {
-    if (xs != ys) return SOFTLIGHT_ERROR_OVERLAP;  // same start, different layout
-  } else if (ranges_overlap(x0, xb, y0, yb)) {
-    return SOFTLIGHT_ERROR_OVERLAP;
-  }
-  if (lse_clashes(c.lse, c.rows, elem, x0, xb, y0, yb)) return SOFTLIGHT_ERROR_OVERLAP;
-  return SOFTLIGHT_SUCCESS;
-}
-
-softlight_status prepare_rows_call(const softlight_forward_options* o, RowsCall* c, bool* noop) {
-  *noop = false;
-  const softlight_status st = apply_options(o, c);
-  return st != SOFTLIGHT_SUCCESS ? st : validate_rows_call(*c, noop);
-}
-
-namespace {
 
 // No two positions of the array share an element: with the axes ordered by stride, each stride
 // steps past everything the smaller ones reach.
@@ -103,7 +66,7 @@ softlight_status take_strides(int64_t (&dst)[3], const int64_t* src, const int64
   return src == nullptr ? SOFTLIGHT_ERROR_NULL_POINTER : SOFTLIGHT_SUCCESS;
 }
 
-softlight_status validate_axis_call(const AxisCall& c, bool* noop) {
+softlight_status validate_call(const Call& c, bool* noop) {
   const int elem = softlight_dtype_size(c.dtype);
   if (elem == 0) return SOFTLIGHT_ERROR_UNSUPPORTED_DTYPE;
   if (c.n[0] < 0 || c.n[1] < 0 || c.n[2] < 0) return SOFTLIGHT_ERROR_INVALID_SIZE;
@@ -135,33 +98,43 @@ softlight_status validate_axis_call(const AxisCall& c, bool* noop) {
 
 }  // namespace
 
-AxisCall forward_axis_call(const void* x, const int64_t* xs, void* y, const int64_t* ys, int64_t outer,
-                           int64_t dim, int64_t inner, softlight_dtype dtype,
-                           const softlight_forward_options* options, softlight_status* st, bool* noop) {
-  AxisCall c{{outer, dim, inner}, dtype, x, {}, nullptr, {}, y, {}};
+Call forward_call(const void* x, const int64_t* xs, void* y, const int64_t* ys, int64_t outer, int64_t dim,
+                  int64_t inner, softlight_dtype dtype, const softlight_forward_options* options,
+                  softlight_status* st, bool* noop) {
+  Call c{{outer, dim, inner}, dtype, x, {}, nullptr, {}, y, {}};
   *noop = false;
   *st = take_strides(c.in0_s, xs, c.n);
   if (const softlight_status s = take_strides(c.out_s, ys, c.n); *st == SOFTLIGHT_SUCCESS) *st = s;
   if (*st == SOFTLIGHT_SUCCESS) *st = apply_options(options, &c);
-  if (*st == SOFTLIGHT_SUCCESS) *st = validate_axis_call(c, noop);
+  if (*st == SOFTLIGHT_SUCCESS) *st = validate_call(c, noop);
   return c;
 }
 
-AxisCall backward_axis_call(const void* dy, const int64_t* dys, const void* y, const int64_t* ys, void* dx,
-                            const int64_t* dxs, int64_t outer, int64_t dim, int64_t inner,
-                            softlight_dtype dtype, softlight_status* st, bool* noop) {
-  AxisCall c{{outer, dim, inner}, dtype, dy, {}, y, {}, dx, {}};
+Call backward_call(const void* dy, const int64_t* dys, const void* y, const int64_t* ys, void* dx,
+                   const int64_t* dxs, int64_t outer, int64_t dim, int64_t inner, softlight_dtype dtype,
+                   softlight_status* st, bool* noop) {
+  Call c{{outer, dim, inner}, dtype, dy, {}, y, {}, dx, {}};
   c.backward = true;
   *noop = false;
   *st = take_strides(c.in0_s, dys, c.n);
   if (const softlight_status s = take_strides(c.in1_s, ys, c.n); *st == SOFTLIGHT_SUCCESS) *st = s;
   if (const softlight_status s = take_strides(c.out_s, dxs, c.n); *st == SOFTLIGHT_SUCCESS) *st = s;
-  if (*st == SOFTLIGHT_SUCCESS) *st = validate_axis_call(c, noop);
+  if (*st == SOFTLIGHT_SUCCESS) *st = validate_call(c, noop);
   return c;
 }
 
-bool axis_call_is_rows(const AxisCall& c) {
-  return c.n[2] == 1 && (c.n[1] == 1 || (c.in0_s[1] == 1 && c.out_s[1] == 1 && (!c.backward || c.in1_s[1] == 1)));
+Call rows_forward_call(const void* x, int64_t x_stride, void* y, int64_t y_stride, int64_t rows, int64_t cols,
+                       softlight_dtype dtype, const softlight_forward_options* options, softlight_status* st,
+                       bool* noop) {
+  // A single row never steps by its stride, so any stride is accepted there.
+  const bool steps = rows > 1 && cols > 0;
+  const int64_t xs[3] = {x_stride, 1, 0}, ys[3] = {y_stride, 1, 0};
+  Call c = forward_call(x, xs, y, ys, rows, cols, 1, dtype, options, st, noop);
+  // A row stride under cols: before the overlap (and y's own aliasing) that it would also cause.
+  if (steps && (x_stride < cols || y_stride < cols) &&
+      (*st == SOFTLIGHT_SUCCESS || *st == SOFTLIGHT_ERROR_OVERLAP || *st == SOFTLIGHT_ERROR_INVALID_STRIDE))
+    *st = SOFTLIGHT_ERROR_INVALID_STRIDE;
+  return c;
 }
 
 }  // namespace softlight

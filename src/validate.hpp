@@ -7,29 +7,11 @@
 
 namespace softlight {
 
-struct RowsCall {
-  const void* x;
-  int64_t x_stride;
-  void* y;
-  int64_t y_stride;
-  int64_t rows;
-  int64_t cols;
-  softlight_dtype dtype;
-  double scale = 1.0;    // 1 / temperature
-  void* lse = nullptr;   // optional per-row log-sum-exp (accumulation type)
-};
-
-// SOFTLIGHT_SUCCESS with *noop set when there is nothing to do; otherwise the first problem found,
-// checked in the order: dtype, sizes, pointers, strides, overlap.
-softlight_status validate_rows_call(const RowsCall& c, bool* noop);
-
-// Fills in scale and lse from the options (NULL: defaults), then validate_rows_call; a temperature
-// that is not finite and positive is INVALID_ARGUMENT.
-softlight_status prepare_rows_call(const softlight_forward_options* o, RowsCall* c, bool* noop);
-
-// A call along any axis: extents {outer, dim, inner}; strides {outer, dim, inner} in elements per
-// array. Forward: in0 = x, out = y. Backward: in0 = dy, in1 = y, out = dx.
-struct AxisCall {
+// The one description of a call, from the C ABI to the launchers: extents {outer, dim, inner};
+// strides {outer, dim, inner} in elements per array, those of extent-1 axes 0. Forward: in0 = x,
+// out = y. Backward: in0 = dy, in1 = y, out = dx. Rows are the case inner = 1 with the axis
+// contiguous (is_rows); the rows kernels read them through the accessors below.
+struct Call {
   int64_t n[3];
   softlight_dtype dtype;
   const void* in0;
@@ -41,22 +23,37 @@ struct AxisCall {
   bool backward = false;
   double scale = 1.0;   // forward: 1 / temperature
   void* lse = nullptr;  // forward: optional log-sum-exp per (outer, inner) position
+
+  // Rows: inner == 1 and every array's axis contiguous (or of one element).
+  bool is_rows() const {
+    return n[2] == 1 && (n[1] == 1 || (in0_s[1] == 1 && out_s[1] == 1 && (!backward || in1_s[1] == 1)));
+  }
+  // The rows view of a forward rows call: x, y and their row strides (0 where there is one row).
+  int64_t rows() const { return n[0]; }
+  int64_t cols() const { return n[1]; }
+  const void* x() const { return in0; }
+  int64_t x_stride() const { return in0_s[0]; }
+  void* y() const { return out; }
+  int64_t y_stride() const { return out_s[0]; }
 };
 
-// The checked AxisCall of a 3-d forward or backward entry, its strides of extent-1 axes set to 0.
-// *st is the first problem found — NULL stride arrays, then the options, then as
-// validate_rows_call: strides must be non-negative, the output must not alias itself (its axes,
+// The checked Call of a 3-d forward or backward entry, its strides of extent-1 axes set to 0.
+// *st is the first problem found — NULL stride arrays, then the options, then dtype, sizes,
+// pointers, strides and overlap: strides must be non-negative, the output must not alias itself (its axes,
 // ordered by stride, each step past all the smaller ones reach), and an output may share an
 // input's memory only as the very same array — and *noop says there is nothing to do.
-AxisCall forward_axis_call(const void* x, const int64_t* xs, void* y, const int64_t* ys, int64_t outer,
+Call forward_call(const void* x, const int64_t* xs, void* y, const int64_t* ys, int64_t outer,
                            int64_t dim, int64_t inner, softlight_dtype dtype,
                            const softlight_forward_options* options, softlight_status* st, bool* noop);
-AxisCall backward_axis_call(const void* dy, const int64_t* dys, const void* y, const int64_t* ys, void* dx,
+Call backward_call(const void* dy, const int64_t* dys, const void* y, const int64_t* ys, void* dx,
                             const int64_t* dxs, int64_t outer, int64_t dim, int64_t inner,
                             softlight_dtype dtype, softlight_status* st, bool* noop);
 
-// The rows view of an axis call when it is one (inner == 1, every dim stride 1): rows = outer,
-// row strides the outer strides.
-bool axis_call_is_rows(const AxisCall& c);
+// The checked Call of the rows forward entries (rows x cols, a row stride per array): as
+// forward_call with inner = 1, where a row stride under cols (more than one row) is also
+// INVALID_STRIDE, found before any overlap.
+Call rows_forward_call(const void* x, int64_t x_stride, void* y, int64_t y_stride, int64_t rows, int64_t cols,
+                       softlight_dtype dtype, const softlight_forward_options* options, softlight_status* st,
+                       bool* noop);
 
 }  // namespace softlight

@@ -557,7 +557,7 @@ template <int... Ns, class F> cudaError_t with_one_of(int n, F&& f) {
 template <class F> cudaError_t with_count(int n, F&& f) { return with_one_of<1, 2, 4, 8>(n, std::forward<F>(f)); }
 
 template <class T, int V>
-cudaError_t launch_backward_iters(const Plan& p, const AxisCall& a, cudaStream_t stream) {
+cudaError_t launch_backward_iters(const Plan& p, const Call& a, cudaStream_t stream) {
   const auto dy = static_cast<const T*>(a.in0), y = static_cast<const T*>(a.in1);
   const auto dx = static_cast<T*>(a.out);
   const int64_t rows = a.n[0];
@@ -648,25 +648,25 @@ single_column_packed_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t 
 }
 
 template <class T>
-cudaError_t launch_single_column(const Plan& p, const RowsArgs& a, cudaStream_t stream) {
-  const T* x = static_cast<const T*>(a.x);
-  T* y = static_cast<T*>(a.y);
+cudaError_t launch_single_column(const Plan& p, const Call& a, cudaStream_t stream) {
+  const T* x = static_cast<const T*>(a.x());
+  T* y = static_cast<T*>(a.y());
   const auto scale = static_cast<acc_t<T>>(a.scale);
   auto* lse = static_cast<acc_t<T>*>(a.lse);
   constexpr int V = 16 / sizeof(T);
-  const bool flat = (a.rows == 1 || (a.x_stride == 1 && a.y_stride == 1)) &&
+  const bool flat = (a.rows() == 1 || (a.x_stride() == 1 && a.y_stride() == 1)) &&
                     reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
   if (flat && V > 1) {
     const int64_t per_cta = int64_t{kWarpRowsThreads} * kSinglePacks * V;
-    const int64_t grid = std::clamp<int64_t>((a.rows + per_cta - 1) / per_cta, 1, p.grid);
+    const int64_t grid = std::clamp<int64_t>((a.rows() + per_cta - 1) / per_cta, 1, p.grid);
     single_column_packed_kernel<T, V><<<static_cast<unsigned>(grid), kWarpRowsThreads, 0, stream>>>(
-        x, y, a.rows, scale, lse);
+        x, y, a.rows(), scale, lse);
     return cudaGetLastError();
   }
-  const int64_t grid = std::min<int64_t>(p.grid, (a.rows + kWarpRowsThreads * kSingleRows - 1) /
+  const int64_t grid = std::min<int64_t>(p.grid, (a.rows() + kWarpRowsThreads * kSingleRows - 1) /
                                                      (kWarpRowsThreads * kSingleRows));
   single_column_kernel<T><<<static_cast<unsigned>(grid), kWarpRowsThreads, 0, stream>>>(
-      x, a.x_stride, y, a.y_stride, a.rows, scale, lse);
+      x, a.x_stride(), y, a.y_stride(), a.rows(), scale, lse);
   return cudaGetLastError();
 }
 
@@ -674,12 +674,12 @@ cudaError_t launch_single_column(const Plan& p, const RowsArgs& a, cudaStream_t 
 // each, plan.segment packs a CTA), one row to a cluster: plan.grid clusters, one per row; plan.peel
 // for rows off 16 bytes.
 template <class T>
-cudaError_t launch_register_clusters(const Plan& p, const RowsArgs& a, cudaStream_t stream) {
+cudaError_t launch_register_clusters(const Plan& p, const Call& a, cudaStream_t stream) {
   // Built for 16-byte packs of 2- and 4-byte types, four or eight a thread (the planner's only).
   if constexpr (sizeof(T) == 8) {
     return cudaErrorInvalidValue;
   } else {
-    if ((p.iters != 4 && p.iters != 8) || p.grid != a.rows) return cudaErrorInvalidValue;
+    if ((p.iters != 4 && p.iters != 8) || p.grid != a.rows()) return cudaErrorInvalidValue;
     using Kernel = void (*)(const T*, int64_t, T*, int64_t, int, int, acc_t<T>, acc_t<T>*);
     Kernel kernel = p.peel ? register_cluster_kernel<T, 4, true> : register_cluster_kernel<T, 4, false>;
     if (p.iters == 8 && p.bounded)
@@ -690,8 +690,8 @@ cudaError_t launch_register_clusters(const Plan& p, const RowsArgs& a, cudaStrea
     cudaError_t e = prepare_cluster_launch(kernel, p, stream, &l);
     if (e != cudaSuccess) return e;
     l.cfg.gridDim = dim3(static_cast<unsigned>(p.grid * p.cluster));  // a cluster per row, not persistent
-    e = cudaLaunchKernelEx(&l.cfg, kernel, static_cast<const T*>(a.x), a.x_stride, static_cast<T*>(a.y), a.y_stride,
-                           static_cast<int>(a.cols), static_cast<int>(p.segment), static_cast<acc_t<T>>(a.scale),
+    e = cudaLaunchKernelEx(&l.cfg, kernel, static_cast<const T*>(a.x()), a.x_stride(), static_cast<T*>(a.y()), a.y_stride(),
+                           static_cast<int>(a.cols()), static_cast<int>(p.segment), static_cast<acc_t<T>>(a.scale),
                            static_cast<acc_t<T>*>(a.lse));
     return e != cudaSuccess ? e : cudaGetLastError();
   }
@@ -715,7 +715,7 @@ template <class T, class Kernel> cudaError_t choose_short_rows(const Plan& p, Ke
 }
 
 template <class T, int V>
-cudaError_t launch_iters(const Plan& p, const RowsArgs& a, cudaStream_t stream) {
+cudaError_t launch_iters(const Plan& p, const Call& a, cudaStream_t stream) {
   // Rows in 16-byte packs go to short_rows_kernel (several rows a lane) or rows_in_registers_kernel,
   // which take the row length in packs; the rest to warp_rows_kernel, in elements. All three take
   // the same arguments.
@@ -746,9 +746,9 @@ cudaError_t launch_iters(const Plan& p, const RowsArgs& a, cudaStream_t stream) 
     });
   }
   if (chosen != cudaSuccess) return chosen;
-  const int length = static_cast<int>(kPacked && !p.peel ? a.cols / V : a.cols);
-  k<<<static_cast<unsigned>(p.grid), p.threads, 0, stream>>>(static_cast<const T*>(a.x), a.x_stride,
-                                                             static_cast<T*>(a.y), a.y_stride, a.rows, length,
+  const int length = static_cast<int>(kPacked && !p.peel ? a.cols() / V : a.cols());
+  k<<<static_cast<unsigned>(p.grid), p.threads, 0, stream>>>(static_cast<const T*>(a.x()), a.x_stride(),
+                                                             static_cast<T*>(a.y()), a.y_stride(), a.rows(), length,
                                                              p.group, static_cast<acc_t<T>>(a.scale),
                                                              static_cast<acc_t<T>*>(a.lse));
   return cudaGetLastError();
@@ -756,16 +756,16 @@ cudaError_t launch_iters(const Plan& p, const RowsArgs& a, cudaStream_t stream) 
 
 }  // namespace
 
-cudaError_t launch_warp_rows(const Plan& p, const RowsArgs& a, cudaStream_t stream) {
+cudaError_t launch_warp_rows(const Plan& p, const Call& a, cudaStream_t stream) {
   if (p.flat_rows > 0)
     return with_element_type(a.dtype, [&](auto tag) {
       using T = decltype(tag);
       flat_rows_kernel<T><<<static_cast<unsigned>(p.grid), p.threads, p.smem_bytes, stream>>>(
-          static_cast<const T*>(a.x), static_cast<T*>(a.y), a.rows, static_cast<int>(a.cols), p.flat_rows,
+          static_cast<const T*>(a.x()), static_cast<T*>(a.y()), a.rows(), static_cast<int>(a.cols()), p.flat_rows,
           p.flat_spread, static_cast<acc_t<T>>(a.scale), static_cast<acc_t<T>*>(a.lse));
       return cudaGetLastError();
     });
-  if (a.cols == 1)
+  if (a.cols() == 1)
     return with_element_type(a.dtype, [&](auto tag) { return launch_single_column<decltype(tag)>(p, a, stream); });
   if (p.cluster > 0)
     return with_element_type(a.dtype, [&](auto tag) { return launch_register_clusters<decltype(tag)>(p, a, stream); });
@@ -774,7 +774,7 @@ cudaError_t launch_warp_rows(const Plan& p, const RowsArgs& a, cudaStream_t stre
   });
 }
 
-cudaError_t launch_warp_rows_backward(const Plan& p, const AxisCall& a, cudaStream_t stream) {
+cudaError_t launch_warp_rows_backward(const Plan& p, const Call& a, cudaStream_t stream) {
   return with_element_type_and_vec(a.dtype, p.vec, [&](auto tag, auto vec) {
     return launch_backward_iters<decltype(tag), decltype(vec)::value>(p, a, stream);
   });

@@ -45,7 +45,35 @@ def axis_plan(x, d, **kw):
     e = x.element_size()
     dev = {k: v for k, v in device_plan_args().items() if k != "cc_minor"}
     aligned = inner > 1 and inner * e % 16 == 0 and x.data_ptr() % 16 == 0
-    return _C.plan_axis(outer, x.shape[d], inner, e, inner == 1, False, False, **dev, tiles_aligned=aligned, **kw)
+    return plan_axis_args(outer, x.shape[d], inner, e, inner == 1, False, False, **dev, tiles_aligned=aligned, **kw)
+
+
+_DEVICE = ("cc_major", "cc_minor", "sm_count", "smem_optin", "max_cluster")
+_ROWS_FLAGS = ("aligned8", "rows128", "peelable", "flat16")
+
+
+def plan(rows, cols, elem_bytes, aligned16, **kw):
+    """_C.plan_rows with the problem's flags, the device and forced values as keywords."""
+    dev = {k: kw.pop(k) for k in _DEVICE if k in kw}
+    prob = dict(rows=rows, cols=cols, elem_bytes=elem_bytes, aligned16=aligned16,
+                **{k: kw.pop(k) for k in _ROWS_FLAGS if k in kw})
+    return _C.plan_rows(prob, dev, kw)
+
+
+def plan_axis_args(outer, dim, inner, elem_bytes, rows, aligned16, backward, tiles_aligned=False, **kw):
+    """_C.plan_axis with the problem positional, the device and forced values as keywords."""
+    dev = {k: kw.pop(k) for k in _DEVICE if k in kw}
+    prob = dict(outer=outer, dim=dim, inner=inner, elem_bytes=elem_bytes, rows=rows, aligned16=aligned16,
+                backward=backward, tiles_aligned=tiles_aligned)
+    return _C.plan_axis(prob, dev, kw)
+
+
+# Values forced on the library through its tuning interface (tuning builds only; the `force`
+# fixture of conftest.py), so that the tests' plans are the library's.
+FORCED = {}
+TUNING = hasattr(_C, "force")
+NO_TUNING = ("a default build has no tuning interface: build with "
+             "-C cmake.define.SOFTLIGHT_TUNING=ON to run the tests that force a path")
 
 
 def random_rows(rows, cols, dtype, scale=3.0, gen=None):

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+import capi
 import softlight
 from softlight import InvalidArgumentError, _C
 from reference import (POISON, assert_matches, from_bfloat16_bits, log_softmax_grad_ref, log_softmax_ref,
@@ -83,7 +84,7 @@ def test_temperature_and_lse_along_an_axis(rng):
 def test_bfloat16_axis_through_the_raw_entry(rng):
     xb = to_bfloat16_bits(rng.standard_normal((3, 70, 9)) * 3)
     yb = np.full(xb.shape, to_bfloat16_bits(np.float32(POISON)), np.uint16)
-    st = _C.forward_3d_cpu(xb.ctypes.data, (630, 9, 1), yb.ctypes.data, (630, 9, 1), 3, 70, 9, BF16)
+    st = capi.forward_3d_cpu(xb.ctypes.data, (630, 9, 1), yb.ctypes.data, (630, 9, 1), 3, 70, 9, BF16)
     assert st == 0
     assert_matches(from_bfloat16_bits(yb), log_softmax_ref_axis(from_bfloat16_bits(xb), 1), "bfloat16")
 
@@ -136,7 +137,7 @@ def test_backward_bfloat16_raw(rng):
     yb = to_bfloat16_bits(log_softmax_ref(rng.standard_normal((4, 300))))
     gb = to_bfloat16_bits(rng.standard_normal((4, 300)))
     db = np.zeros_like(gb)
-    assert _C.backward_cpu(gb.ctypes.data, 300, yb.ctypes.data, 300, db.ctypes.data, 300, 4, 300, BF16) == 0
+    assert capi.backward_cpu(gb.ctypes.data, 300, yb.ctypes.data, 300, db.ctypes.data, 300, 4, 300, BF16) == 0
     ref = log_softmax_grad_ref(from_bfloat16_bits(gb), from_bfloat16_bits(yb))
     err = np.abs(from_bfloat16_bits(db) - ref) / (1 + np.abs(from_bfloat16_bits(gb)).sum(-1, keepdims=True))
     assert err.max() < 8e-3
@@ -166,7 +167,7 @@ def test_3d_entry_checks():
     x = np.ones((2, 3, 4), np.float32)
     y = np.full((2, 3, 4), POISON, np.float32)
     s = (12, 4, 1)
-    call = lambda xs=s, ys=s, n=(2, 3, 4), xp=x.ctypes.data, yp=y.ctypes.data: _C.forward_3d_cpu(  # noqa: E731
+    call = lambda xs=s, ys=s, n=(2, 3, 4), xp=x.ctypes.data, yp=y.ctypes.data: capi.forward_3d_cpu(  # noqa: E731
         xp, xs, yp, ys, *n, F32)
     assert call(ys=(12, -4, 1)) == 3          # negative stride
     assert call(ys=(12, 0, 1)) == 3           # the output aliases itself
@@ -183,15 +184,28 @@ def test_3d_entry_checks():
     assert call() == 0 and np.allclose(y, -np.log(3))
 
 
-def test_contiguous_layout_shortcut_equals_the_general_rule(rng):
-    """_axis_layout's shortcut for C-contiguous arrays gives what the general rule gives them, for
-    every axis, with and without axes of extent 1."""
-    from softlight._api import _axis_layout, _c_strides, _strided_layout
-    from softlight._arrays import View
+def test_layout_of_an_axis(rng):
+    """The bindings' 3-d layout (outer, dim, inner) of random views along every axis: accepted
+    exactly where the axes before and after dim each merge into one evenly strided axis, and then
+    computing what float64 computes along that axis."""
     for _ in range(300):
-        shape = tuple(int(v) for v in rng.choice([1, 1, 2, 3, 7], size=int(rng.integers(1, 6))))
-        strides = _c_strides(shape)
-        assert strides == tuple(s // 4 for s in np.empty(shape, np.float32).strides)
-        v = View(ptr=0, shape=shape, strides=strides, dtype="float32", on_gpu=False, device_id=0, readonly=False)
+        shape = tuple(int(v) for v in rng.choice([1, 1, 2, 3, 7], size=int(rng.integers(1, 5))))
+        big = tuple(s * 2 for s in shape[:-1]) + (shape[-1] * 4,)
+        base = rng.standard_normal(big).astype(np.float32)
+        view = base[tuple(slice(None, None, int(rng.choice([1, 2]))) for _ in shape)]
+        view = view[tuple(slice(0, s) for s in shape)]
+        strides = tuple(s // 4 for s in view.strides)
         for d in range(len(shape)):
-            assert _axis_layout(v, d, "x") == _strided_layout(shape, strides, d, "x"), (shape, d)
+            code = _C.layout_code(shape, strides, d)
+            def merges(axes):
+                axes = [(n, s) for n, s in axes if n != 1]
+                return all(s == s2 * n2 for (n, s), (n2, s2) in zip(axes, axes[1:]))
+            want = 0 if 0 in shape else (-2 if not merges(list(zip(shape[:d], strides[:d]))) else
+                                         -3 if not merges(list(zip(shape[d + 1:], strides[d + 1:]))) else 0)
+            assert code == want, (shape, strides, d)
+            if code == 0:
+                y = softlight.log_softmax(view, dim=d)
+                ref = np.asarray(view, np.float64)
+                ref = ref - ref.max(d, keepdims=True)
+                ref -= np.log(np.exp(ref).sum(d, keepdims=True))
+                assert np.abs(y - ref).max() <= 1e-5 * max(1.0, np.abs(ref).max())

@@ -46,3 +46,15 @@ def test_header_is_plain_c(tmp_path):
         src.write_text("#include <softlight/softlight.h>\nint main(void) { return softlight_dtype_size(SOFTLIGHT_FLOAT32) == 4 ? 0 : 1; }\n")
         run([compiler, flag, "-Wall", "-Werror", "-pedantic", f"-I{softlight.include_dir()}", "-c", str(src),
              "-o", str(tmp_path / "t.o")])
+
+
+def test_default_build_holds_no_environment_or_tuning_names():
+    """The shipped library reads no environment variable and has no tuning knob: neither a
+    SOFTLIGHT_ name nor any forced value's name is in it (a tuning build exports its interface)."""
+    from softlight import _C
+    if hasattr(_C, "force"):
+        pytest.skip("a tuning build (SOFTLIGHT_TUNING=ON) holds its interface by design")
+    data = Path(softlight.library_path()).read_bytes()
+    for name in (b"SOFTLIGHT_", b"softlight_tuning", b"CHUNK_BYTES", b"REGISTER_CLUSTER", b"ROWS_PER_LANE",
+                 b"GRID_ROWS", b"SPILL_CHUNKS", b"PEEL_CLUSTERS", b"SPLIT_LANES", b"VERBOSE"):
+        assert name not in data, name

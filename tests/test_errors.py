@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+import capi
 import softlight
 from softlight import InvalidArgumentError, SoftlightError, UnsupportedDTypeError
 from reference import POISON
@@ -186,6 +187,6 @@ def test_lse_overlapping_x_or_y_is_refused():
 def test_c_abi_rejects_bad_temperature_directly():
     from softlight import _C
     x, y = np.ones((2, 3), np.float32), poisoned((2, 3))
-    assert _C.forward_cpu(x.ctypes.data, 3, y.ctypes.data, 3, 2, 3, 0, 0, -2.0, 0) == 11
-    assert _C.forward_cpu(x.ctypes.data, 3, y.ctypes.data, 3, 2, 3, 0, 0, 0.0, 0) == 0  # 0 means 1
+    assert capi.forward_cpu(x.ctypes.data, 3, y.ctypes.data, 3, 2, 3, 0, 0, -2.0, 0) == 11
+    assert capi.forward_cpu(x.ctypes.data, 3, y.ctypes.data, 3, 2, 3, 0, 0, 0.0, 0) == 0  # 0 means 1
     assert (y <= 0).all()

@@ -8,7 +8,8 @@ import pytest
 
 import softlight
 from softlight import _C
-from gpu_util import (DTYPES, HAVE_GPU, assert_close_to_float64, assert_lse_close, axis_plan, device_plan_args,
+from gpu_util import (DTYPES, FORCED, HAVE_GPU, assert_close_to_float64, assert_lse_close, axis_plan, device_plan_args,
+                      plan, plan_axis_args,
                       needs_gpu, poisoned_like, random_rows, tdtype, torch)
 from reference import POISON, SPECIAL_ROWS, TOL, special_matrix
 
@@ -26,21 +27,14 @@ def rows_for(cols, dtype, budget=1 << 24):
     return int(max(1, min(129, budget // (cols * ELEM[dtype]))))
 
 
-PLAN_KNOBS = ("cluster", "chunk_bytes", "threads", "hints", "exchange", "claim", "iters", "register_rows_bytes",
-              "flat", "rows_per_lane", "peel_clusters", "register_cluster", "grid_rows", "item_chunks",
-              "spill_chunks", "stripe")
-
-
 def planned(rows, cols, dtype, aligned=True, peelable=False):
-    """The plan the library makes for this problem on this GPU (tuning knobs included). peelable:
+    """The plan the library makes for this problem on this GPU (forced values included). peelable:
     x and y rows misaligned alike (the rows of contiguous arrays)."""
-    # The knobs as the library reads them from the environment, those the planner takes.
-    knobs = {k: v for k, v in _C.env_knobs().items() if k in PLAN_KNOBS}
     e = ELEM[dtype]
     # aligned: a contiguous array from torch's allocator (its base on 16 bytes and more: 512).
-    return _C.plan(rows, cols, e, aligned and cols * e % 16 == 0, **device_plan_args(), **knobs,
-                   aligned8=aligned and cols * e % 8 == 0, flat16=aligned, peelable=peelable,
-                   rows128=aligned and cols * e % 128 == 0)
+    return plan(rows, cols, e, aligned and cols * e % 16 == 0, **device_plan_args(), **FORCED,
+                aligned8=aligned and cols * e % 8 == 0, flat16=aligned, peelable=peelable,
+                rows128=aligned and cols * e % 128 == 0)
 
 
 def run_and_check(x, dtype, what, out=None):
@@ -211,50 +205,31 @@ def test_torch_in_torch_out_and_framework_stream():
     assert_close_to_float64(y, x, "float32")
 
 
-def test_torch_tensors_read_from_their_attributes_as_dlpack_reads_them(monkeypatch):
-    """torch tensors are read from their attributes, not through __dlpack__, where the export would
-    ask nothing of torch (CPU tensors; CUDA tensors when our stream is torch's current one): the two
-    readings agree in every field and in the layout taken along each axis (or refuse it alike).
-    Tensors the attributes cannot stand for, and CUDA tensors for another stream (whose export makes
-    that stream wait for torch's), go through DLPack."""
-    from softlight import _arrays
-    from softlight._api import _axis_layout
-    from softlight._arrays import CPU, CUDA, NO_SYNC, export, read_view, torch_view
+def test_torch_tensors_read_from_their_attributes_as_dlpack_reads_them():
+    """torch tensors are read from their attributes, not through __dlpack__: the two readings agree
+    in every field, and the layout taken along each axis (or its refusal) is the same."""
+    from softlight._arrays import read_dlpack, read_torch
     base = torch.randn(6, 5, 8, device="cuda")
     cases = [base, base[:, 1:4], base.transpose(0, 2), base[::2, :, 3:], base[:, :1], base[0, 0, 0],
              base[:0], torch.randn(3, 1, 4, device="cuda").expand(3, 2, 4),
              torch.randn(100, device="cuda", dtype=torch.bfloat16)[1:],
              torch.randn(4, 7, dtype=torch.float16, device="cuda"), torch.randn(4, 7, dtype=torch.float64),
-             torch.randn(3, 9)[:, ::2]]
+             torch.randn(3, 9)[:, ::2], torch.nn.Parameter(base, requires_grad=False)]
+    stream = torch.cuda.current_stream().cuda_stream
     for t in cases:
-        fast, slow = torch_view(t), export(t, CUDA if t.is_cuda else CPU, NO_SYNC)
-        assert fast is not None
-        assert (fast.ptr, fast.shape, fast.dtype, fast.on_gpu, fast.device_id, fast.readonly) == \
-            (slow.ptr, slow.shape, slow.dtype, slow.on_gpu, slow.device_id, slow.readonly), (t.shape, t.stride())
+        fast, s1 = read_torch(t, None)
+        slow, s2 = read_dlpack(t, stream if t.is_cuda else None, "torch")
+        assert tuple(fast[:1]) + (tuple(fast[1]), tuple(fast[2])) + tuple(fast[3:7]) == \
+            tuple(slow[:1]) + (tuple(slow[1]), tuple(slow[2])) + tuple(slow[3:7]), (t.shape, t.stride())
+        assert s1 == (stream if t.is_cuda else None)
         for d in range(t.dim()):
-            got = []
-            for v in (fast, slow):
-                try:
-                    got.append(_axis_layout(v, d, "x"))
-                except softlight.InvalidArgumentError as e:
-                    got.append(str(e).split(" (shape")[0])
-            assert got[0] == got[1], (t.shape, t.stride(), d)
-    negative = torch.randn(3, dtype=torch.cfloat, device="cuda").conj().imag  # the negative bit, where set
-    for t in [base.detach().requires_grad_(True), base.to(torch.int32), base.to_sparse(),
-              torch.nn.Parameter(base, requires_grad=False)] + ([negative] if negative.is_neg() else []):
-        assert torch_view(t) is None
-    exports = []
-
-    def spy(*args):
-        exports.append(args[2])
-        return export(*args)
-    monkeypatch.setattr(_arrays, "export", spy)
-    other = torch.cuda.Stream()
-    assert read_view(base, "torch", NO_SYNC) == torch_view(base) and not exports
-    on_cpu = base.cpu()
-    assert read_view(on_cpu, "torch", other.cuda_stream) == torch_view(on_cpu) and not exports
-    assert read_view(base, "torch", other.cuda_stream).ptr == base.data_ptr()
-    assert exports == [other.cuda_stream]  # another stream: the export makes it wait for torch's
+            assert _C.layout_code(fast[1], fast[2], d) == _C.layout_code(slow[1], slow[2], d)
+    with pytest.raises(softlight.UnsupportedDTypeError):
+        softlight.log_softmax(base.to(torch.int32))
+    with pytest.raises(softlight.InvalidArgumentError, match="sparse"):
+        softlight.log_softmax(base.to_sparse())
+    grad = base.detach().requires_grad_(True)
+    assert_close_to_float64(softlight.log_softmax(grad), base, "float32")
 
 
 def test_explicit_stream_waits_for_the_framework_stream():
@@ -371,19 +346,19 @@ def test_many_host_threads_many_streams():
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("cluster", [1, 2, 4, 8, 16])
 @pytest.mark.parametrize("chunk,threads,hints,stripe", [(4096, 288, 0, 0), (16384, 544, 3, 1), (32768, 160, 1, -1)])
-def test_cluster_shapes_forced(monkeypatch, cluster, chunk, threads, hints, stripe, dtype):
+def test_cluster_shapes_forced(force, cluster, chunk, threads, hints, stripe, dtype):
     """Every cluster size, chunk size, warp count and cache hint the tuning knobs can pick, chunks
     dealt in turn or in contiguous slices (STRIPE=0), on rows that leave some CTAs of a cluster with
     no chunk at all, and rows that stream through the ring; always more rows than clusters, so that
     every cluster goes round several times."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("clusters need sm_90")
-    monkeypatch.setenv("SOFTLIGHT_EXCHANGE", "0")  # clusters (grid groups: test_grid_groups_forced)
-    monkeypatch.setenv("SOFTLIGHT_CLUSTER", str(cluster))
-    monkeypatch.setenv("SOFTLIGHT_CHUNK_BYTES", str(chunk))
-    monkeypatch.setenv("SOFTLIGHT_THREADS", str(threads))
-    monkeypatch.setenv("SOFTLIGHT_HINTS", str(hints))
-    monkeypatch.setenv("SOFTLIGHT_STRIPE", str(stripe))
+    force(exchange=0)  # clusters (grid groups: test_grid_groups_forced)
+    force(cluster=cluster)
+    force(chunk_bytes=chunk)
+    force(threads=threads)
+    force(hints=hints)
+    force(stripe=stripe)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for cols in (8192, 69632, 393216, 2_000_000):
         rows = min(3 * sms // cluster + 5, max(1, (1 << 26) // (cols * ELEM[dtype])))
@@ -438,16 +413,16 @@ def test_chunks_resized_for_uneven_slices(cols, dtype, cluster, per_cta):
     (16, 0, 3, 1572864, 40),      # the founding shape's rows, the planner's chunks
     (2, 4096, 5, 400000, 57),     # rows not a whole number of chunks
 ])
-def test_claimed_rows(monkeypatch, cluster, chunk, groups, row_bytes, rows, dtype):
+def test_claimed_rows(force, cluster, chunk, groups, row_bytes, rows, dtype):
     """Clusters that claim their rows from a counter: few clusters, each through dozens to hundreds
     of rows; the same bits as rows dealt in turn, and right against float64 with temperature and LSE."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("clusters need sm_90")
-    monkeypatch.setenv("SOFTLIGHT_EXCHANGE", "0")
-    monkeypatch.setenv("SOFTLIGHT_CLUSTER", str(cluster))
-    monkeypatch.setenv("SOFTLIGHT_CHUNK_BYTES", str(chunk))
-    monkeypatch.setenv("SOFTLIGHT_GROUPS", str(groups))
-    monkeypatch.setenv("SOFTLIGHT_CLAIM", "1")  # the default
+    force(exchange=0)
+    force(cluster=cluster)
+    force(chunk_bytes=chunk)
+    force(groups=groups)
+    force(claim=1)  # the default
     x = random_rows(rows, row_bytes // ELEM[dtype], dtype)
     p = planned(*x.shape, dtype)
     assert p["family"] == "cluster_rows" and p["claim_rows"] and p["cluster"] == cluster, p
@@ -457,20 +432,20 @@ def test_claimed_rows(monkeypatch, cluster, chunk, groups, row_bytes, rows, dtyp
     assert_close_to_float64(y2, x, dtype, "claimed, temperature", transform=lambda v: v / 0.75)
     ref = torch.logsumexp(x.double() / 0.75, -1)
     assert bool(((lse.double() - ref).abs() <= 1e-5 + 1e-5 * ref.abs()).all())
-    monkeypatch.setenv("SOFTLIGHT_CLAIM", "0")
+    force(claim=0)
     assert not planned(*x.shape, dtype)["claim_rows"]
     dealt = run_and_check(x, dtype, "rows dealt in turn")
     assert torch.equal(y.view(torch.uint8), dealt.view(torch.uint8)), "a row's result depends on its cluster"
 
 
-def test_claimed_rows_back_to_back(monkeypatch):
+def test_claimed_rows_back_to_back(force):
     """A stream's launches share its claimed rows' counter, which each launch's last cluster puts
     back: launches of different cluster counts and types queued back to back on one stream, in
     two rounds with the outputs poisoned between them, each right in both (the ring for every row:
     rows in registers over a cluster would take some of them)."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("claimed rows are cluster_rows' (sm_90)")
-    monkeypatch.setenv("SOFTLIGHT_REGISTER_CLUSTER", "0")
+    force(register_cluster=0)
     shapes = [(300, 32768, "float32"), (40, 393216, "float32"), (700, 32768, "bfloat16"),
               (300, 32768, "float32"), (64, 131072, "float16")]
     xs = [random_rows(*s) for s in shapes]
@@ -492,10 +467,10 @@ def test_claimed_rows_back_to_back(monkeypatch):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows,cols", [(1, 7), (3, 7), (70_001, 7), (5_003, 3), (2_051, 50), (4_099, 100),
                                        (1_025, 127), (300, 9)])
-def test_flat_tiles(monkeypatch, rows, cols, dtype):
+def test_flat_tiles(force, rows, cols, dtype):
     """Short rows not in 16-byte packs, in one contiguous run: tiles staged through shared memory
     as packs of the flat array (tails of a tile that are not a whole pack included), against float64;
-    and the same rows the other way (SOFTLIGHT_FLAT=0)."""
+    and the same rows the other way (flat=0 forced)."""
     if cols * ELEM[dtype] > 256 or cols * ELEM[dtype] % 16 == 0:
         pytest.skip("not a flat-tile row")
     x = random_rows(rows, cols, dtype)
@@ -505,11 +480,11 @@ def test_flat_tiles(monkeypatch, rows, cols, dtype):
         x[2, 0] = float("inf")
     assert planned(rows, cols, dtype)["flat_rows"] > 0
     flat = run_and_check(x, dtype, f"flat tiles {dtype} {rows}x{cols}")
-    monkeypatch.setenv("SOFTLIGHT_FLAT", "0")
+    force(flat=0)
     assert planned(rows, cols, dtype)["flat_rows"] == 0
     other = run_and_check(x, dtype, f"rows {dtype} {rows}x{cols}")
     assert torch.equal(torch.isnan(flat), torch.isnan(other))
-    monkeypatch.delenv("SOFTLIGHT_FLAT")
+    force(flat=-1)
     y2, lse2 = softlight.log_softmax(x, temperature=0.5, return_lse=True)
     torch.cuda.synchronize()
     assert_close_to_float64(y2, x, dtype, "flat tiles, T=0.5", transform=lambda v: v / 0.5)
@@ -519,14 +494,14 @@ def test_flat_tiles(monkeypatch, rows, cols, dtype):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("threads,iters", [(128, 8), (256, 8), (64, 4), (256, 4)])
 @pytest.mark.parametrize("cols", [8200, 12000, 32000, 50000, 65536, 131072, 262144])
-def test_rows_in_registers_over_a_cluster(monkeypatch, cols, threads, iters, dtype):
-    """Rows in registers over a cluster (SOFTLIGHT_REGISTER_CLUSTER=threads, ITERS=iters forced):
+def test_rows_in_registers_over_a_cluster(force, cols, threads, iters, dtype):
+    """Rows in registers over a cluster (register_cluster=threads, iters=iters forced):
     clusters of 2 to 16 CTAs, slices ending mid-warp (lanes past the row's end), special values, temperature and LSE, strided rows, against float64; a row's result equal to
     its result from the rows beside it."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("clusters need Hopper")
-    monkeypatch.setenv("SOFTLIGHT_REGISTER_CLUSTER", str(threads))
-    monkeypatch.setenv("SOFTLIGHT_ITERS", str(iters))
+    force(register_cluster=threads)
+    force(iters=iters)
     vec = 16 // ELEM[dtype]
     c = -(-(cols // vec) // (threads * iters))
     p = planned(37, cols, dtype)
@@ -665,9 +640,9 @@ def test_register_clusters_rows_off_128_bytes(cols, off, dtype):
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("clusters need Hopper")
     rows, e = 37, ELEM[dtype]
-    p = _C.plan(rows, cols, e, True, **device_plan_args(), rows128=False)
+    p = plan(rows, cols, e, True, **device_plan_args(), rows128=False)
     assert (p["family"], p["threads"], p["iters"], p["bounded"]) == ("warp_rows", 128, 8, True), p
-    assert not _C.plan(rows, cols, e, True, **device_plan_args(), rows128=True)["bounded"]
+    assert not plan(rows, cols, e, True, **device_plan_args(), rows128=True)["bounded"]
     base = random_rows(1, rows * cols + off // e, dtype).flatten()
     x = base[off // e:].view(rows, cols)
     x[0, 0] = float("nan")
@@ -693,7 +668,7 @@ def test_register_clusters_rows_off_128_bytes(cols, off, dtype):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("threads", [0, 128, 256])
 @pytest.mark.parametrize("cols", [8203, 32001, 50257, 65531, 131069])
-def test_peeled_rows_in_registers_over_a_cluster(monkeypatch, cols, threads, dtype):
+def test_peeled_rows_in_registers_over_a_cluster(force, cols, threads, dtype):
     """Rows off 16 bytes, x and y off alike (odd lengths: each row of a contiguous array starts at
     another offset), in registers over a cluster: the 16-byte blocks each row touches in packs, the
     first and last cut to the row (element by element in the first row's first block and the last
@@ -704,7 +679,7 @@ def test_peeled_rows_in_registers_over_a_cluster(monkeypatch, cols, threads, dty
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("clusters need Hopper")
     if threads:
-        monkeypatch.setenv("SOFTLIGHT_REGISTER_CLUSTER", str(threads))
+        force(register_cluster=threads)
     vec = 16 // ELEM[dtype]
     p = planned(37, cols, dtype, aligned=False, peelable=True)
     if not (p["family"] == "warp_rows" and p["cluster"] > 0):
@@ -754,16 +729,16 @@ def test_fp32_rows_no_cluster_holds_go_to_grid_rows(rows, cols):
 @pytest.mark.parametrize("knobs", ["", "ITEM_CHUNKS=2", "ITEM_CHUNKS=4 THREADS=288", "ITEM_CHUNKS=8 CHUNK_BYTES=8192",
                                    "SPILL_CHUNKS=1", "SPILL_CHUNKS=4 ITEM_CHUNKS=2", "SPILL_CHUNKS=1000000"])
 @pytest.mark.parametrize("rows,cols", [(37, 100_000), (9, 1_048_576), (3, 4_194_304), (700, 8192), (3000, 1000), (2, 16)])
-def test_grid_rows(monkeypatch, rows, cols, knobs, dtype):
-    """Rows held once in a cooperative grid's rings, items claimed by any CTA (SOFTLIGHT_GRID_ROWS=1):
+def test_grid_rows(force, rows, cols, knobs, dtype):
+    """Rows held once in a cooperative grid's rings, items claimed by any CTA (grid_rows=1 forced):
     rows whose last chunk and item are partial (100 000), rows of many items, rows of one item and
     of one partial chunk (3000 rows: a ring holds rows far apart, whose numbers differ by multiples of
     its table of merged rows); other item, chunk and CTA sizes. Special values, temperature and LSE
     against float64; y strided, nothing written past a row."""
-    monkeypatch.setenv("SOFTLIGHT_GRID_ROWS", "1")
+    force(grid_rows=1)
     for kv in knobs.split():
         k, v = kv.split("=")
-        monkeypatch.setenv("SOFTLIGHT_" + k, v)
+        force(**{k.lower(): int(v)})
     p = planned(rows, cols, dtype)
     assert p["family"] == "grid_rows", p
     x = random_rows(rows, cols, dtype)
@@ -795,11 +770,11 @@ def test_grid_rows(monkeypatch, rows, cols, knobs, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("per_lane", [1, 2, 4, 8])
 @pytest.mark.parametrize("rows,bytes_", [(1, 32), (37, 64), (10_001, 48), (4_097, 256), (999, 512)])
-def test_rows_per_lane(monkeypatch, rows, bytes_, per_lane, dtype):
+def test_rows_per_lane(force, rows, bytes_, per_lane, dtype):
     """Short rows in 16-byte packs, a lane holding one pack of each of several rows (rows of 3 packs
     leave a lane of each group idle), against float64, with the LSE and a temperature."""
     cols = bytes_ // ELEM[dtype]
-    monkeypatch.setenv("SOFTLIGHT_ROWS_PER_LANE", str(per_lane))
+    force(rows_per_lane=per_lane)
     assert planned(rows, cols, dtype)["rows_per_lane"] == per_lane
     x = random_rows(rows, cols, dtype)
     x[0, 1] = float("nan")
@@ -946,7 +921,7 @@ def test_elements_next_to_a_large_max(dtype, temperature, case, cols, family):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("group", [1, 3, 22, 40, 132])
-def test_grid_groups_forced(monkeypatch, group, dtype):
+def test_grid_groups_forced(force, group, dtype):
     """cluster_rows with each row's CTAs a group of a cooperative grid, trading partials through
     global memory: group sizes off the powers of two, wider than a cluster and than a warp (each
     writer lane merges several partials); rows that leave CTAs without a chunk, rows held once and
@@ -954,8 +929,8 @@ def test_grid_groups_forced(monkeypatch, group, dtype):
     temperature and LSE."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("grid groups use cluster_rows' bulk copies (sm_90)")
-    monkeypatch.setenv("SOFTLIGHT_EXCHANGE", "1")
-    monkeypatch.setenv("SOFTLIGHT_CLUSTER", str(group))
+    force(exchange=1)
+    force(cluster=group)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for cols in (8192, 69632, 393216, 2_000_000):
         rows = min(3 * max(1, sms // group) + 5, max(1, (1 << 26) // (cols * ELEM[dtype])))
@@ -1002,8 +977,8 @@ def test_cluster_workspace_in_a_cuda_graph(rows, cols, workspace):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_many_streamed_rows_per_cluster(monkeypatch, dtype):
-    monkeypatch.setenv("SOFTLIGHT_EXCHANGE", "0")  # grid groups would hold these rows
+def test_many_streamed_rows_per_cluster(force, dtype):
+    force(exchange=0)  # grid groups would hold these rows
     x = random_rows(64, 4_194_304, dtype)  # 16 MB rows: each cluster streams several of them
     p = planned(*x.shape, dtype)
     assert p["family"] != "cluster_rows" or not p["resident"]
@@ -1013,13 +988,13 @@ def test_many_streamed_rows_per_cluster(monkeypatch, dtype):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("extra", [1, 9])
 @pytest.mark.parametrize("peeled", [False, True])
-def test_streamed_slices_keep_a_ring_for_the_writers(monkeypatch, dtype, extra, peeled):
+def test_streamed_slices_keep_a_ring_for_the_writers(force, dtype, extra, peeled):
     """Streamed rows: the statistics pass leaves its last ring's worth of chunks for the writers,
     and the slice's other chunks are sent again. Slices of one chunk more than the ring (held in
     L2 between its two reads), and of several more, in 16-CTA clusters; rows on 16 bytes and rows
     whose edges are peeled."""
-    monkeypatch.setenv("SOFTLIGHT_EXCHANGE", "0")
-    monkeypatch.setenv("SOFTLIGHT_CLUSTER", "16")
+    force(exchange=0)
+    force(cluster=16)
     e = ELEM[dtype]
     p0 = planned(8, 4_194_304, dtype)
     cols = 16 * (p0["ring_slots"] + extra) * p0["chunk_bytes"] // e - (3 if peeled else 0)
@@ -1028,7 +1003,7 @@ def test_streamed_slices_keep_a_ring_for_the_writers(monkeypatch, dtype, extra, 
     x[1, -2] = float("inf")
     x[2, :] = float("-inf")
     # (x and y from torch's allocator: rows off 16 bytes are off alike, so the library peels them)
-    p = _C.plan(12, cols, e, not peeled, **device_plan_args(), cluster=16, exchange=0, peelable=peeled)
+    p = plan(12, cols, e, not peeled, **device_plan_args(), cluster=16, exchange=0, peelable=peeled)
     assert p["family"] == "cluster_rows" and p["cluster"] == 16 and not p["resident"], p
     assert p["chunks_per_cta"] == p0["ring_slots"] + extra and p["peel"] == peeled, p
     # One chunk read twice is held in L2 between its reads (the hint), nine are not.
@@ -1037,13 +1012,13 @@ def test_streamed_slices_keep_a_ring_for_the_writers(monkeypatch, dtype, extra, 
 
 
 @pytest.mark.parametrize("rows,cols", [(11, 4_194_304), (13, 2_097_152)])
-def test_streamed_grid_groups(monkeypatch, rows, cols):
+def test_streamed_grid_groups(force, rows, cols):
     """Rows of 2 M and 4 M fp32 as the planner sends them on a Hopper GPU of 132 SMs with grid_rows
     left out (rows of 2 M go there otherwise: test_fp32_rows_no_cluster_holds_go_to_grid_rows): grid
     groups whose slices stream through the ring, keeping 7/8 of each, more rows than groups; special
     values; temperature and LSE. (Rows off 16 bytes never go to grid groups: plan_rows.)"""
-    monkeypatch.setenv("SOFTLIGHT_GRID_ROWS", "0")
-    p = _C.plan(rows, cols, 4, True, **device_plan_args(), grid_rows=0)
+    force(grid_rows=0)
+    p = plan(rows, cols, 4, True, **device_plan_args(), grid_rows=0)
     if not (p["family"] == "cluster_rows" and p["grid_exchange"] and not p["resident"]):
         pytest.skip(f"this GPU plans no streamed grid groups for {rows}x{cols} float32: {p}")
     assert p["chunks_per_cta"] > p["ring_slots"] and 2 * p["cluster"] <= device_plan_args()["sm_count"], p
@@ -1066,7 +1041,7 @@ def test_misaligned_rows_grid_groups_would_take_go_to_clusters_peeled():
     x = random_rows(13, cols, "float32")
     x[0, 3] = float("nan")
     x[1, :] = float("-inf")
-    p = _C.plan(13, cols, 4, False, **device_plan_args(), peelable=True)
+    p = plan(13, cols, 4, False, **device_plan_args(), peelable=True)
     if not (p["family"] == "cluster_rows" and p["peel"]):
         pytest.skip(f"this GPU peels no rows into clusters: {p}")
     assert not p["grid_exchange"] and not p["resident"], p

@@ -6,7 +6,8 @@ import pytest
 
 import softlight
 from softlight import _C
-from gpu_util import DTYPES, assert_lse_close, axis_plan, device_plan_args, needs_gpu, tdtype, torch
+from gpu_util import (DTYPES, assert_lse_close, axis_plan, device_plan_args, needs_gpu, plan, plan_axis_args, tdtype,
+                      torch)
 from reference import POISON, TOL
 
 pytestmark = needs_gpu
@@ -144,13 +145,13 @@ def test_forward_tiles_against_float64(shape, d, dtype):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("cluster", [1, 2, 4, 8, 16])
 @pytest.mark.parametrize("chunk", [4096, 16384])
-def test_forward_tiles_forced_clusters(monkeypatch, cluster, chunk, dtype):
+def test_forward_tiles_forced_clusters(force, cluster, chunk, dtype):
     """Every cluster size and two chunk sizes, with temperature and LSE, on more tiles than
     clusters (each cluster goes round several times) and on an axis that leaves CTAs idle."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("clusters need sm_90")
-    monkeypatch.setenv("SOFTLIGHT_CLUSTER", str(cluster))
-    monkeypatch.setenv("SOFTLIGHT_CHUNK_BYTES", str(chunk))
+    force(cluster=cluster)
+    force(chunk_bytes=chunk)
     for shape in ((16, 600, 384), (40, 40, 128)):
         x = with_column_specials(rand(shape, dtype))
         p = axis_plan(x, 1, cluster=cluster)
@@ -198,10 +199,10 @@ def test_backward_rows(cols, dtype):
 
 @pytest.mark.parametrize("per_lane", [1, 2, 4, 8])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_backward_short_rows_a_pack_of_each_row_a_lane(monkeypatch, per_lane, dtype):
-    """Aligned rows up to 512 bytes with SOFTLIGHT_ROWS_PER_LANE: a lane holds a pack of each of
+def test_backward_short_rows_a_pack_of_each_row_a_lane(force, per_lane, dtype):
+    """Aligned rows up to 512 bytes with rows_per_lane forced: a lane holds a pack of each of
     per_lane rows; rows of one pack to 32, groups not filled, rows left over past the last warp's."""
-    monkeypatch.setenv("SOFTLIGHT_ROWS_PER_LANE", str(per_lane))
+    force(rows_per_lane=per_lane)
     per_pack = 16 // torch.tensor([], dtype=tdtype(dtype)).element_size()
     for packs in (1, 3, 9, 25, 32):
         cols = packs * per_pack
@@ -276,20 +277,20 @@ def backward_plan(rows, cols, dtype):
     """The plan the library makes for the backward of aligned rows on this GPU (no overrides)."""
     d = {k: v for k, v in device_plan_args().items() if k != "cc_minor"}
     e = torch.tensor([], dtype=tdtype(dtype)).element_size()
-    return _C.plan_axis(rows, cols, 1, e, True, cols * e % 16 == 0, True, **d)
+    return plan_axis_args(rows, cols, 1, e, True, cols * e % 16 == 0, True, **d)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("cluster", [1, 2, 4, 8, 16])
 @pytest.mark.parametrize("chunk,threads,hints", [(4096, 288, 0), (16384, 544, 3), (32768, 160, 1)])
-def test_backward_cluster_shapes_forced(monkeypatch, cluster, chunk, threads, hints, dtype):
+def test_backward_cluster_shapes_forced(force, cluster, chunk, threads, hints, dtype):
     """The backward through cluster_rows' two rings, with every cluster size and chunk size the
     tuning knobs can pick: rows that leave CTAs without a chunk, rows that stream dy through the
     ring twice, and more rows than clusters so that each cluster goes round several times."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("clusters need sm_90")
     for k, v in (("CLUSTER", cluster), ("CHUNK_BYTES", chunk), ("THREADS", threads), ("HINTS", hints)):
-        monkeypatch.setenv(f"SOFTLIGHT_{k}", str(v))
+        force(**{k.lower(): v})
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     e = torch.tensor([], dtype=tdtype(dtype)).element_size()
     for cols in (8192, 69632, 393216, 2_000_000):
@@ -304,13 +305,13 @@ def test_backward_cluster_shapes_forced(monkeypatch, cluster, chunk, threads, hi
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("group", [3, 22, 40])
-def test_backward_grid_groups_forced(monkeypatch, group, dtype):
+def test_backward_grid_groups_forced(force, group, dtype):
     """The backward through cluster_rows with each row's CTAs a group of a cooperative grid that
     trades partials through global memory (group sizes off the powers of two and wider than a warp)."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("grid groups use cluster_rows' bulk copies (sm_90)")
-    monkeypatch.setenv("SOFTLIGHT_EXCHANGE", "1")
-    monkeypatch.setenv("SOFTLIGHT_CLUSTER", str(group))
+    force(exchange=1)
+    force(cluster=group)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     e = torch.tensor([], dtype=tdtype(dtype)).element_size()
     for cols in (8192, 69632, 393216):
@@ -352,18 +353,18 @@ def test_backward_cluster_rows_in_place_and_special_values(cols):
 @pytest.mark.parametrize("mode", ["default", "ring", "off"])
 @pytest.mark.parametrize("cols", [50257, 4099, 70001, 32777])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_peeled_rows(monkeypatch, cols, dtype, mode):
+def test_peeled_rows(force, cols, dtype, mode):
     """Rows misaligned alike in x and y, peeled: under 16 KB (fp32 and 16-bit) in one CTA's
     registers; else in block_rows, and on Hopper, from 32 KB, in registers over a cluster (up to
     512 KB fp32, 256 KB 16-bit) or in cluster_rows (the ring carries each row's 16-byte interior).
-    "ring": SOFTLIGHT_REGISTER_CLUSTER=0 (the ring's peel); "off": SOFTLIGHT_PEEL_CLUSTERS=0 keeps
+    "ring": register_cluster=0 forced (the ring's peel); "off": peel_clusters=0 forced keeps
     the rows from 32 KB in block_rows."""
-    knobs = {"ring": ("SOFTLIGHT_REGISTER_CLUSTER", "0"), "off": ("SOFTLIGHT_PEEL_CLUSTERS", "0")}
+    knobs = {"ring": {"register_cluster": 0}, "off": {"peel_clusters": 0}}
     if mode in knobs:
-        monkeypatch.setenv(*knobs[mode])
+        force(**knobs[mode])
     rows = 37
     e = torch.tensor([], dtype=tdtype(dtype)).element_size()
-    p = _C.plan(rows, cols, e, False, **device_plan_args(), peelable=True,
+    p = plan(rows, cols, e, False, **device_plan_args(), peelable=True,
                 peel_clusters=0 if mode == "off" else -1, register_cluster=0 if mode == "ring" else -1)
     hopper = torch.cuda.get_device_capability()[0] >= 9
     registers = (hopper and mode == "default" and e <= 4 and

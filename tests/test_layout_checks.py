@@ -7,7 +7,7 @@ computes."""
 import numpy as np
 import pytest
 
-from softlight import _C
+import capi
 from reference import POISON, log_softmax_ref
 
 F64 = 3  # softlight_dtype code
@@ -53,7 +53,7 @@ def test_random_layouts_against_brute_force(rng):
         xo, yo = offsets(n, xs) + x0, offsets(n, ys) + y0
         buf = np.arange(buf_len, dtype=np.float64) * 1e-3
         before = buf.copy()
-        st = _C.forward_3d_cpu(buf.ctypes.data + 8 * x0, xs, buf.ctypes.data + 8 * y0, ys, *n, F64, 1)
+        st = capi.forward_3d_cpu(buf.ctypes.data + 8 * x0, xs, buf.ctypes.data + 8 * y0, ys, *n, F64, 1)
         y_aliases = len(set(yo.ravel().tolist())) < yo.size
         same = x0 == y0 and normalized(n, xs) == normalized(n, ys)
         if y_aliases:
@@ -80,9 +80,9 @@ def test_backward_layout_checks_cover_both_inputs():
     s = (12, 4, 1)
     buf = np.full(200, POISON)
     p = buf.ctypes.data
-    ok = _C.backward_3d_cpu(p, s, p + 8 * 50, s, p + 8 * 100, s, *n, F64)
+    ok = capi.backward_3d_cpu(p, s, p + 8 * 50, s, p + 8 * 100, s, *n, F64)
     assert ok == 0
-    assert _C.backward_3d_cpu(p, s, p + 8 * 50, s, p + 8 * 60, s, *n, F64) == 5  # dx overlaps y
-    assert _C.backward_3d_cpu(p, s, p + 8 * 50, s, p + 8 * 10, s, *n, F64) == 5  # dx overlaps dy
-    assert _C.backward_3d_cpu(p, s, p + 8 * 50, s, p + 8 * 50, s, *n, F64) == 0  # dx is y: in place
-    assert _C.backward_3d_cpu(p, s, p + 8 * 50, s, p + 8 * 100, (12, 0, 1), *n, F64) == 3  # dx aliases
+    assert capi.backward_3d_cpu(p, s, p + 8 * 50, s, p + 8 * 60, s, *n, F64) == 5  # dx overlaps y
+    assert capi.backward_3d_cpu(p, s, p + 8 * 50, s, p + 8 * 10, s, *n, F64) == 5  # dx overlaps dy
+    assert capi.backward_3d_cpu(p, s, p + 8 * 50, s, p + 8 * 50, s, *n, F64) == 0  # dx is y: in place
+    assert capi.backward_3d_cpu(p, s, p + 8 * 50, s, p + 8 * 100, (12, 0, 1), *n, F64) == 3  # dx aliases

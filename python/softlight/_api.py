@@ -1,138 +1,89 @@
-"""softlight's Python API: log-softmax of any DLPack array, and a raw-pointer entry."""
+"""softlight's Python API: log-softmax of any DLPack array, and a raw-pointer entry.
+
+One path a call: read the arrays (_arrays.read), make the output, one call into the bindings, which
+work out the 3-d layout and call the C ABI, then turn the status into an exception.
+"""
 import math
 
 from . import _C
-from . import _dtypes
-from ._arrays import (CPU, CUDA, CUDA_MANAGED, NO_SYNC, dlpack_device, empty_like, filled, finish, framework_of,
-                      framework_stream, prepare_input, read_view, ready_for_foreign_stream, torch_view)
+from ._arrays import device_name, empty_like, filled, read
+from ._dtypes import BY_NAME, NAMES
 from ._errors import InvalidArgumentError, check
-from ._streams import stream_handle
+from ._streams import stream_handle, synchronize
+
+# The bindings' layout codes (python/bindings.cpp), beside the C ABI's statuses.
+_LAYOUT = {
+    -2: "the axes before dim {d} of {name} (shape {shape}, strides {strides} in elements) do not merge into one "
+        "evenly strided axis; pass a contiguous array (for example x.contiguous() or numpy.ascontiguousarray(x))",
+    -3: "the axes after dim {d} of {name} (shape {shape}, strides {strides} in elements) do not merge into one "
+        "evenly strided axis; pass a contiguous array (for example x.contiguous() or numpy.ascontiguousarray(x))",
+    -4: "{name} has a negative stride (strides {strides}); pass a contiguous array",
+}
 
 
-def _normalize_dim(dim, ndim):
-    if isinstance(dim, bool) or not isinstance(dim, int):
-        raise TypeError(f"softlight: dim must be an int, got {type(dim).__qualname__}")
-    n = max(ndim, 1)  # a 0-d array behaves as one element along dim 0 / -1
-    if not -n <= dim < n:
-        raise IndexError(f"softlight: dim {dim} is out of range for a {ndim}-d array")
-    return dim % n
+def _fail(status, dim, arrays):
+    """Raise the error of a status from the bindings (a C ABI status or a layout code)."""
+    shape = tuple(arrays[0][1][1])
+    if status == -1:
+        raise IndexError(f"softlight: dim {dim} is out of range for a {len(shape)}-d array")
+    if status in _LAYOUT:
+        # Which array: the first whose own layout the bindings refuse (they check in this order).
+        for name, a in arrays:
+            s = tuple(a[2])
+            if _C.layout_code(a[1], s, dim) == status:
+                break
+        raise InvalidArgumentError("softlight: " + _LAYOUT[status].format(d=dim % max(len(shape), 1), name=name,
+                                                                          shape=shape, strides=s), status)
+    check(status)
 
 
-def _merge(shape, strides):
-    """(extent, stride) of axes that form one evenly strided axis, else None. Axes of extent 1
-    take no part; no axes at all give (1, 0)."""
-    axes = [(n, s) for n, s in zip(shape, strides) if n != 1]
-    if not axes:
-        return 1, 0
-    for (n, s), (n2, s2) in zip(axes, axes[1:]):
-        if s != s2 * n2:
-            return None
-    return math.prod(n for n, _ in axes), axes[-1][1]
-
-
-def _c_strides(shape):
-    out, step = [0] * len(shape), 1
-    for i in range(len(shape) - 1, -1, -1):
-        out[i] = step
-        step *= shape[i]
-    return tuple(out)
-
-
-def _axis_layout(view, d, name):
-    """(outer, dim, inner) and the (outer, dim, inner) strides of an array taken along axis d."""
-    shape, strides = view.shape, view.strides
-    if shape and 0 not in shape and strides == _c_strides(shape):
-        # C-contiguous (most calls): what _strided_layout gives such arrays, in fewer steps.
-        outer, inner = math.prod(shape[:d]), math.prod(shape[d + 1:])
-        return (outer, shape[d], inner), (shape[d] * inner if outer != 1 else 0, inner if shape[d] != 1 else 0,
-                                          1 if inner != 1 else 0)
-    return _strided_layout(shape, strides, d, name)
-
-
-def _strided_layout(shape, strides, d, name):
-    """_axis_layout of any layout."""
-    if not shape:
-        return (1, 1, 1), (0, 0, 0)
-    if 0 in shape:  # nothing is read or written: any layout will do
-        return (math.prod(shape[:d]), shape[d], math.prod(shape[d + 1:])), (0, 0, 0)
-    before, after = _merge(shape[:d], strides[:d]), _merge(shape[d + 1:], strides[d + 1:])
-    for part, where in ((before, "before"), (after, "after")):
-        if part is None:
-            raise InvalidArgumentError(
-                f"softlight: the axes {where} dim {d} of {name} (shape {shape}, strides {strides} in elements) "
-                f"do not merge into one evenly strided axis; pass a contiguous array (for example "
-                f"x.contiguous() or numpy.ascontiguousarray(x))")
-    if any(s < 0 for s in strides):
-        raise InvalidArgumentError(f"softlight: {name} has a negative stride (strides {strides}); "
-                                   f"pass a contiguous array")
-    return (before[0], shape[d], after[0]), (before[1], strides[d] if shape[d] != 1 else 0, after[1])
-
-
-def _layout_like(view, first, first_strides, d, name):
-    """The (outer, dim, inner) strides of `view`, an array of `first`'s shape: first_strides where
-    the two are laid out alike."""
-    return first_strides if view.strides == first.strides else _axis_layout(view, d, name)[1]
-
-
-class _Arrays:
-    """The arrays of one call, read through DLPack on one device and stream."""
-
-    def __init__(self, first, stream):
-        self.framework = framework_of(first)
-        first = prepare_input(first, self.framework)
-        self.first = first
-        attrs = torch_view(first) if self.framework == "torch" else None
-        if attrs is not None:
-            self.dev_type, self.dev_id = (CUDA if attrs.on_gpu else CPU), attrs.device_id
-        else:
-            self.dev_type, self.dev_id = dlpack_device(first)
-        self.on_gpu = self.dev_type in (CUDA, CUDA_MANAGED)
-        if stream is not None and not self.on_gpu:
-            raise TypeError("softlight: stream= applies to GPU arrays, and the arrays are on the CPU")
-        # Our stream: `stream`, else the framework's current stream (torch, CuPy), else the legacy
-        # default stream. Where it is the framework's current stream, the arrays are ready on it
-        # and their exports ask for no synchronization (the producer's work for that is not free).
-        current = framework_stream(first, self.dev_id, self.framework) if self.on_gpu else None
-        self.handle = stream_handle(stream) if stream is not None else (current if current is not None else 0)
-        self.dlpack_stream = NO_SYNC if current is not None and self.handle == current else self.handle
-        self.first_view = self.read(first, "x", framework=self.framework, attrs=attrs)
-
-    def read(self, a, name, like=None, writable=False, framework=None, attrs=None):
-        """The View of `a`; with `like`, checked to match it in device, dtype and shape."""
-        fw = framework_of(a) if framework is None else framework
-        # What a's export asks of its producer: NO_SYNC only for the first array's framework.
-        sync = self.dlpack_stream if fw == self.framework else self.handle
-        if like is not None and not writable:
-            a = prepare_input(a, fw)
-        v = read_view(a, fw, sync, attrs)
-        if like is not None:
-            if v.on_gpu != like.on_gpu or v.device_id != like.device_id:
-                raise InvalidArgumentError(f"softlight: {name} is on {v.device}, the input on {like.device}")
-            if v.dtype != like.dtype:
-                raise InvalidArgumentError(f"softlight: {name} has dtype {v.dtype}, the input {like.dtype}")
-            if v.shape != like.shape:
-                raise InvalidArgumentError(f"softlight: {name} has shape {v.shape}, the input {like.shape}")
-        if writable and v.readonly:
-            raise InvalidArgumentError(f"softlight: {name} is read-only")
-        if self.on_gpu:
-            ready_for_foreign_stream(a, fw)
-        return v
-
-    def output(self, out, name):
-        """(array, View) of the result: `out`, or a new array like the first input."""
-        if out is None:
-            out = empty_like(self.first, self.first_view)
-        return out, self.read(out, name, like=self.first_view, writable=True)
+def _check_dim(dim):
+    if type(dim) is not int:
+        if isinstance(dim, bool) or not hasattr(dim, "__index__"):
+            raise TypeError(f"softlight: dim must be an int, got {type(dim).__qualname__}")
+        dim = dim.__index__()
+    return dim
 
 
 def _check_temperature(temperature):
-    try:
-        t = float(temperature)
-    except (TypeError, ValueError):
-        raise TypeError(f"softlight: temperature must be a number, got {type(temperature).__qualname__}") from None
+    if type(temperature) is float and 0.0 < temperature < math.inf:
+        return temperature
+    if isinstance(temperature, (bool, str, bytes)) or not hasattr(temperature, "__float__"):
+        raise TypeError(f"softlight: temperature must be a real number, got {type(temperature).__qualname__}")
+    t = float(temperature)
     if not (t > 0.0 and math.isfinite(t)):
         raise InvalidArgumentError(f"softlight: temperature must be finite and positive, got {temperature!r}")
     return t
+
+
+def _matching(arr, like, name):
+    """Checks an array that goes with the first one: same device, dtype and shape."""
+    if arr[4] != like[4] or (arr[4] and arr[5] != like[5]):
+        raise InvalidArgumentError(f"softlight: {name} is on {device_name(arr)}, the input on {device_name(like)}")
+    if arr[3] != like[3]:
+        raise InvalidArgumentError(f"softlight: {name} has dtype {NAMES[arr[3]]}, the input {NAMES[like[3]]}")
+    if tuple(arr[1]) != tuple(like[1]):
+        raise InvalidArgumentError(f"softlight: {name} has shape {tuple(arr[1])}, the input {tuple(like[1])}")
+
+
+def _output(out, first, xa, stream, name):
+    """(array, Array) of the result: `out`, or a new array like the first input."""
+    if out is None:
+        out = empty_like(first, xa)
+        if xa[7] == "torch":  # its pointer and strides are all that is new
+            return out, (out.data_ptr(), xa[1], out.stride(), xa[3], xa[4], xa[5], False, "torch", None)
+        return out, read(out, stream)[0]
+    oa = read(out, stream)[0]
+    _matching(oa, xa, name)
+    if oa[6]:
+        raise InvalidArgumentError(f"softlight: {name} is read-only")
+    return out, oa
+
+
+def _finish(arr, handle):
+    """JAX tracks no foreign streams: its arrays are handed back only once the work is done."""
+    if arr[7] == "jax" and arr[4]:
+        synchronize(handle, arr[5])
 
 
 def log_softmax(x, dim=-1, *, out=None, stream=None, temperature=1.0, return_lse=False):
@@ -154,29 +105,36 @@ def log_softmax(x, dim=-1, *, out=None, stream=None, temperature=1.0, return_lse
     Returns `out`, or a new array of the same kind as `x` on the same device; with return_lse, the
     pair (y, lse).
     """
-    temperature = _check_temperature(temperature)
-    arrays = _Arrays(x, stream)
-    xv = arrays.first_view
-    d = _normalize_dim(dim, len(xv.shape))
-    n, x_strides = _axis_layout(xv, d, "x")
-    out, ov = arrays.output(out, "out")
-    y_strides = _layout_like(ov, xv, x_strides, d, "out")
-
+    if temperature != 1.0 or type(temperature) is not float:
+        temperature = _check_temperature(temperature)
+    if type(dim) is not int:
+        dim = _check_dim(dim)
+    handle = None if stream is None else stream_handle(stream)
+    xa, handle = read(x, handle)
+    gpu = xa[4]
+    if handle is None:
+        handle = 0
+    elif not gpu:
+        raise TypeError("softlight: stream= applies to GPU arrays, and the arrays are on the CPU")
+    out, oa = _output(out, x, xa, handle, "out")
     lse, lse_ptr = None, 0
     if return_lse:
-        lse_shape = xv.shape[:d] + xv.shape[d + 1:]
-        lse = empty_like(arrays.first, xv, shape=lse_shape, dtype="float64" if xv.dtype == "float64" else "float32")
-        lse_ptr = arrays.read(lse, "lse").ptr
-
-    code = _dtypes.code(xv.dtype)
-    if arrays.on_gpu:
-        status = _C.forward_3d(xv.ptr, x_strides, ov.ptr, y_strides, *n, code, arrays.handle, temperature, lse_ptr)
-    else:
-        status = _C.forward_3d_cpu(xv.ptr, x_strides, ov.ptr, y_strides, *n, code, 0, temperature, lse_ptr)
-    check(status)
-    finish(arrays.first, xv, arrays.handle, arrays.framework)
-    if return_lse and n[1] == 0 and n[0] * n[2] > 0:
-        lse = filled(lse, -math.inf)  # the log-sum-exp of an empty axis; the library wrote nothing
+        nd = len(xa[1])
+        if not -max(nd, 1) <= dim < max(nd, 1):
+            raise IndexError(f"softlight: dim {dim} is out of range for a {nd}-d array")
+        d = dim % max(nd, 1)
+        shape = tuple(xa[1])
+        lse = empty_like(x, xa, shape=shape[:d] + shape[d + 1:], dtype="float64" if xa[3] == 3 else "float32")
+        lse_ptr = read(lse, handle)[0][0]
+    status = _C.forward(xa[0], xa[1], xa[2], oa[0], oa[2], dim, xa[3], gpu, handle, temperature, lse_ptr)
+    if status:
+        _fail(status, dim, (("x", xa), ("out", oa)))
+    _finish(xa, handle)
+    if return_lse and 0 in tuple(xa[1]):
+        shape = tuple(xa[1])
+        d = dim % max(len(shape), 1)
+        if shape[d] == 0 and math.prod(shape[:d] + shape[d + 1:]) > 0:
+            lse = filled(lse, xa[7], -math.inf)  # the log-sum-exp of an empty axis; the library wrote nothing
     return (out, lse) if return_lse else out
 
 
@@ -190,21 +148,22 @@ def log_softmax_backward(grad_out, out, dim=-1, *, grad_in=None, stream=None):
     For y = log_softmax(x / T), multiply the result by 1 / T. Returns grad_in, or a new array of
     the same kind as grad_out.
     """
-    arrays = _Arrays(grad_out, stream)
-    gv = arrays.first_view
-    yv = arrays.read(out, "out", like=gv)
-    d = _normalize_dim(dim, len(gv.shape))
-    n, g_strides = _axis_layout(gv, d, "grad_out")
-    y_strides = _layout_like(yv, gv, g_strides, d, "out")
-    grad_in, dv = arrays.output(grad_in, "grad_in")
-    d_strides = _layout_like(dv, gv, g_strides, d, "grad_in")
-    code = _dtypes.code(gv.dtype)
-    if arrays.on_gpu:
-        status = _C.backward_3d(gv.ptr, g_strides, yv.ptr, y_strides, dv.ptr, d_strides, *n, code, arrays.handle)
-    else:
-        status = _C.backward_3d_cpu(gv.ptr, g_strides, yv.ptr, y_strides, dv.ptr, d_strides, *n, code, 0)
-    check(status)
-    finish(arrays.first, gv, arrays.handle, arrays.framework)
+    if type(dim) is not int:
+        dim = _check_dim(dim)
+    handle = None if stream is None else stream_handle(stream)
+    ga, handle = read(grad_out, handle)
+    gpu = ga[4]
+    if handle is None:
+        handle = 0
+    elif not gpu:
+        raise TypeError("softlight: stream= applies to GPU arrays, and the arrays are on the CPU")
+    ya = read(out, handle)[0]
+    _matching(ya, ga, "out")
+    grad_in, da = _output(grad_in, grad_out, ga, handle, "grad_in")
+    status = _C.backward(ga[0], ga[1], ga[2], ya[0], ya[2], da[0], da[2], dim, ga[3], gpu, handle)
+    if status:
+        _fail(status, dim, (("grad_out", ga), ("out", ya), ("grad_in", da)))
+    _finish(ga, handle)
     return grad_in
 
 
@@ -215,16 +174,21 @@ def log_softmax_raw(x_ptr, y_ptr, rows, cols, *, dtype, x_stride=None, y_stride=
     on `stream` (asynchronous); device="cpu" runs it on host memory before returning, on `threads`
     threads (0: all cores). `lse_ptr`, if not 0, receives each row's log-sum-exp (float32, or
     float64 for float64 data)."""
-    name = _dtypes.normalize(dtype)
-    temperature = _check_temperature(temperature)
-    x_stride = cols if x_stride is None else x_stride
-    y_stride = cols if y_stride is None else y_stride
+    code = BY_NAME.get(dtype) if type(dtype) is str else None
+    if code is None:
+        from ._dtypes import code as code_of, normalize
+        code = code_of(normalize(dtype))
+    if temperature != 1.0 or type(temperature) is not float:
+        temperature = _check_temperature(temperature)
     if device == "cuda":
-        status = _C.forward(int(x_ptr), x_stride, int(y_ptr), y_stride, rows, cols, _dtypes.code(name),
-                            stream_handle(stream), temperature, int(lse_ptr))
+        gpu = True
+        if type(stream) is not int or stream < 0:
+            stream = stream_handle(stream)
     elif device == "cpu":
-        status = _C.forward_cpu(int(x_ptr), x_stride, int(y_ptr), y_stride, rows, cols, _dtypes.code(name),
-                                threads, temperature, int(lse_ptr))
+        gpu = False
     else:
         raise ValueError(f"softlight: device must be 'cuda' or 'cpu', got {device!r}")
-    check(status)
+    status = _C.forward_rows(x_ptr, cols if x_stride is None else x_stride, y_ptr, cols if y_stride is None else y_stride,
+                             rows, cols, code, gpu, stream if gpu else 0, temperature, lse_ptr, threads)
+    if status:
+        check(status)

@@ -8,19 +8,17 @@ DTYPES = {
     "bfloat16": (2, (4, 16), 2),
     "float64": (3, (2, 64), 8),
 }
-_BY_DLPACK = {dl: name for name, (_, dl, _) in DTYPES.items()}
+BY_NAME = {name: c for name, (c, _, _) in DTYPES.items()}
+NAMES = {c: name for name, c in BY_NAME.items()}
+BY_DLPACK = {(*dl, 1): c for _, (c, dl, _) in DTYPES.items()}  # (code, bits, lanes) -> C ABI code
 _DLPACK_KIND = {0: "int", 1: "uint", 2: "float", 3: "opaque", 4: "bfloat", 5: "complex", 6: "bool"}
 SUPPORTED = ", ".join(DTYPES)
 
 
-def from_dlpack(code, bits, lanes):
-    """The dtype name for a DLPack data type, or UnsupportedDTypeError naming it."""
-    name = _BY_DLPACK.get((code, bits)) if lanes == 1 else None
-    if name is None:
-        kind = _DLPACK_KIND.get(code, f"code{code}")
-        shown = f"{kind}{bits}" + (f"x{lanes}" if lanes != 1 else "")
-        raise UnsupportedDTypeError(f"softlight: unsupported dtype {shown}; supported: {SUPPORTED}")
-    return name
+def describe_dlpack(dl):
+    """A DLPack (code, bits, lanes) as a name: float32, int8, bfloat16x2, ..."""
+    code, bits, lanes = dl
+    return f"{_DLPACK_KIND.get(code, f'code{code}')}{bits}" + (f"x{lanes}" if lanes != 1 else "")
 
 
 def normalize(dtype):

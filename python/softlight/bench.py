@@ -3,7 +3,7 @@ side by side in one run, timed with CUDA events through cuda.core.
 
 Every provider's output is checked against a float64 reference before it is timed; a provider that
 is wrong is reported as wrong (its time is recorded, but no table or plot counts it). Results go to
-docs/perf/<gpu>-<date>.json and a PNG.
+docs/perf/<name>.json and a PNG (one pair per benchmark, overwritten when measured again).
 """
 import argparse
 import contextlib
@@ -347,6 +347,9 @@ def main(argv=None):
                     help=f"instead of --shapes: rows x cols for cols in {SWEEP_COLS}, each tensor about "
                          f"--sweep-gb GB")
     ap.add_argument("--sweep-gb", type=float, default=1.0)
+    ap.add_argument("--host", action="store_true",
+                    help="instead: the host time of one call at 8 x 1000 float32 on the GPU, softlight's entries "
+                         "and torch.log_softmax side by side (median of --passes rounds of 2000 calls)")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--passes", type=int, default=1,
@@ -358,9 +361,11 @@ def main(argv=None):
                     help="torch.compile compiled afresh for each shape (static, the default) or once a dim "
                          "with dynamic=True")
     ap.add_argument("--out-dir", default="docs/perf", help="where the JSON and PNG go ('' for none)")
-    ap.add_argument("--name", default="", help="suffix of the result files (default: none)")
+    ap.add_argument("--name", default="", help="the result files' name: <out-dir>/<name>.json and .png (default: "
+                                               "host, sweep, backward or forward, by what is measured)")
     ap.add_argument("--commit", default=None, help="commit to record (default: git rev-parse HEAD)")
     args = ap.parse_args(argv)
+    args.name = args.name or ("host" if args.host else "sweep" if args.sweep else args.op)
     if args.passes < 1 or args.reps < 1 or args.warmup < 0:
         raise SystemExit("softlight bench: --passes and --reps must be at least 1, --warmup at least 0")
 
@@ -373,6 +378,10 @@ def main(argv=None):
     from ._device import gpu_count
     if gpu_count() == 0:
         raise SystemExit("softlight bench: no CUDA GPU is visible; the benchmark needs one")
+    if args.host:
+        if torch is None:
+            raise SystemExit("softlight bench --host: needs torch (the anchor and the arrays)")
+        return host_main(args, argv, torch)
     gpu = Gpu(0)
     data = TorchData(torch, gpu) if torch is not None else HostData(gpu)
     provs = providers(args, gpu, data, torch, args.op)
@@ -431,6 +440,63 @@ def main(argv=None):
     return 0
 
 
+HOST_SHAPE = (8, 1000)
+
+
+def host_times(torch, passes=5, calls=2000):
+    """us a call of each entry, median over `passes` rounds of `calls` calls, the entries taking
+    turns within each round: softlight.log_softmax on a torch tensor (new output), with out=, on a
+    CuPy array (if CuPy is installed), log_softmax_raw on pointers, and torch.log_softmax."""
+    import softlight
+    x = torch.randn(*HOST_SHAPE, device="cuda")
+    out = torch.empty_like(x)
+    stream = torch.cuda.current_stream().cuda_stream
+    entries = {
+        "torch": lambda: torch.log_softmax(x, -1),
+        "softlight": lambda: softlight.log_softmax(x),
+        "softlight_out": lambda: softlight.log_softmax(x, out=out),
+        "softlight_raw": lambda: softlight.log_softmax_raw(x.data_ptr(), out.data_ptr(), *HOST_SHAPE, dtype="float32",
+                                                           stream=stream),
+    }
+    try:
+        import cupy
+        xc = cupy.asarray(x)
+        entries["softlight_cupy"] = lambda: softlight.log_softmax(xc)
+    except Exception as e:  # noqa: BLE001 - CuPy is optional
+        print(f"# cupy not available: {type(e).__name__}: {e}", file=sys.stderr)
+    for f in entries.values():  # checked once, then warm
+        f()
+    torch.cuda.synchronize()
+    y = softlight.log_softmax(x)
+    ref = torch.log_softmax(x.double(), -1)
+    if float((y.double() - ref).abs().max()) > 1e-5:
+        raise SystemExit("softlight bench --host: wrong result")
+    times = {k: [] for k in entries}
+    for _ in range(passes):
+        for name, f in entries.items():
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                f()
+            times[name].append((time.perf_counter() - t0) / calls * 1e6)
+            torch.cuda.synchronize()
+    return {k: float(np.median(v)) for k, v in times.items()}
+
+
+def host_main(args, argv, torch):
+    us = host_times(torch, passes=max(args.passes, 5))
+    rows = [{"op": "host", "provider": k, "shape": list(HOST_SHAPE), "dtype": "float32", "us": v, "status": "ok"}
+            for k, v in us.items()]
+    for r in rows:
+        print(f"{r['provider']:16s} {r['us']:7.2f} us  ({r['us'] / us['torch']:.2f} x torch)")
+    meta = {"gpu": torch.cuda.get_device_name(0), "commit": args.commit or _git_commit(),
+            "command": "python -m softlight bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "softlight_version": __import__("softlight").__version__, "torch": torch.__version__,
+            "date": datetime.date.today().isoformat()}
+    if args.out_dir:
+        write_results(meta, rows, Path(args.out_dir), args.name)
+    return 0
+
+
 def moved_bytes(r):
     """Bytes a provider must move at least: one read and one write (forward), two reads and one
     write (backward)."""
@@ -454,7 +520,8 @@ def print_table(rows):
 
 def write_results(meta, rows, out_dir, name=""):
     out_dir.mkdir(parents=True, exist_ok=True)
-    stem = re.sub(r"[^A-Za-z0-9]+", "-", meta["gpu"]).strip("-") + "-" + meta["date"] + (f"-{name}" if name else "")
+    # One file per benchmark, overwritten when it is measured again (the GPU and date are in meta).
+    stem = name or "results"
     path = out_dir / f"{stem}.json"
     path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
     print(f"# wrote {path}")
@@ -470,35 +537,57 @@ def counted(r):
     return r["status"] == "ok" and bool(r.get("ms"))
 
 
+def row_length(r):
+    """The length of the softmax's axis in a result row."""
+    return r["shape"][r.get("dim", len(r["shape"]) - 1)]
+
+
+def ratio_lines(rows):
+    """The plot's lines: (provider, dtype, op, [(row length, time / copy time)]) of every provider
+    but the copy, from the results that count."""
+    lines = {}
+    for r in rows:
+        if r["provider"] != "copy" and r.get("op") != "host" and counted(r) and r.get("copy_ms"):
+            lines.setdefault((r["provider"], r["dtype"], r["op"]), []).append((row_length(r), r["ms"] / r["copy_ms"]))
+    return [(p, d, o, sorted(pts)) for (p, d, o), pts in lines.items()]
+
+
 def plot(meta, rows, path):
+    """Time over the copy's against the row length (log axis), a panel per dtype, a line per
+    provider; host-cost results as bars of microseconds a call."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    cases = []
-    for r in rows:
-        key = (tuple(r["shape"]), r["dtype"], r["op"])
-        if key not in cases:
-            cases.append(key)
-    provs = []  # providers with at least one timed result, in the order they ran
-    for r in rows:
-        if r["provider"] not in provs and counted(r):
-            provs.append(r["provider"])
-    fig, ax = plt.subplots(figsize=(min(36, max(6, 1.6 * len(cases) * max(1, len(provs)) / 3)), 4.5))
-    width = 0.8 / max(1, len(provs))
-    for i, p in enumerate(provs):
-        xs, ys = [], []
-        for j, (shape, dtype, op) in enumerate(cases):
-            for r in rows:
-                if r["provider"] == p and tuple(r["shape"]) == shape and r["dtype"] == dtype and counted(r):
-                    xs.append(j + i * width)
-                    ys.append(moved_bytes(r) / r["ms"] / 1e6)
-        ax.bar(xs, ys, width, label=p, color=plt.get_cmap("tab10")(i % 10))
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cases))])
-    ax.set_xticklabels(["x".join(map(str, s)) + f"\n{d} {o}" for s, d, o in cases], fontsize=7,
-                       rotation=90 if len(cases) > 12 else 0)
-    ax.set_ylabel("GB/s (bytes that must move: forward 1 read + 1 write, backward 2 + 1)")
-    ax.set_title(f"log-softmax on {meta['gpu']} ({meta['date']}, commit {meta['commit']})", fontsize=9)
-    ax.legend(fontsize=8)
+    title = f"{meta['gpu']}, {meta['date']}, commit {meta['commit']}"
+    host = [r for r in rows if r.get("op") == "host" and r.get("us")]
+    if host:
+        fig, ax = plt.subplots(figsize=(6, 3.2))
+        ax.barh([r["provider"] for r in host], [r["us"] for r in host], color="tab:blue")
+        ax.set_xlabel("host time a call (us), x = 8 x 1000 float32 on the GPU")
+        ax.set_title(f"host cost, {title}", fontsize=8)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return path
+    lines = ratio_lines(rows)
+    dtypes = sorted({d for _, d, _, _ in lines}) or ["float32"]
+    fig, axes = plt.subplots(1, len(dtypes), figsize=(4.2 * len(dtypes), 3.6), squeeze=False, sharey=True)
+    colors = {}
+    for ax, dtype in zip(axes[0], dtypes):
+        for prov, d, op, pts in lines:
+            if d != dtype:
+                continue
+            c = colors.setdefault(prov, plt.get_cmap("tab10")(len(colors) % 10))
+            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", ms=3, lw=1.2, color=c,
+                    label=prov if op == "forward" else f"{prov} ({op})")
+        ax.axhline(1.0, color="black", lw=0.8, ls="--")
+        ax.set_xscale("log", base=2)
+        ax.set_title(dtype, fontsize=9)
+        ax.set_xlabel("row length (elements)")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("time / copy of the same bytes")
+    axes[0][-1].legend(fontsize=7)
+    fig.suptitle(f"log-softmax, {title}", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
