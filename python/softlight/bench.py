@@ -49,6 +49,11 @@ def sweep_cases(dtypes, gb):
     return [((max(1, round(gb * 1e9 / (cols * _dtypes.itemsize(d)))), cols), d) for d in dtypes for cols in SWEEP_COLS]
 
 
+def c_strides(shape):
+    """The strides, in elements, of a C-contiguous array of `shape`."""
+    return tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
+
+
 def axis_extents(shape, dim):
     """(outer, dim, inner) of a C-contiguous shape along axis `dim` and its strides."""
     outer, inner = math.prod(shape[:dim]), math.prod(shape[dim + 1:])
@@ -217,9 +222,9 @@ def providers(args, gpu, data, torch, op):
             if len(c.shape) == 2 and c.dim == 1:
                 return fresh(c, lambda o: log_softmax_raw(data.ptr(c.inp), o, *c.shape, dtype=c.dtype,
                                                           stream=gpu.handle))
-            n, st = axis_extents(c.shape, c.dim)
-            code = _dtypes.code(c.dtype)
-            return fresh(c, lambda o: check(_C.forward_3d(data.ptr(c.inp), st, o, st, *n, code, gpu.handle)))
+            st, code = c_strides(c.shape), _dtypes.code(c.dtype)
+            return fresh(c, lambda o: check(_C.forward(data.ptr(c.inp), c.shape, st, o, st, c.dim, code, True,
+                                                       gpu.handle, 1.0, 0)))
         p["softlight"] = ("log", softlight_forward)
     else:
         if torch is None:
@@ -227,10 +232,9 @@ def providers(args, gpu, data, torch, op):
         p["copy"] = (None, lambda c: lambda: torch.add(c.inp[0], c.inp[1]))
 
         def softlight_backward(c):
-            n, st = axis_extents(c.shape, c.dim)
-            code = _dtypes.code(c.dtype)
+            st, code = c_strides(c.shape), _dtypes.code(c.dtype)
             dy, y = (data.ptr(a) for a in c.inp)
-            return fresh(c, lambda o: check(_C.backward_3d(dy, st, y, st, o, st, *n, code, gpu.handle)))
+            return fresh(c, lambda o: check(_C.backward(dy, c.shape, st, y, st, o, st, c.dim, code, True, gpu.handle)))
         p["softlight"] = ("grad", softlight_backward)
     if torch is None:
         return p
