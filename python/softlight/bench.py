@@ -585,6 +585,7 @@ def plot(meta, rows, path):
             ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", ms=3, lw=1.2, color=c,
                     label=prov if op == "forward" else f"{prov} ({op})")
         ax.axhline(1.0, color="black", lw=0.8, ls="--")
+        ax.set_ylim(0.9, 4.0)  # points above 4 x copy are cut off: the JSON holds them
         ax.set_xscale("log", base=2)
         ax.set_title(dtype, fontsize=9)
         ax.set_xlabel("row length (elements)")
