@@ -66,6 +66,17 @@ def _matching(arr, like, name):
         raise InvalidArgumentError(f"softlight: {name} has shape {tuple(arr[1])}, the input {tuple(like[1])}")
 
 
+def _first(a, stream):
+    """(array as read, stream handle) of a call's first array: `stream`, else the framework's current
+    stream, else the legacy default stream (0); stream= only for GPU arrays."""
+    arr, handle = read(a, None if stream is None else stream_handle(stream))
+    if handle is None:
+        return arr, 0
+    if not arr[4]:
+        raise TypeError("softlight: stream= applies to GPU arrays, and the arrays are on the CPU")
+    return arr, handle
+
+
 def _output(out, first, xa, stream, name):
     """(array, Array) of the result: `out`, or a new array like the first input."""
     if out is None:
@@ -109,13 +120,8 @@ def log_softmax(x, dim=-1, *, out=None, stream=None, temperature=1.0, return_lse
         temperature = _check_temperature(temperature)
     if type(dim) is not int:
         dim = _check_dim(dim)
-    handle = None if stream is None else stream_handle(stream)
-    xa, handle = read(x, handle)
+    xa, handle = _first(x, stream)
     gpu = xa[4]
-    if handle is None:
-        handle = 0
-    elif not gpu:
-        raise TypeError("softlight: stream= applies to GPU arrays, and the arrays are on the CPU")
     out, oa = _output(out, x, xa, handle, "out")
     lse, lse_ptr = None, 0
     if return_lse:
@@ -150,13 +156,8 @@ def log_softmax_backward(grad_out, out, dim=-1, *, grad_in=None, stream=None):
     """
     if type(dim) is not int:
         dim = _check_dim(dim)
-    handle = None if stream is None else stream_handle(stream)
-    ga, handle = read(grad_out, handle)
+    ga, handle = _first(grad_out, stream)
     gpu = ga[4]
-    if handle is None:
-        handle = 0
-    elif not gpu:
-        raise TypeError("softlight: stream= applies to GPU arrays, and the arrays are on the CPU")
     ya = read(out, handle)[0]
     _matching(ya, ga, "out")
     grad_in, da = _output(grad_in, grad_out, ga, handle, "grad_in")
