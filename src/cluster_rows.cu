@@ -624,24 +624,24 @@ cudaError_t launch(const Plan& p, const Operands& a, cudaStream_t stream) {
   if constexpr (!Backward) {
     if (p.peel) kernel = cluster_rows_kernel<T, 2, false, true>;
     if constexpr (sizeof(T) < 8)
-      if (p.chunk_bytes / 16 >= 4 * group)
+      if (p.ring.chunk_bytes / 16 >= 4 * group)
         kernel = p.peel ? cluster_rows_kernel<T, 4, false, true> : cluster_rows_kernel<T, 4, false, false>;
   }
   ClusterLaunch l;
   cudaError_t e = prepare_cluster_launch(kernel, p, stream, &l);
   if (e != cudaSuccess) return e;
 
-  ClusterShape sh{p.chunk_bytes, p.ring_slots, p.chunks_per_row, p.chunks_per_cta, p.resident ? 1 : 0, a.scale,
-                  a.lse, p.hints, Backward ? p.aux_slots : 0, p.grid_exchange ? p.cluster : 0, nullptr, nullptr,
-                  p.striped ? 1 : 0};
+  ClusterShape sh{p.ring.chunk_bytes, p.ring.ring_slots, p.ring.chunks_per_row, p.ring.chunks_per_cta, p.resident ? 1 : 0, a.scale,
+                  a.lse, p.ring.hints, Backward ? p.ring.aux_slots : 0, p.ring.grid_exchange ? p.cluster : 0, nullptr, nullptr,
+                  p.ring.striped ? 1 : 0};
   // Rows are claimed only where a cluster has more than one to take (rows fit the queue's 32 bits).
-  const bool claim = p.claim_rows && a.rows > l.clusters && a.rows < (int64_t{1} << 32) - 1;
+  const bool claim = p.ring.claim_rows && a.rows > l.clusters && a.rows < (int64_t{1} << 32) - 1;
   // A workspace, all ones on the stream before the kernel and freed on the stream after it: grid
   // groups' table of packed (max, sum) pairs by row and rank (kUnsent; fp32 partials only), or
   // claimed rows' counter where the stream has none of its own.
-  if (p.grid_exchange && sizeof(acc_t<T>) != 4) return cudaErrorInvalidValue;
+  if (p.ring.grid_exchange && sizeof(acc_t<T>) != 4) return cudaErrorInvalidValue;
   if (claim && (e = stream_counter(stream, &sh.counter))) return e;
-  const size_t bytes = p.grid_exchange ? static_cast<size_t>(a.rows) * static_cast<size_t>(p.cluster) * sizeof(uint64_t)
+  const size_t bytes = p.ring.grid_exchange ? static_cast<size_t>(a.rows) * static_cast<size_t>(p.cluster) * sizeof(uint64_t)
                        : claim && sh.counter == nullptr ? kCounterBytes
                                                         : 0;
   void* workspace = nullptr;
@@ -649,7 +649,7 @@ cudaError_t launch(const Plan& p, const Operands& a, cudaStream_t stream) {
     cudaMemPool_t pool;
     if ((e = workspace_pool(&pool)) || (e = cudaMallocFromPoolAsync(&workspace, bytes, pool, stream))) return e;
     e = cudaMemsetAsync(workspace, 0xff, bytes, stream);
-    if (p.grid_exchange) {
+    if (p.ring.grid_exchange) {
       sh.exchange = workspace;
     } else {
       sh.counter = static_cast<unsigned long long*>(workspace);

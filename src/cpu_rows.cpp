@@ -111,7 +111,7 @@ typename Traits<T>::A log_softmax_row(const T* x, T* y, int64_t cols, typename T
   for (int64_t j = 0; j < cols; ++j) tmp[j] = Traits<T>::load(x[j]);
   A m = neg_inf;
   for (int64_t j = 0; j < cols; ++j) m = tmp[j] > m ? tmp[j] : m;  // NaN never wins the max
-  const A shift = m == neg_inf ? A(0) : m;  // see the (max, sum) notes in common.cuh
+  const A shift = m == neg_inf ? A(0) : m;  // see the (max, sum) notes in numerics.cuh
   const double total = row_sum<A>(cols, [&](int64_t j) { return std::exp((tmp[j] - shift) * scale); });
   const A log_sum = std::log(static_cast<A>(total));
   for (int64_t j = 0; j < cols; ++j) y[j] = Traits<T>::store((tmp[j] - m) * scale - log_sum);

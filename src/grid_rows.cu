@@ -445,17 +445,17 @@ cudaError_t launch_grid_rows(const Plan& p, const Call& a, cudaStream_t stream) 
       return cudaErrorInvalidValue;
     } else {
       const int group = (p.threads - 64) / 2;
-      const bool wide = p.chunk_bytes / 16 >= 4 * group, spill = p.spill_chunks > 0;
+      const bool wide = p.ring.chunk_bytes / 16 >= 4 * group, spill = p.ring.spill_chunks > 0;
       auto kernel =
-          wide ? grid_rows_kernel_for<T, 4>(spill, p.wait_last) : grid_rows_kernel_for<T, 2>(spill, p.wait_last);
+          wide ? grid_rows_kernel_for<T, 4>(spill, p.ring.wait_last) : grid_rows_kernel_for<T, 2>(spill, p.ring.wait_last);
       ClusterLaunch l;
       cudaError_t e = prepare_cluster_launch(kernel, p, stream, &l);
       if (e != cudaSuccess) return e;
       // Every ring full of one row must leave a row unfinished (see the deadlock argument above).
-      if (l.clusters * (p.ring_slots - p.chunks_per_cta + 1) <= p.chunks_per_row - p.spill_chunks ||
-          p.spill_chunks % p.chunks_per_cta != 0 || p.spill_chunks >= p.chunks_per_row)
+      if (l.clusters * (p.ring.ring_slots - p.ring.chunks_per_cta + 1) <= p.ring.chunks_per_row - p.ring.spill_chunks ||
+          p.ring.spill_chunks % p.ring.chunks_per_cta != 0 || p.ring.spill_chunks >= p.ring.chunks_per_row)
         return cudaErrorInvalidClusterSize;
-      const int64_t items_per_row = (p.chunks_per_row + p.chunks_per_cta - 1) / p.chunks_per_cta;
+      const int64_t items_per_row = (p.ring.chunks_per_row + p.ring.chunks_per_cta - 1) / p.ring.chunks_per_cta;
       // Workspace, all ones: the counter, then the item slots.
       const size_t words = 1 + static_cast<size_t>(a.rows() * items_per_row);
       cudaMemPool_t pool;
@@ -463,8 +463,8 @@ cudaError_t launch_grid_rows(const Plan& p, const Call& a, cudaStream_t stream) 
       if ((e = workspace_pool(&pool)) || (e = cudaMallocFromPoolAsync(&ws, words * 8, pool, stream))) return e;
       e = cudaMemsetAsync(ws, 0xff, words * 8, stream);
       uint64_t* w = static_cast<uint64_t*>(ws);
-      GridShape sh{p.chunk_bytes, p.ring_slots, static_cast<int>(p.chunks_per_cta), p.chunks_per_row, items_per_row,
-                   a.scale, a.lse, reinterpret_cast<unsigned long long*>(w), w + 1, p.spill_chunks};
+      GridShape sh{p.ring.chunk_bytes, p.ring.ring_slots, static_cast<int>(p.ring.chunks_per_cta), p.ring.chunks_per_row, items_per_row,
+                   a.scale, a.lse, reinterpret_cast<unsigned long long*>(w), w + 1, p.ring.spill_chunks};
       if (e == cudaSuccess)
         e = cudaLaunchKernelEx(&l.cfg, kernel, static_cast<const T*>(a.x()), a.x_stride(), static_cast<T*>(a.y()), a.y_stride(),
                                a.rows(), a.cols(), sh);

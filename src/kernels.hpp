@@ -60,13 +60,13 @@ struct ClusterLaunch {
 template <class Kernel>
 cudaError_t prepare_cluster_launch(Kernel kernel, const Plan& p, cudaStream_t stream, ClusterLaunch* l) {
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(p.smem_bytes));
-  if (e == cudaSuccess && p.cluster > 8 && !p.grid_exchange)
+  if (e == cudaSuccess && p.cluster > 8 && !p.ring.grid_exchange)
     e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   if (e != cudaSuccess) return e;
   l->cfg.blockDim = dim3(p.threads);
   l->cfg.dynamicSmemBytes = static_cast<size_t>(p.smem_bytes);
   l->cfg.stream = stream;
-  if (p.grid_exchange) {
+  if (p.ring.grid_exchange) {
     int device = 0, sms = 0, per_sm = 0;
     if ((e = cudaGetDevice(&device)) || (e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) ||
         (e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, p.threads, l->cfg.dynamicSmemBytes)))
@@ -88,7 +88,12 @@ cudaError_t prepare_cluster_launch(Kernel kernel, const Plan& p, cudaStream_t st
   return cudaSuccess;
 }
 
+// The warp_rows family (rows held in registers): register_rows.cu dispatches to the others.
 cudaError_t launch_warp_rows(const Plan& plan, const Call& a, cudaStream_t stream);
+cudaError_t launch_short_rows(const Plan& plan, const Call& a, cudaStream_t stream);     // short_rows.cu
+cudaError_t launch_flat_rows(const Plan& plan, const Call& a, cudaStream_t stream);      // short_rows.cu
+cudaError_t launch_single_column(const Plan& plan, const Call& a, cudaStream_t stream);  // short_rows.cu
+cudaError_t launch_register_clusters(const Plan& plan, const Call& a, cudaStream_t stream);
 cudaError_t launch_block_rows(const Plan& plan, const Call& a, cudaStream_t stream);
 // Returns cudaErrorInvalidClusterSize when no cluster of plan.cluster CTAs can be scheduled.
 cudaError_t launch_cluster_rows(const Plan& plan, const Call& a, cudaStream_t stream);

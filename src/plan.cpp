@@ -47,8 +47,8 @@ bool may_hold_once(int64_t rows, const Overrides& o, const DeviceInfo& d, int ma
 // A warp_rows plan's CTA and grid for its group: past a warp, the CTA is the group; else
 // warp_threads, several rows a CTA.
 void size_warp_rows_grid(Plan& plan, int64_t rows, int warp_threads) {
-  plan.threads = plan.group > 32 ? plan.group : warp_threads;
-  plan.grid = std::min<int64_t>(ceil_div(rows, plan.threads / plan.group), int64_t{1} << 30);
+  plan.threads = plan.warp.group > 32 ? plan.warp.group : warp_threads;
+  plan.grid = std::min<int64_t>(ceil_div(rows, plan.threads / plan.warp.group), int64_t{1} << 30);
 }
 
 // max_group: 32, or kRegisterRowsMaxGroup where the row is read in 16-byte packs (the forward).
@@ -61,8 +61,8 @@ Plan plan_warp_rows(const Problem& p, int vec, int max_group = 32, int min_iters
   // Four accesses per lane where the row allows (more rows per warp, each lane with four loads in
   // flight): a lane per row-vector left warps latency-bound on rows of 128 fp32 and less.
   const int64_t vectors = ceil_div(p.cols, vec);
-  plan.group = static_cast<int>(std::min<int64_t>(max_group, pow2_ceil(ceil_div(vectors, min_iters))));
-  plan.iters = static_cast<int>(pow2_ceil(ceil_div(vectors, plan.group)));
+  plan.warp.group = static_cast<int>(std::min<int64_t>(max_group, pow2_ceil(ceil_div(vectors, min_iters))));
+  plan.warp.iters = static_cast<int>(pow2_ceil(ceil_div(vectors, plan.warp.group)));
   size_warp_rows_grid(plan, p.rows, warp_threads);
   return plan;
 }
@@ -78,10 +78,10 @@ Plan plan_short_rows(const Problem& p, int vec, const Overrides& o) {
   plan.family = Family::warp_rows;
   plan.vec = vec;
   plan.threads = kWarpRowsThreads;
-  plan.group = static_cast<int>(pow2_ceil(ceil_div(p.cols, vec)));
-  plan.iters = 1;  // a pack of each row
-  plan.rows_per_lane = rows_per_lane;
-  const int64_t rows_per_cta = int64_t{kWarpRowsThreads} / plan.group * rows_per_lane;
+  plan.warp.group = static_cast<int>(pow2_ceil(ceil_div(p.cols, vec)));
+  plan.warp.iters = 1;  // a pack of each row
+  plan.warp.rows_per_lane = rows_per_lane;
+  const int64_t rows_per_cta = int64_t{kWarpRowsThreads} / plan.warp.group * rows_per_lane;
   plan.grid = std::min<int64_t>(ceil_div(p.rows, rows_per_cta), int64_t{1} << 30);
   return plan;
 }
@@ -98,9 +98,9 @@ Plan plan_short_rows(const Problem& p, int vec, const Overrides& o) {
 Plan plan_register_rows(const Problem& p, int vec, int min_iters) {
   Plan plan = plan_warp_rows(p, vec, kRegisterRowsMaxGroup, min_iters, kRegisterRowsWarpThreads);
   const int64_t vectors = ceil_div(p.cols, vec);
-  if (plan.group <= 32 || vectors * 4 >= int64_t{3} * plan.group * plan.iters) return plan;
-  if (ceil_div(vectors, plan.group / 2) <= kWarpRowsMaxIters) plan.group /= 2;
-  plan.iters = static_cast<int>(ceil_div(vectors, plan.group));
+  if (plan.warp.group <= 32 || vectors * 4 >= int64_t{3} * plan.warp.group * plan.warp.iters) return plan;
+  if (ceil_div(vectors, plan.warp.group / 2) <= kWarpRowsMaxIters) plan.warp.group /= 2;
+  plan.warp.iters = static_cast<int>(ceil_div(vectors, plan.warp.group));
   size_warp_rows_grid(plan, p.rows, kRegisterRowsWarpThreads);
   return plan;
 }
@@ -121,8 +121,8 @@ Plan plan_register_cluster(const Problem& p, const DeviceInfo& d, int threads, i
   plan.family = Family::warp_rows;
   plan.vec = 16 / p.elem_bytes;
   plan.threads = threads;
-  plan.group = threads;
-  plan.iters = iters;
+  plan.warp.group = threads;
+  plan.warp.iters = iters;
   plan.cluster = static_cast<int>(c);
   plan.segment = ceil_div(ceil_div(vectors, c), 32) * 32;
   plan.grid = p.rows;
@@ -132,7 +132,7 @@ Plan plan_register_cluster(const Problem& p, const DeviceInfo& d, int threads, i
   // five L2 lines instead of four, and eight CTAs an SM hide that where six did not (bf16 rows of
   // 50 264 1.098 -> 1.016 x copy); rows on 128 bytes keep the compiler's choice (bf16 rows of
   // 32 000 0.996 x against 1.019 x bounded). docs/design.md, "Measured at `4c2c8db`".
-  plan.bounded = iters == 8 && (threads > kRegisterClusterMaxThreads / 2 ||
+  plan.warp.bounded = iters == 8 && (threads > kRegisterClusterMaxThreads / 2 ||
                                 (p.elem_bytes == 2 && p.aligned16 && !p.rows128));
   return plan;
 }
@@ -168,25 +168,25 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
   // 34 KB). Measured on an H200 at 50 257: 1.37 x -> 1.26 x copy (docs/design.md).
   const auto twice_in_one = [&](int c) { return 2 * ceil_div(row_bytes, c) <= ring_slots_for(d, c); };
   if (p.elem_bytes == 2 && !backward && !twice_in_one(chunk) && twice_in_one(kClusterChunk32)) chunk = kClusterChunk32;
-  plan.aux_slots = backward ? kClusterAuxSlots : 0;
+  plan.ring.aux_slots = backward ? kClusterAuxSlots : 0;
   // The ring for chunks of c bytes: its slots, the CTA's shared memory, a row's chunks.
   const auto size_ring = [&](int c) {
-    plan.chunk_bytes = c;
-    plan.ring_slots = ring_slots_for(d, c) - plan.aux_slots;
-    plan.smem_bytes = int64_t{plan.ring_slots + plan.aux_slots} * (c + 16) + kClusterReserveBytes;
-    plan.chunks_per_row = ceil_div(row_bytes, c);
+    plan.ring.chunk_bytes = c;
+    plan.ring.ring_slots = ring_slots_for(d, c) - plan.ring.aux_slots;
+    plan.smem_bytes = int64_t{plan.ring.ring_slots + plan.ring.aux_slots} * (c + 16) + kClusterReserveBytes;
+    plan.ring.chunks_per_row = ceil_div(row_bytes, c);
   };
   // A forced chunk size counts only where its ring keeps two slots besides the backward's second ring.
-  const bool forced_chunk = o.chunk_bytes > 0 && ring_slots_for(d, o.chunk_bytes) - plan.aux_slots >= 2;
+  const bool forced_chunk = o.chunk_bytes > 0 && ring_slots_for(d, o.chunk_bytes) - plan.ring.aux_slots >= 2;
   size_ring(forced_chunk ? o.chunk_bytes : chunk);
-  plan.hints = o.hints >= 0 ? o.hints & 7 : kClusterDefaultHints;  // 3 bits, see Overrides
+  plan.ring.hints = o.hints >= 0 ? o.hints & 7 : kClusterDefaultHints;  // 3 bits, see Overrides
   const int max_cluster = std::min(d.max_cluster, kMaxCluster);
 
-  auto slice = [&](int c) { return ceil_div(plan.chunks_per_row, c); };
+  auto slice = [&](int c) { return ceil_div(plan.ring.chunks_per_row, c); };
   // The smallest cluster whose slice fits the ring `times` over, or 0.
   auto smallest_cluster = [&](int times) {
     for (int c = 1; c <= max_cluster; c *= 2)
-      if (times * slice(c) <= plan.ring_slots) return c;
+      if (times * slice(c) <= plan.ring.ring_slots) return c;
     return 0;
   };
   int cluster_twice = smallest_cluster(2);
@@ -196,14 +196,14 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
   // copy, 65 536 1.078 -> 1.052 x; rows of 15 chunks (61 440), one CTA of 8 with a single chunk,
   // 1.064 -> 1.100 x; 1 chunk a CTA everywhere 1.5-1.6 x.
   if (p.elem_bytes == 4 && !backward && o.chunk_bytes <= 0 && cluster_twice >= 2 &&
-      2 * cluster_twice <= kHalfSliceMaxCluster && plan.chunks_per_row == 4 * cluster_twice)
+      2 * cluster_twice <= kHalfSliceMaxCluster && plan.ring.chunks_per_row == 4 * cluster_twice)
     cluster_twice *= 2;
   // 16-bit forward: rows of two 32 KB chunks, which one CTA holds twice, go to two CTAs of one
   // chunk each (32 KB slices again). Measured on an H200 (docs/design.md, "Slices of 32 KB"), in
   // four runs: rows of 32 768 bf16 and fp16 0.7-3 % faster, 32 000 0.7-0.9 %; but rows of 4 chunks
   // (65 536) ran 6 % slower in four CTAs of one chunk than in two of two, so only from one CTA.
-  if (p.elem_bytes == 2 && !backward && o.chunk_bytes <= 0 && plan.chunk_bytes == kClusterChunk16 &&
-      cluster_twice == 1 && plan.chunks_per_row == 2)
+  if (p.elem_bytes == 2 && !backward && o.chunk_bytes <= 0 && plan.ring.chunk_bytes == kClusterChunk16 &&
+      cluster_twice == 1 && plan.ring.chunks_per_row == 2)
     cluster_twice = 2;
   int chosen = 0;
   // Grid groups for the forward of fp32 rows that no cluster holds twice (which clusters would
@@ -220,11 +220,11 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
   // Partials are traded as fp32 pairs: never for float64. Grid groups peel nothing, so rows off 16
   // bytes stay in the clusters, peeled (plan_rows).
   const int64_t widest = slice(max_cluster);
-  const bool streamed_keeps_most = widest > plan.ring_slots && 4 * int64_t{plan.ring_slots} >= 3 * widest;
+  const bool streamed_keeps_most = widest > plan.ring.ring_slots && 4 * int64_t{plan.ring.ring_slots} >= 3 * widest;
   const bool grid_default = p.elem_bytes == 4 && !backward && p.aligned16 && cluster_twice == 0 &&
                             (!streamed_keeps_most || may_hold_once(p.rows, o, d, max_cluster));
-  plan.grid_exchange = (o.exchange >= 0 ? o.exchange == 1 : grid_default) && d.sm_count > 0 && p.elem_bytes <= 4;
-  if (plan.grid_exchange) {
+  plan.ring.grid_exchange = (o.exchange >= 0 ? o.exchange == 1 : grid_default) && d.sm_count > 0 && p.elem_bytes <= 4;
+  if (plan.ring.grid_exchange) {
     // Groups of a cooperative grid, one CTA per SM. Of the sizes whose slice fits as wanted, the
     // one that keeps the most SMs busy (the least CTAs per row where it ties).
     const int limit = o.cluster > 0 ? std::min(o.cluster, d.sm_count) : d.sm_count;
@@ -248,20 +248,20 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
     // 1.3-1.6 M), and 1.84 x against streamed clusters' 1.70 x as one group of every SM (rows of
     // 8 M), whose exchange stalls every SM at once.
     const bool once = may_hold_once(p.rows, o, d, max_cluster);
-    const int twice = group_where([&](int, int64_t s) { return 2 * s <= plan.ring_slots; });
+    const int twice = group_where([&](int, int64_t s) { return 2 * s <= plan.ring.ring_slots; });
     const int streamed = group_where([&](int c, int64_t s) {
-      return 2 * c <= d.sm_count && s > plan.ring_slots && 8 * plan.ring_slots >= 7 * s;
+      return 2 * c <= d.sm_count && s > plan.ring.ring_slots && 8 * plan.ring.ring_slots >= 7 * s;
     });
     if (twice && (once || !streamed || slice(twice) >= kGroupMinHeldChunks)) {
       chosen = twice;
     } else if (once) {
-      chosen = group_where([&](int, int64_t s) { return s <= plan.ring_slots; });
+      chosen = group_where([&](int, int64_t s) { return s <= plan.ring.ring_slots; });
     } else {
       chosen = streamed;
     }
     // Both knobs set: that group size even where its slice keeps less of itself in the ring.
     if (!chosen && o.exchange == 1 && o.cluster > 0) chosen = limit;
-    plan.grid_exchange = chosen > 0;
+    plan.ring.grid_exchange = chosen > 0;
   }
   if (!chosen && o.cluster > 0) {
     chosen = std::min(o.cluster, max_cluster);
@@ -275,9 +275,9 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
     }
   }
   plan.cluster = chosen;
-  plan.chunks_per_cta = slice(chosen);
-  plan.resident = plan.chunks_per_cta <= plan.ring_slots;
-  plan.double_buffered = 2 * plan.chunks_per_cta <= plan.ring_slots;
+  plan.ring.chunks_per_cta = slice(chosen);
+  plan.resident = plan.ring.chunks_per_cta <= plan.ring.ring_slots;
+  plan.ring.double_buffered = 2 * plan.ring.chunks_per_cta <= plan.ring.ring_slots;
   // 16-bit forward rows whose CTAs take two 32 KB chunks of a row, some only one: 4 C even chunks over
   // clusters of C / 2 instead (four a CTA), where the ring still holds them twice. Measured on an
   // H200 (knobs, builds side by side; docs/design.md, "16-bit rows of 13 chunks" and "16-bit rows of
@@ -293,17 +293,17 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
   // bytes over n chunks, rounded up to 16 bytes.
   const auto resizable = [&] {
     return p.elem_bytes == 2 && !backward && p.aligned16 && o.chunk_bytes <= 0 && o.cluster <= 0 &&
-           !plan.grid_exchange && plan.double_buffered && plan.chunk_bytes == kClusterChunk16;
+           !plan.ring.grid_exchange && plan.ring.double_buffered && plan.ring.chunk_bytes == kClusterChunk16;
   };
   const auto even_chunk = [&](int64_t n) { return static_cast<int>(ceil_div(ceil_div(row_bytes, n), 16) * 16); };
-  const bool four_from_8 = plan.cluster == 8 && plan.chunks_per_row == 13;
-  const bool four_from_16 = plan.cluster == 16 && plan.chunks_per_cta == 2 && plan.chunks_per_row <= kFourChunksMaxRow16;
+  const bool four_from_8 = plan.cluster == 8 && plan.ring.chunks_per_row == 13;
+  const bool four_from_16 = plan.cluster == 16 && plan.ring.chunks_per_cta == 2 && plan.ring.chunks_per_row <= kFourChunksMaxRow16;
   if (resizable() && (four_from_8 || four_from_16)) {
     const int chunk = even_chunk(2 * int64_t{plan.cluster});
     if (8 <= ring_slots_for(d, chunk)) {
       plan.cluster /= 2;
       size_ring(chunk);
-      plan.chunks_per_cta = 4;
+      plan.ring.chunks_per_cta = 4;
     }
   }
   // 16-bit forward rows held twice whose CTAs take up to three 32 KB chunks of a row: two larger
@@ -313,10 +313,10 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
   // copy; rows just past 512 KB even, 2 % slower in one run); chunks of 40-48 KB were even or
   // slower (360 000 fp16 1.058 -> 1.094 x).
   const int two_chunks = even_chunk(2 * int64_t{plan.cluster});
-  if (resizable() && plan.chunks_per_cta == 3 && two_chunks <= kTwoChunksMaxBytes &&
+  if (resizable() && plan.ring.chunks_per_cta == 3 && two_chunks <= kTwoChunksMaxBytes &&
       4 <= ring_slots_for(d, two_chunks)) {
     size_ring(two_chunks);
-    plan.chunks_per_cta = 2;
+    plan.ring.chunks_per_cta = 2;
   }
   // 16-bit forward rows held twice in 32 KB chunks by clusters of 8 (rows of 384 to 768 KB), where
   // every CTA holds as many whole chunks of each row: two consumer groups of 128 threads instead of
@@ -326,9 +326,9 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
   // or CTAs with a chunk more than others), a row waits on the CTA with the most, and the narrow
   // groups fold it slower: rows of 200 000 to 330 000 ran 6-15 % slower in them ("Uneven 16-bit
   // slices"). Peeled rows (not measured) keep 256.
-  const bool even_slices = plan.chunks_per_cta * plan.cluster * plan.chunk_bytes == row_bytes;
-  if (p.elem_bytes == 2 && !backward && p.aligned16 && o.threads <= 0 && o.chunk_bytes <= 0 && !plan.grid_exchange &&
-      plan.cluster == kNarrowGroupsCluster && plan.double_buffered && plan.chunk_bytes == kClusterChunk16 &&
+  const bool even_slices = plan.ring.chunks_per_cta * plan.cluster * plan.ring.chunk_bytes == row_bytes;
+  if (p.elem_bytes == 2 && !backward && p.aligned16 && o.threads <= 0 && o.chunk_bytes <= 0 && !plan.ring.grid_exchange &&
+      plan.cluster == kNarrowGroupsCluster && plan.ring.double_buffered && plan.ring.chunk_bytes == kClusterChunk16 &&
       even_slices)
     plan.threads = kNarrowGroupsThreads;
   // Streamed forward slices read the chunks the ring does not keep twice: from L2 the second time,
@@ -338,21 +338,21 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
   // 2 of 16 chunks read twice: rows of 1 M fp32 1.157 -> 1.117 x copy (DRAM reads 1.20 -> 1.08 GB
   // for 1.07 GB of rows), 2 M 1.343 -> 1.318 x, 4 M 1.418 -> 1.408 x; 9 of 16 (4 M bf16) and 18 of
   // 32 (2 M fp32 peeled) 1.4-1.7 % slower. So where at most a quarter as many as kept.
-  const int64_t kept = std::min<int64_t>(plan.chunks_per_cta, plan.ring_slots);
-  if (!backward && !plan.resident && o.hints < 0 && 4 * (plan.chunks_per_cta - kept) <= kept)
-    plan.hints |= kHintReadTwiceInL2;
+  const int64_t kept = std::min<int64_t>(plan.ring.chunks_per_cta, plan.ring.ring_slots);
+  if (!backward && !plan.resident && o.hints < 0 && 4 * (plan.ring.chunks_per_cta - kept) <= kept)
+    plan.ring.hints |= kHintReadTwiceInL2;
   // Rows dealt in turn left the fastest SMs idle for up to a third of a copy-like kernel's time
   // (H200, docs/design.md); claimed rows keep every cluster busy to the end: fp32 rows 1.08-1.10 x
   // -> 1.04-1.05 x copy, 16-bit rows 1.10-1.13 x -> 1.04-1.06 x. Grid groups keep the fixed deal
   // (their CTAs share no shared memory to pass a claimed row on).
-  plan.claim_rows = !plan.grid_exchange && o.claim != 0;
+  plan.ring.claim_rows = !plan.ring.grid_exchange && o.claim != 0;
   // A row's chunks dealt to its CTAs in turn, so that the cluster reads and writes the row front to
   // back together instead of in C slices. Measured on an H200 against contiguous slices (knob
   // STRIPE, in one process, five rounds; docs/design.md, "Chunks dealt in turn"): faster at every
   // point, 0.3-2.2 % (fp32 rows of 393 216 1.048 -> 1.038 x copy, the founding shape 1.041 ->
   // 1.032 x, its backward 1.042 -> 1.031 x, bf16 rows of 1 M 1.103 -> 1.080 x), the bf16 backward
   // even.
-  plan.striped = o.stripe != 0;
+  plan.ring.striped = o.stripe != 0;
   plan.grid = std::min<int64_t>(p.rows, int64_t{1} << 24);  // clusters wanted; occupancy caps it
   if (o.groups > 0) plan.grid = std::min<int64_t>(plan.grid, o.groups);
   return plan;
@@ -360,7 +360,7 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
 
 // grid_rows: the bytes all of a grid's rings hold (one CTA per SM).
 int64_t grid_rings_bytes(const Plan& plan, const DeviceInfo& d) {
-  return int64_t{d.sm_count} * plan.ring_slots * plan.chunk_bytes;
+  return int64_t{d.sm_count} * plan.ring.ring_slots * plan.ring.chunk_bytes;
 }
 
 // grid_rows: a cooperative grid of one CTA per SM, each with a ring of chunks; items of
@@ -372,19 +372,19 @@ Plan plan_grid_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
   plan.family = Family::grid_rows;
   plan.vec = 16 / p.elem_bytes;
   plan.threads = std::min(cluster_threads(o), kClusterMaxThreads - 64) + 32;  // and the merger warp
-  plan.chunk_bytes = o.chunk_bytes > 0 ? o.chunk_bytes : kGridRowsChunk;
+  plan.ring.chunk_bytes = o.chunk_bytes > 0 ? o.chunk_bytes : kGridRowsChunk;
   // As many slots of `slot_bytes` (a chunk and its barriers and number) as fit beside the rest.
   const auto fit_ring = [&](int64_t slot_bytes) {
-    plan.ring_slots = static_cast<int>((d.smem_per_block_optin - kGridRowsReserveBytes) / slot_bytes);
-    plan.smem_bytes = int64_t{plan.ring_slots} * slot_bytes + kGridRowsReserveBytes;
+    plan.ring.ring_slots = static_cast<int>((d.smem_per_block_optin - kGridRowsReserveBytes) / slot_bytes);
+    plan.smem_bytes = int64_t{plan.ring.ring_slots} * slot_bytes + kGridRowsReserveBytes;
   };
-  fit_ring(plan.chunk_bytes + kGridRowsSlotBytes);
-  plan.chunks_per_row = ceil_div(p.cols * p.elem_bytes, plan.chunk_bytes);
-  plan.chunks_per_cta = o.item_chunks >= 1 && o.item_chunks <= 8 ? o.item_chunks : kGridRowsItemChunks;
+  fit_ring(plan.ring.chunk_bytes + kGridRowsSlotBytes);
+  plan.ring.chunks_per_row = ceil_div(p.cols * p.elem_bytes, plan.ring.chunk_bytes);
+  plan.ring.chunks_per_cta = o.item_chunks >= 1 && o.item_chunks <= 8 ? o.item_chunks : kGridRowsItemChunks;
   plan.cluster = 1;
-  plan.grid_exchange = true;  // a cooperative launch
+  plan.ring.grid_exchange = true;  // a cooperative launch
   plan.resident = true;
-  plan.grid = std::min<int64_t>(p.rows * ceil_div(plan.chunks_per_row, plan.chunks_per_cta), d.sm_count);
+  plan.grid = std::min<int64_t>(p.rows * ceil_div(plan.ring.chunks_per_row, plan.ring.chunks_per_cta), d.sm_count);
   // Rows past a quarter of the grid's rings keep the larger of half the row and a fifth of the
   // rings; the chunks before are spilled: folded, released, and read again from L2 when the same
   // chunk of the next row passes (docs/design.md, "Rows spilled to L2": rows of 6 MB gained nothing).
@@ -392,16 +392,16 @@ Plan plan_grid_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
   const int64_t rings = grid_rings_bytes(plan, d);
   const int64_t keep = std::max(row_bytes / 2, rings / kGridRowsKeepShare);
   const int64_t spill = o.spill_chunks >= 0 ? o.spill_chunks
-                        : 4 * row_bytes > rings ? plan.chunks_per_row - ceil_div(keep, plan.chunk_bytes) : 0;
-  plan.spill_chunks = std::clamp<int64_t>(spill, 0, plan.chunks_per_row - 1) / plan.chunks_per_cta * plan.chunks_per_cta;
-  if (plan.spill_chunks > 0) fit_ring(plan.chunk_bytes + kGridRowsSlotBytes + kGridRowsSpillSlotBytes);  // a refill barrier
+                        : 4 * row_bytes > rings ? plan.ring.chunks_per_row - ceil_div(keep, plan.ring.chunk_bytes) : 0;
+  plan.ring.spill_chunks = std::clamp<int64_t>(spill, 0, plan.ring.chunks_per_row - 1) / plan.ring.chunks_per_cta * plan.ring.chunks_per_cta;
+  if (plan.ring.spill_chunks > 0) fit_ring(plan.ring.chunk_bytes + kGridRowsSlotBytes + kGridRowsSpillSlotBytes);  // a refill barrier
   // Rows that spill less than a third of their chunks have the merger wait for a row's last item
   // with one lane before its 32 lanes read the row's partials: bf16 rows of 4 M 3-7 % faster. Rows
   // that spill half wait on each row's merge (their spilled slots need the row before's statistics)
   // and lose more to the extra round trip than they gain (docs/design.md, "The merger's wait").
-  plan.wait_last = 3 * plan.spill_chunks < plan.chunks_per_row;
-  if (plan.ring_slots < plan.chunks_per_cta || plan.ring_slots >= kGridRowsMergeQueue ||
-      plan.chunks_per_row - plan.spill_chunks >= int64_t{d.sm_count} * (plan.ring_slots - plan.chunks_per_cta + 1))
+  plan.ring.wait_last = 3 * plan.ring.spill_chunks < plan.ring.chunks_per_row;
+  if (plan.ring.ring_slots < plan.ring.chunks_per_cta || plan.ring.ring_slots >= kGridRowsMergeQueue ||
+      plan.ring.chunks_per_row - plan.ring.spill_chunks >= int64_t{d.sm_count} * (plan.ring.ring_slots - plan.ring.chunks_per_cta + 1))
     return Plan{};
   return plan;
 }
@@ -424,12 +424,12 @@ Plan plan_grid_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
 // hold (262 144 fp32, 1 M bf16: slower).
 // Returns that plan, or none.
 Plan grid_rows_wanted(const Problem& p, const DeviceInfo& d, const Overrides& o, const Plan& clusters) {
-  const bool streamed16 = p.elem_bytes == 2 && !clusters.resident && !clusters.grid_exchange &&
-                          4 * int64_t{clusters.ring_slots} < 3 * clusters.chunks_per_cta;
-  const bool unheld32 = p.elem_bytes == 4 && (!clusters.resident || clusters.grid_exchange);
+  const bool streamed16 = p.elem_bytes == 2 && !clusters.resident && !clusters.ring.grid_exchange &&
+                          4 * int64_t{clusters.ring.ring_slots} < 3 * clusters.ring.chunks_per_cta;
+  const bool unheld32 = p.elem_bytes == 4 && (!clusters.resident || clusters.ring.grid_exchange);
   if (!(streamed16 || unheld32) || d.sm_count <= 0) return Plan{};
   const Plan grid = plan_grid_rows(p, d, o);
-  const int64_t held_bytes = p.cols * p.elem_bytes - grid.spill_chunks * grid.chunk_bytes;
+  const int64_t held_bytes = p.cols * p.elem_bytes - grid.ring.spill_chunks * grid.ring.chunk_bytes;
   const bool held = 5 * held_bytes <= 2 * grid_rings_bytes(grid, d);
   return grid.family == Family::grid_rows && held ? grid : Plan{};
 }
@@ -452,10 +452,10 @@ Plan plan_cluster_tiles(const AxisProblem& p, const DeviceInfo& d, const Overrid
   const int row_bytes = w * p.elem_bytes;
   plan.threads = cluster_threads(o);
   const int chunk = p.elem_bytes == 2 ? kTileChunk16 : kTileChunk32;
-  plan.chunk_bytes = o.chunk_bytes > 0 && o.chunk_bytes % row_bytes == 0 ? o.chunk_bytes : chunk;
-  plan.chunk_bytes = std::min(plan.chunk_bytes, kTileMaxBoxRows * row_bytes);  // a tensor-map box
-  const int64_t chunks_per_tile = ceil_div(p.dim, plan.chunk_bytes / row_bytes);
-  const int64_t slot_bytes = plan.chunk_bytes + 16;
+  plan.ring.chunk_bytes = o.chunk_bytes > 0 && o.chunk_bytes % row_bytes == 0 ? o.chunk_bytes : chunk;
+  plan.ring.chunk_bytes = std::min(plan.ring.chunk_bytes, kTileMaxBoxRows * row_bytes);  // a tensor-map box
+  const int64_t chunks_per_tile = ceil_div(p.dim, plan.ring.chunk_bytes / row_bytes);
+  const int64_t slot_bytes = plan.ring.chunk_bytes + 16;
   auto slots = [&](int c) {
     return static_cast<int>((d.smem_per_block_optin - tile_reserve_bytes(c, w, p.elem_bytes, plan.threads)) / slot_bytes);
   };
@@ -480,18 +480,18 @@ Plan plan_cluster_tiles(const AxisProblem& p, const DeviceInfo& d, const Overrid
   }
   if (!chosen) return Plan{};
   plan.family = Family::cluster_tiles;
-  plan.hints = o.hints >= 0 ? o.hints & 3 : 0;
+  plan.ring.hints = o.hints >= 0 ? o.hints & 3 : 0;
   plan.vec = 16 / p.elem_bytes;
-  plan.lanes = w;
-  plan.tiles = ceil_div(p.inner, w);
-  plan.grid = std::min<int64_t>(p.outer * plan.tiles, int64_t{1} << 24);  // tiles' clusters; occupancy caps it
+  plan.axis.lanes = w;
+  plan.axis.tiles = ceil_div(p.inner, w);
+  plan.grid = std::min<int64_t>(p.outer * plan.axis.tiles, int64_t{1} << 24);  // tiles' clusters; occupancy caps it
   plan.cluster = chosen;
-  plan.ring_slots = slots(chosen);
-  plan.chunks_per_row = chunks_per_tile;
-  plan.chunks_per_cta = ceil_div(chunks_per_tile, chosen);
+  plan.ring.ring_slots = slots(chosen);
+  plan.ring.chunks_per_row = chunks_per_tile;
+  plan.ring.chunks_per_cta = ceil_div(chunks_per_tile, chosen);
   plan.resident = true;
-  plan.double_buffered = 2 * plan.chunks_per_cta <= plan.ring_slots;
-  plan.smem_bytes = plan.ring_slots * slot_bytes + tile_reserve_bytes(chosen, w, p.elem_bytes, plan.threads);
+  plan.ring.double_buffered = 2 * plan.ring.chunks_per_cta <= plan.ring.ring_slots;
+  plan.smem_bytes = plan.ring.ring_slots * slot_bytes + tile_reserve_bytes(chosen, w, p.elem_bytes, plan.threads);
   return plan;
 }
 
@@ -500,9 +500,9 @@ Plan plan_split_rows(const AxisProblem& p, const DeviceInfo& d, const SplitOverr
   plan.family = Family::split_rows;
   plan.vec = p.rows && p.aligned16 ? 16 / p.elem_bytes : 1;
   const int lanes = o.lanes > 0 ? o.lanes : kSplitLanes;
-  plan.lanes = p.rows ? 1 : static_cast<int>(std::min<int64_t>(lanes, pow2_ceil(p.inner)));
+  plan.axis.lanes = p.rows ? 1 : static_cast<int>(std::min<int64_t>(lanes, pow2_ceil(p.inner)));
   const int64_t units = ceil_div(p.dim, plan.vec);
-  const int64_t unit_bytes = int64_t{plan.vec} * p.elem_bytes * plan.lanes;  // per unit of the axis
+  const int64_t unit_bytes = int64_t{plan.vec} * p.elem_bytes * plan.axis.lanes;  // per unit of the axis
   // The smallest cluster whose segments fit the target, if any.
   const int64_t target = o.segment_bytes > 0 ? o.segment_bytes : kSplitSegmentBytes;
   const int max_cluster = std::min(d.max_cluster, kMaxCluster);
@@ -511,10 +511,10 @@ Plan plan_split_rows(const AxisProblem& p, const DeviceInfo& d, const SplitOverr
   plan.cluster = c;
   plan.segment = ceil_div(units, c);
   // Four units per thread and pass where the segment is long enough, a warp at the least.
-  const int64_t along = std::clamp<int64_t>(pow2_ceil(ceil_div(plan.segment, 4)), 1, kSplitThreads / plan.lanes);
-  plan.threads = static_cast<int>(std::max<int64_t>(64, along * plan.lanes));
-  plan.tiles = ceil_div(p.inner, plan.lanes);
-  plan.grid = std::min<int64_t>(p.outer * plan.tiles, int64_t{1} << 24);  // positions' clusters
+  const int64_t along = std::clamp<int64_t>(pow2_ceil(ceil_div(plan.segment, 4)), 1, kSplitThreads / plan.axis.lanes);
+  plan.threads = static_cast<int>(std::max<int64_t>(64, along * plan.axis.lanes));
+  plan.axis.tiles = ceil_div(p.inner, plan.axis.lanes);
+  plan.grid = std::min<int64_t>(p.outer * plan.axis.tiles, int64_t{1} << 24);  // positions' clusters
   return plan;
 }
 
@@ -540,8 +540,8 @@ Plan plan_axis(const AxisProblem& p, const DeviceInfo& d, const SplitOverrides& 
       Plan plan;
       plan.family = Family::warp_rows;
       plan.vec = vec;
-      plan.group = static_cast<int>(ceil_div(ceil_div(vectors, kWarpRowsMinIters), 32) * 32);
-      plan.iters = kWarpRowsMinIters;
+      plan.warp.group = static_cast<int>(ceil_div(ceil_div(vectors, kWarpRowsMinIters), 32) * 32);
+      plan.warp.iters = kWarpRowsMinIters;
       size_warp_rows_grid(plan, rows.rows, kWarpRowsThreads);
       return plan;
     }
@@ -594,17 +594,17 @@ Plan plan_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
     Plan plan;
     plan.family = Family::warp_rows;
     plan.threads = kWarpRowsThreads;
-    plan.flat_rows = static_cast<int>(std::clamp<int64_t>(kFlatTileBytes / (kWarpRowsThreads * row_bytes), 1, 8));
+    plan.warp.flat_rows = static_cast<int>(std::clamp<int64_t>(kFlatTileBytes / (kWarpRowsThreads * row_bytes), 1, 8));
     // Lanes whose rows lie an odd number of banks (4 bytes, or an element if larger) apart meet no
     // bank conflicts: rows of 7 bf16 (3.5 banks) take every other row. Where no spread up to 8 is
     // odd (rows of 100 bf16, 50 banks), the lanes take neighbouring rows.
     const int64_t bank = std::max<int64_t>(4, p.elem_bytes);
     for (int s = 1; s <= 8; s *= 2)
       if (s * row_bytes % bank == 0 && (s * row_bytes / bank) % 2 == 1) {
-        plan.flat_spread = s;
+        plan.warp.flat_spread = s;
         break;
       }
-    const int64_t tile_rows = int64_t{kWarpRowsThreads} * plan.flat_rows;
+    const int64_t tile_rows = int64_t{kWarpRowsThreads} * plan.warp.flat_rows;
     plan.smem_bytes = ceil_div(tile_rows * row_bytes, 16) * 16;
     plan.grid = std::min<int64_t>(ceil_div(p.rows, tile_rows), int64_t{1} << 30);
     return plan;
@@ -646,10 +646,10 @@ Plan plan_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
       o.cluster <= 0 && p.cols >= 2 * peel_vec) {
     // Four or five packs a thread (more spilled under the 64-register bound). At four, a group of
     // at least 2 x vec threads, which hold the elements of the blocks the row starts and ends
-    // inside; at five, the edge takes a pack more on threads 0 and 1 (warp_rows.cu).
+    // inside; at five, the edge takes a pack more on threads 0 and 1 (register_rows.cu).
     Plan plan = plan_register_rows(p, peel_vec, kWarpRowsMinIters);
-    if (plan.iters > 5) plan = plan_warp_rows(p, peel_vec, kRegisterRowsMaxGroup, kWarpRowsMinIters, kRegisterRowsWarpThreads);
-    if ((plan.iters == 4 && plan.group >= 2 * peel_vec) || plan.iters == 5) {
+    if (plan.warp.iters > 5) plan = plan_warp_rows(p, peel_vec, kRegisterRowsMaxGroup, kWarpRowsMinIters, kRegisterRowsWarpThreads);
+    if ((plan.warp.iters == 4 && plan.warp.group >= 2 * peel_vec) || plan.warp.iters == 5) {
       plan.peel = true;
       return plan;
     }
@@ -666,8 +666,8 @@ Plan plan_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
   if (has_clusters(d) && !p.aligned16 && p.peelable && p.elem_bytes < 16 && o.peel_clusters != 0 &&
       (row_bytes >= kClusterMinRowBytes || o.cluster > 0)) {
     Plan plan = plan_cluster_rows(p, d, o);
-    const int64_t last = row_bytes % plan.chunk_bytes;
-    if (!plan.grid_exchange && (last == 0 || last > 32)) {
+    const int64_t last = row_bytes % plan.ring.chunk_bytes;
+    if (!plan.ring.grid_exchange && (last == 0 || last > 32)) {
       plan.peel = true;
       return plan;
     }

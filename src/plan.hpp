@@ -96,59 +96,61 @@ struct Overrides {
   int stripe = -1;       // cluster_rows: 0 each CTA a contiguous slice of a row, else chunks dealt in turn
 };
 
+// A plan: a common core that every family reads, and the parts of the families that need more.
 struct Plan {
   Family family = Family::none;
   int vec = 1;             // elements per memory access (16 bytes' worth, or 1)
   int threads = 0;         // threads per CTA
   int64_t grid = 0;        // CTAs for warp_rows / block_rows; cluster_rows: rows' clusters cap
-  // warp_rows
-  int group = 0;           // threads per row (power of two, 1..32; 16-byte packs: up to 1024; over a
-                           // cluster (cluster > 0), the CTA's threads, segment packs a CTA)
-  int iters = 0;           // vectors per lane per row (1, 2, 4 or 8; rows in 16-byte packs in registers: 1 to 8)
-  // warp_rows over a cluster, eight packs a thread: the kernel held to 64 registers a thread (the
-  // packs unpacked again for y), so that a 128-thread CTA's eight packs leave room for eight CTAs an
-  // SM; else the compiler's choice (80 registers for bf16 rows in 16-byte packs: six CTAs).
-  bool bounded = false;
-  // warp_rows, flat tiles: rows per thread (0: not flat). Short rows that are not 16-byte aligned
-  // but lie in one contiguous run are staged through shared memory a tile of threads * flat_rows
-  // rows at a time, read and written as 16-byte packs of the flat array.
-  int flat_rows = 0;
-  int flat_spread = 1;     // rows between the rows of neighbouring lanes (distinct banks)
-  // warp_rows, short rows in 16-byte packs: rows per lane, one pack of each (0: not used).
-  int rows_per_lane = 0;
-  // block_rows and cluster_rows
-  bool resident = false;   // the row (or slice) stays in shared memory: one DRAM read
-  bool peel = false;       // block_rows, warp_rows in registers: vectors between a scalar head and
-                           // tail (warp_rows: on the group's threads 0 and 1); cluster_rows: the
-                           // ring carries the row's 16-byte interior, CTA 0 the edges
-  bool double_buffered = false;  // cluster_rows: two slices fit, the next row loads meanwhile
   int64_t smem_bytes = 0;  // dynamic shared memory per CTA
-  // cluster_rows
-  int cluster = 0;         // CTAs per row
-  // cluster_rows: the CTAs of a row are a group of a cooperative grid, not a cluster, and trade
-  // their partials through global memory (any group size, every SM in use).
-  bool grid_exchange = false;
-  // cluster_rows (clusters): each cluster claims its next row from a counter in global memory
-  // instead of taking every clusters-th row, so that clusters on faster SMs take more rows.
-  bool claim_rows = false;
-  // cluster_rows: a row's chunks dealt to its CTAs in turn (CTA k takes chunks k, k + C, ...), not
-  // as contiguous slices.
-  bool striped = false;
-  int chunk_bytes = 0;     // bytes per bulk copy / ring slot
-  int ring_slots = 0;      // chunks the ring holds
-  int aux_slots = 0;       // backward: chunks of the second ring, which streams y to the writers
-  int64_t chunks_per_row = 0;
-  int64_t chunks_per_cta = 0;  // grid_rows: chunks an item (grid_exchange: a cooperative launch)
-  int64_t spill_chunks = 0;    // grid_rows: a row's first chunks, folded in the rings and released,
-                               // written when the same chunk of the next row passes (x read again, from L2)
-  bool wait_last = false;      // grid_rows: the merger polls a row's last item with one lane before the rest
-                               // (rows not spilled: always)
-  int hints = 0;           // cache hints (see Overrides)
-  // split_rows (cluster above: CTAs per position, splitting the axis) and cluster_tiles (cluster,
-  // chunks and ring above)
-  int lanes = 0;           // positions along inner per CTA (1 for rows); cluster_tiles: tile width
-  int64_t tiles = 0;       // ceil(inner / lanes)
-  int64_t segment = 0;     // units (vectors, or elements) of the axis per CTA
+  int cluster = 0;         // CTAs per row (cluster_rows, warp_rows over a cluster), per position
+                           // (split_rows) or per tile (cluster_tiles); 0 or 1: none
+  bool resident = false;   // the row (or slice, or tile) stays in shared memory: one DRAM read
+  bool peel = false;       // rows off 16 bytes, x and y off alike, read as the 16-byte blocks of
+                           // their interior and their edges apart (block_rows, warp_rows,
+                           // cluster_rows: the ring carries the interior, CTA 0 the edges)
+  int64_t segment = 0;     // units of the row per CTA: packs (warp_rows over a cluster), vectors or
+                           // elements (split_rows)
+
+  // warp_rows: rows held in registers.
+  struct Warp {
+    int group = 0;          // threads per row (power of two, 1..32; 16-byte packs: up to 1024; over a
+                            // cluster, the CTA's threads, segment packs a CTA)
+    int iters = 0;          // vectors per lane per row (1, 2, 4 or 8; rows in 16-byte packs: 1 to 8)
+    // Over a cluster, eight packs a thread: the kernel held to 64 registers a thread, so that a
+    // 128-thread CTA's eight packs leave room for eight CTAs an SM.
+    bool bounded = false;
+    // Flat tiles: rows per thread (0: not flat). Short contiguous rows not in 16-byte packs, staged
+    // through shared memory a tile of threads * flat_rows rows at a time.
+    int flat_rows = 0;
+    int flat_spread = 1;    // rows between the rows of neighbouring lanes (distinct banks)
+    int rows_per_lane = 0;  // short rows in 16-byte packs: rows a lane, a pack of each (0: not used)
+  } warp;
+
+  // cluster_rows, grid_rows and cluster_tiles: rings of chunks in shared memory, filled by bulk copies.
+  struct Ring {
+    // cluster_rows: the CTAs of a row are a group of a cooperative grid, not a cluster, and trade
+    // their partials through global memory (any group size, every SM in use).
+    bool grid_exchange = false;
+    bool claim_rows = false;       // each cluster claims its next row from a counter in global memory
+    bool striped = false;          // a row's chunks dealt to its CTAs in turn, not in contiguous slices
+    bool double_buffered = false;  // two slices fit: the next row (tile) loads while this one is written
+    int chunk_bytes = 0;           // bytes per bulk copy / ring slot
+    int ring_slots = 0;            // chunks the ring holds
+    int aux_slots = 0;             // backward: chunks of the second ring, which streams y to the writers
+    int64_t chunks_per_row = 0;
+    int64_t chunks_per_cta = 0;    // grid_rows: chunks an item
+    int64_t spill_chunks = 0;      // grid_rows: a row's first chunks folded and released, written when
+                                   // the same chunk of the next row passes (x read again, from L2)
+    bool wait_last = false;        // grid_rows: the merger polls a row's last item first
+    int hints = 0;                 // cache hints (see Overrides)
+  } ring;
+
+  // split_rows and cluster_tiles: positions along the inner axis.
+  struct Axis {
+    int lanes = 0;          // positions along inner per CTA (1 for rows); cluster_tiles: tile width
+    int64_t tiles = 0;      // ceil(inner / lanes)
+  } axis;
 };
 
 // Constants shared by the planner and the kernels.

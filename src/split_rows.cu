@@ -215,9 +215,9 @@ split_rows_kernel(const T* __restrict__ in0, Strides s0, const T* __restrict__ i
 template <class T, int V, bool Backward>
 cudaError_t launch(const Plan& p, const Call& a, cudaStream_t stream) {
   auto kernel = split_rows_kernel<T, V, Backward>;
-  const SplitShape sh{a.n[0], a.n[2], p.tiles, (a.n[1] + V - 1) / V, p.segment, p.lanes, p.cluster};
+  const SplitShape sh{a.n[0], a.n[2], p.axis.tiles, (a.n[1] + V - 1) / V, p.segment, p.axis.lanes, p.cluster};
   using P = Part<acc_t<T>, Backward>;
-  const size_t smem = sizeof(P) * (size_t(p.threads) + 2 * size_t(p.lanes));
+  const size_t smem = sizeof(P) * (size_t(p.threads) + 2 * size_t(p.axis.lanes));
   if (smem > 48 * 1024) {
     const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
     if (e != cudaSuccess) return e;

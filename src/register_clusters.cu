@@ -1,0 +1,167 @@
+// Rows in registers over a cluster (Hopper; the warp_rows family's plans with a cluster): rows past
+// one CTA's registers, up to 512 KB (256 KB in 16 bits), in 16-byte packs or off 16 bytes alike in x
+// and y (peeled), one row to a cluster of CTAs. One DRAM read, one write.
+#include <algorithm>
+
+#include "common.cuh"
+#include "hopper.cuh"
+#include "kernels.hpp"
+
+namespace softlight {
+namespace {
+
+// Rows in registers over a cluster (Hopper): rows too long for one CTA's registers, one row to a
+// cluster of C CTAs (the grid is rows * C CTAs, not persistent), CTA k holding packs
+// [k * span, (k + 1) * span) of the row, ITERS a thread. Each thread reduces its packs to a
+// (max, sum) pair, the CTA merges its threads' pairs (shuffles, then the warps' pairs through
+// shared memory) and sends its pair into every CTA's shared memory with st.async, completing on
+// that CTA's mbarrier; each CTA waits there for the C pairs, merges them and writes its share of y
+// from its registers. One read and one write. No cluster barrier per row (its release is a memory
+// fence that waits for the CTA's outstanding accesses, and took 2.5 cycles of every issued
+// instruction: docs/design.md, "Rows in registers over a cluster"), only one at the start, so that
+// no pair reaches a CTA before its mbarrier is initialised. The SM overlaps the loads, exchanges
+// and stores of the several CTAs it holds and takes a new one as each ends.
+// Peel: rows off 16 bytes, x and y off alike (rows of 50 257). The packs are the 16-byte blocks the
+// row touches, block k holding row elements [k * V - lead, (k + 1) * V - lead), `lead` the elements
+// before the row in its first block: the blocks that end in the row are the cluster's packs, block 0
+// cut to the row by CTA 0's thread 0; the block the row ends inside (if any) is loaded with the
+// packs by CTA 0's thread 1, which folds its part in. Each writes its block's part element by
+// element. So no load waits after the reduction on CTA 0, whose pair the whole cluster waits for:
+// the edges loaded one by one after it cost 4-6 % at rows of 50 257 16-bit (docs/design.md, "A
+// peeled row's edges as blocks"). Where a block would leave the array (the first row's first
+// block, the last row's last), its part of the row is loaded element by element.
+// Bounded (Plan::bounded; register_cluster_bounded_kernel): 64 registers a thread, the packs
+// unpacked again for y. CTAs of 256 threads, four to an SM: bf16 took 79 registers and three CTAs,
+// 4-11 % slower than fp16 at the same bytes. CTAs of 128 threads, eight to an SM, for 16-bit rows in
+// packs that do not start on 128 bytes (bf16 rows of 50 264: six CTAs of 80 registers, 8 % slower).
+// Other CTAs of 128 threads keep the compiler's choice (register_cluster_kernel), which was 2 %
+// faster in bf16 rows on 128 bytes than the bound.
+template <class T, int ITERS, bool Peel, bool Bounded>
+__device__ __forceinline__ void register_cluster_row(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t ys,
+                                                     int cols, int span, acc_t<T> scale, acc_t<T>* __restrict__ lse) {
+#ifdef SOFTLIGHT_HOPPER
+  using A = acc_t<T>;
+  constexpr int V = 16 / sizeof(T);
+  __shared__ MaxSum<A> warp_pairs[kRegisterClusterMaxThreads / 32];
+  __shared__ alignas(16) MaxSum<A> partials[kMaxCluster];
+  __shared__ alignas(8) uint64_t arrived;
+  const uint32_t rank = cluster_rank();
+  uint32_t csize;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(csize));
+  const int threads = static_cast<int>(blockDim.x);
+  const int tid = static_cast<int>(threadIdx.x);
+  const A f = exp_factor(scale);
+  const uint32_t bar = smem_addr(&arrived);
+  if (tid == 0) {
+    mbar_init(bar, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+  const int64_t row = blockIdx.x / csize;
+  const T* xe = x + row * xs;
+  // The row's blocks (Peel; otherwise lead and tail are 0 and the blocks are the row's packs).
+  const int lead = Peel ? lead_elements(xe) : 0;
+  const int full = (lead + cols) / V;                // blocks that end in the row
+  const int tail = Peel ? (lead + cols) % V : 0;     // the row's elements in the block after them
+  const T* xb = xe - lead;
+  const uint4* xv = reinterpret_cast<const uint4*>(xb);
+  const bool head_thread = Peel && rank == 0 && tid == 0 && lead > 0;
+  const bool tail_thread = Peel && rank == 0 && tid == 1 && tail > 0;
+  const bool head_out = Peel && row == 0;                              // block 0 would start before x
+  const bool tail_out = Peel && row == gridDim.x / csize - 1;          // the last block would end after it
+  const int begin = static_cast<int>(rank) * span, end = min(full, begin + span);
+  uint4 p[ITERS];
+#pragma unroll
+  for (int i = 0; i < ITERS; ++i) {
+    const int e = begin + i * threads + tid;
+    p[i] = e < end && (i > 0 || !(head_thread && head_out)) ? xv[e] : neg_inf_pack<T>();
+  }
+  uint4 last = tail_thread && !tail_out ? xv[full] : neg_inf_pack<T>();
+  if (head_thread) p[0] = cut_block(xb, p[0], lead, V, head_out);
+  // This thread's pair, then the warp's, then the CTA's.
+  MaxSum<A> q = packs_max_sum<T, ITERS>(p, scale);
+  if (tail_thread) {
+    const uint4 t[1] = {cut_block(xb + full * V, last, 0, tail, tail_out)};
+    last = t[0];
+    q = merge_max_sum(q, packs_max_sum<T, 1>(t, scale), f);
+  }
+  q = shfl_merge_max_sum(q, f);
+  if ((threadIdx.x & 31) == 0) warp_pairs[threadIdx.x >> 5] = q;
+  __syncthreads();
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");  // every CTA's mbarrier is ready
+  if (tid == 0) {
+    MaxSum<A> c{neg_inf<A>(), A(0)};
+    for (int w = 0; w < threads / 32; ++w) c = merge_max_sum(c, warp_pairs[w], f);
+    mbar_arrive_expect_tx(bar, csize * uint32_t{2 * sizeof(A)});
+    broadcast_pair(smem_addr(&partials[rank]), c.m, c.s, bar, csize);
+  }
+  mbar_wait(bar, 0);
+  MaxSum<A> r{neg_inf<A>(), A(0)};
+  for (uint32_t k = 0; k < csize; ++k) r = merge_max_sum(r, partials[k], f);
+  const A log_sum = log_acc(r.s);
+  if (lse != nullptr && rank == 0 && tid == 0) lse[row] = r.m * scale + log_sum;
+  T* yb = y + row * ys - lead;  // y's blocks: y is off 16 bytes as x is
+  if (tail_thread) store_log_softmax_part(yb + full * V, last, 0, tail, r.m, scale, log_sum);
+  if constexpr (Bounded) {
+#pragma unroll
+    for (int i = 0; i < ITERS; ++i) opaque(p[i]);  // unpacked again (see rows_in_registers_kernel)
+  }
+#pragma unroll
+  for (int i = 0; i < ITERS; ++i) {
+    const int e = begin + i * threads + tid;
+    if (i == 0 && head_thread)
+      store_log_softmax_part(yb, p[0], lead, V, r.m, scale, log_sum);
+    else if (e < end)
+      store_log_softmax_pack<T>(yb + e * V, p[i], r.m, scale, log_sum);
+  }
+#endif
+}
+
+template <class T, int ITERS, bool Peel>
+__global__ void __launch_bounds__(kRegisterClusterMaxThreads)
+register_cluster_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t ys, int cols, int span,
+                        acc_t<T> scale, acc_t<T>* __restrict__ lse) {
+  register_cluster_row<T, ITERS, Peel, false>(x, xs, y, ys, cols, span, scale, lse);
+}
+
+template <class T, bool Peel>
+__global__ void __launch_bounds__(kRegisterClusterMaxThreads, kRegisterClusterMinBlocks)
+register_cluster_bounded_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t ys, int cols,
+                                int span, acc_t<T> scale, acc_t<T>* __restrict__ lse) {
+  register_cluster_row<T, kWarpRowsMaxIters, Peel, true>(x, xs, y, ys, cols, span, scale, lse);
+}
+
+// Rows in registers over clusters of plan.cluster CTAs (plan.threads threads, plan.warp.iters packs
+// each, plan.segment packs a CTA), one row to a cluster: plan.grid clusters, one per row; plan.peel
+// for rows off 16 bytes.
+template <class T>
+cudaError_t launch_clusters(const Plan& p, const Call& a, cudaStream_t stream) {
+  // Built for 16-byte packs of 2- and 4-byte types, four or eight a thread (the planner's only).
+  if constexpr (sizeof(T) == 8) {
+    return cudaErrorInvalidValue;
+  } else {
+    if ((p.warp.iters != 4 && p.warp.iters != 8) || p.grid != a.rows()) return cudaErrorInvalidValue;
+    using Kernel = void (*)(const T*, int64_t, T*, int64_t, int, int, acc_t<T>, acc_t<T>*);
+    Kernel kernel = p.peel ? register_cluster_kernel<T, 4, true> : register_cluster_kernel<T, 4, false>;
+    if (p.warp.iters == 8 && p.warp.bounded)
+      kernel = p.peel ? register_cluster_bounded_kernel<T, true> : register_cluster_bounded_kernel<T, false>;
+    else if (p.warp.iters == 8)
+      kernel = p.peel ? register_cluster_kernel<T, 8, true> : register_cluster_kernel<T, 8, false>;
+    ClusterLaunch l;
+    cudaError_t e = prepare_cluster_launch(kernel, p, stream, &l);
+    if (e != cudaSuccess) return e;
+    l.cfg.gridDim = dim3(static_cast<unsigned>(p.grid * p.cluster));  // a cluster per row, not persistent
+    e = cudaLaunchKernelEx(&l.cfg, kernel, static_cast<const T*>(a.x()), a.x_stride(), static_cast<T*>(a.y()), a.y_stride(),
+                           static_cast<int>(a.cols()), static_cast<int>(p.segment), static_cast<acc_t<T>>(a.scale),
+                           static_cast<acc_t<T>*>(a.lse));
+    return e != cudaSuccess ? e : cudaGetLastError();
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_register_clusters(const Plan& p, const Call& a, cudaStream_t stream) {
+  return with_element_type(a.dtype, [&](auto tag) { return launch_clusters<decltype(tag)>(p, a, stream); });
+}
+
+}  // namespace softlight
