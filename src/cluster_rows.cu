@@ -111,7 +111,7 @@ template <class T, int U, bool Backward, bool Peel> struct ClusterCta {
   // Streamed forward: the statistics pass's last `kept` chunks (a ring's worth) stay in the ring
   // for the writers, who take them first, in the ring's order, and then the others, sent again,
   // from the last backwards. Only those are read twice, and from L2 the likelier for it (rows of
-  // 1 M fp32 in 16-CTA clusters: 1.24 -> 1.16 x copy; docs/design.md). The backward keeps none: it
+  // 1 M fp32 in 16-CTA clusters: 1.24 -> 1.16 x copy; the design notes in git history before 5e4337e). The backward keeps none: it
   // measured 1-3 % slower keeping them (rows of 4 M, fp32 and bf16).
   int64_t kept;
   A scale;
@@ -245,7 +245,7 @@ template <class T, int U, bool Backward, bool Peel> struct ClusterCta {
     // Peeled: CTA 0 loads the row's edges from global memory before its chunks, so that the loads'
     // latency hides behind them: where a CTA holds two rows, the statistics warps are on each row's
     // critical path (loaded after the chunks: rows of 50 257 bf16 1.25 x copy, against 1.11 x; see
-    // docs/design.md). The group's last thread folds them in, the one with the fewest packs in a
+    // the design notes in git history before 5e4337e). The group's last thread folds them in, the one with the fewest packs in a
     // chunk's last step.
     const bool edge_thread = Peel && rank == 0 && gtid == group - 1;
     uint4 edges[2];

@@ -130,7 +130,7 @@ template <class T, int U, bool Spill, bool WaitLast> struct GridCta {
   }
   // Spilled rows' y is stored evict-first (st.global.cs), so that it does not push out of L2 the
   // spilled chunks (marked evict-last) before their second read: at rows of 4 M fp32, 1.30 -> 1.11 GB
-  // read from DRAM (docs/design.md, "Spilled rows' y stored evict-first").
+  // read from DRAM (the design notes in git history before 5e4337e, "Spilled rows' y stored evict-first").
   __device__ __forceinline__ void write_chunk(const uint4* src, uint4* dst, int vectors, A m, A log_sum) const {
     int base = gtid;
     for (; base + (U - 1) * group < vectors; base += U * group) {

@@ -161,7 +161,7 @@ template <class T> __device__ __forceinline__ int lead_elements(const T* row) {
 }
 // y for elements [lo, hi) of the 16-byte block at `yb` from `pack`, x's block as loaded (element k
 // at yb[k]), so x is not read a second time (measured even against the second read:
-// docs/design.md, "A peeled row's edges, written from its packs"): a peeled row's first and last
+// the design notes in git history before 5e4337e, "A peeled row's edges, written from its packs"): a peeled row's first and last
 // blocks.
 template <class T>
 __device__ __forceinline__ void store_log_softmax_part(T* yb, uint4 pack, int lo, int hi, acc_t<T> m, acc_t<T> scale,

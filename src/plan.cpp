@@ -67,7 +67,31 @@ Plan plan_warp_rows(const Problem& p, int vec, int max_group = 32, int min_iters
   return plan;
 }
 
-// Rows of at most kShortRowsMaxBytes in 16-byte packs (SOFTLIGHT_ROWS_PER_LANE: up to 512 bytes, 0
+// Flat tiles: short rows not in 16-byte packs that lie in one contiguous run (rows of 7 or 100
+// bf16): element loads would leave the load units the limit. Rows of one element have their own
+// path (a flat array of packs without exp or log).
+Plan plan_flat_rows(const Problem& p) {
+  const int64_t row_bytes = p.cols * p.elem_bytes;
+  Plan plan;
+  plan.family = Family::warp_rows;
+  plan.threads = kWarpRowsThreads;
+  plan.warp.flat_rows = static_cast<int>(std::clamp<int64_t>(kFlatTileBytes / (kWarpRowsThreads * row_bytes), 1, 8));
+  // Lanes whose rows lie an odd number of banks (4 bytes, or an element if larger) apart meet no
+  // bank conflicts: rows of 7 bf16 (3.5 banks) take every other row. Where no spread up to 8 is
+  // odd (rows of 100 bf16, 50 banks), the lanes take neighbouring rows.
+  const int64_t bank = std::max<int64_t>(4, p.elem_bytes);
+  for (int s = 1; s <= 8; s *= 2)
+    if (s * row_bytes % bank == 0 && (s * row_bytes / bank) % 2 == 1) {
+      plan.warp.flat_spread = s;
+      break;
+    }
+  const int64_t tile_rows = int64_t{kWarpRowsThreads} * plan.warp.flat_rows;
+  plan.smem_bytes = ceil_div(tile_rows * row_bytes, 16) * 16;
+  plan.grid = std::min<int64_t>(ceil_div(p.rows, tile_rows), int64_t{1} << 30);
+  return plan;
+}
+
+// Rows of at most kShortRowsMaxBytes in 16-byte packs (forced rows_per_lane: up to 512 bytes, 0
 // off), forward and backward: a lane holds a pack of each of kShortRowsPerLane rows, so that every
 // load of a warp covers 512 contiguous bytes. None for other rows.
 Plan plan_short_rows(const Problem& p, int vec, const Overrides& o) {
@@ -86,15 +110,8 @@ Plan plan_short_rows(const Problem& p, int vec, const Overrides& o) {
   return plan;
 }
 
-// Rows in 16-byte packs in registers (rows_in_registers_kernel, built for 1 to 8 packs a thread).
-// plan_warp_rows rounds a thread's packs up to a power of two, and a row just past a power of two
-// of packs then leaves most threads half their loads: bf16 rows of 4104 (513 packs) in 256 threads
-// of four packs' registers, two loads each, kept half the bytes in flight an SM of rows of 4096 and
-// took 1.66 x copy against 1.03 x. Where fewer than 3/4 of the threads' packs hold the row and the
-// group is a CTA, half the group holds it in five to eight packs a thread, or, past eight, the group
-// holds it in as many as it needs. Groups of a warp or less stay: halved, each load of a warp spans
-// more rows in shorter runs (rows of 36 fp32 in pairs of lanes: 1.29 x slower; docs/design.md,
-// "Rows just past a power of two").
+// Rows in 16-byte packs in registers, 1 to 8 packs a thread; a CTA group that would leave a quarter
+// of its packs empty holds the row in half the threads (or in as many packs as it needs).
 Plan plan_register_rows(const Problem& p, int vec, int min_iters) {
   Plan plan = plan_warp_rows(p, vec, kRegisterRowsMaxGroup, min_iters, kRegisterRowsWarpThreads);
   const int64_t vectors = ceil_div(p.cols, vec);
@@ -127,11 +144,7 @@ Plan plan_register_cluster(const Problem& p, const DeviceInfo& d, int threads, i
   plan.segment = ceil_div(ceil_div(vectors, c), 32) * 32;
   plan.grid = p.rows;
   plan.peel = !p.aligned16;  // the packs are the blocks each row touches (see register_cluster_row)
-  // CTAs of more than 128 threads hold eight packs a thread in 64 registers (four CTAs an SM). So
-  // do 16-bit rows in 16-byte packs that do not start on 128 bytes: each warp's load then waits on
-  // five L2 lines instead of four, and eight CTAs an SM hide that where six did not (bf16 rows of
-  // 50 264 1.098 -> 1.016 x copy); rows on 128 bytes keep the compiler's choice (bf16 rows of
-  // 32 000 0.996 x against 1.019 x bounded). docs/design.md, "Measured at `4c2c8db`".
+  // Eight packs a thread held to 64 registers where that lifts the CTAs an SM holds.
   plan.warp.bounded = iters == 8 && (threads > kRegisterClusterMaxThreads / 2 ||
                                 (p.elem_bytes == 2 && p.aligned16 && !p.rows128));
   return plan;
@@ -163,9 +176,7 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
               : p.elem_bytes == 4 && !backward ? kClusterChunk32
                                                : kClusterChunk64;
   const int64_t row_bytes = p.cols * p.elem_bytes;
-  // 16-bit rows that one CTA holds twice in 16 KB chunks but not in 32 KB ones (64-112 KB): one CTA
-  // a row, where 32 KB chunks would split it over two CTAs unevenly (rows of 50 257 bf16: 64 and
-  // 34 KB). Measured on an H200 at 50 257: 1.37 x -> 1.26 x copy (docs/design.md).
+  // 16-bit rows one CTA holds twice in 16 KB chunks but not in 32 KB ones: 16 KB chunks, one CTA a row.
   const auto twice_in_one = [&](int c) { return 2 * ceil_div(row_bytes, c) <= ring_slots_for(d, c); };
   if (p.elem_bytes == 2 && !backward && !twice_in_one(chunk) && twice_in_one(kClusterChunk32)) chunk = kClusterChunk32;
   plan.ring.aux_slots = backward ? kClusterAuxSlots : 0;
@@ -190,35 +201,17 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
     return 0;
   };
   int cluster_twice = smallest_cluster(2);
-  // fp32 forward: where that cluster gives each CTA 4 chunks a row, twice as many CTAs with 2 each
-  // (32 KB), up to clusters of 8 (16 would leave 20 SMs idle), and only where every CTA gets 2.
-  // Measured on an H200 (docs/design.md, "Slices of 32 KB"): rows of 32 000 fp32 1.069 -> 1.050 x
-  // copy, 65 536 1.078 -> 1.052 x; rows of 15 chunks (61 440), one CTA of 8 with a single chunk,
-  // 1.064 -> 1.100 x; 1 chunk a CTA everywhere 1.5-1.6 x.
+  // fp32 forward, four chunks a CTA: twice the CTAs with two each, up to clusters of kHalfSliceMaxCluster.
   if (p.elem_bytes == 4 && !backward && o.chunk_bytes <= 0 && cluster_twice >= 2 &&
       2 * cluster_twice <= kHalfSliceMaxCluster && plan.ring.chunks_per_row == 4 * cluster_twice)
     cluster_twice *= 2;
-  // 16-bit forward: rows of two 32 KB chunks, which one CTA holds twice, go to two CTAs of one
-  // chunk each (32 KB slices again). Measured on an H200 (docs/design.md, "Slices of 32 KB"), in
-  // four runs: rows of 32 768 bf16 and fp16 0.7-3 % faster, 32 000 0.7-0.9 %; but rows of 4 chunks
-  // (65 536) ran 6 % slower in four CTAs of one chunk than in two of two, so only from one CTA.
+  // 16-bit forward rows of two 32 KB chunks: two CTAs of one chunk each.
   if (p.elem_bytes == 2 && !backward && o.chunk_bytes <= 0 && plan.ring.chunk_bytes == kClusterChunk16 &&
       cluster_twice == 1 && plan.ring.chunks_per_row == 2)
     cluster_twice = 2;
   int chosen = 0;
-  // Grid groups for the forward of fp32 rows that no cluster holds twice (which clusters would
-  // stream, or hold once without overlapping rows), where a group holds them twice (or streams
-  // them keeping most of each slice, below). Measured on an
-  // H200 (docs/design.md): rows of 1 M fp32 1.68 x -> 1.17 x copy; but 2-3 % slower than 16-CTA
-  // clusters where those hold the row twice (the founding shape), slower for 16-bit rows, whose
-  // shorter rows expose the exchange through L2, equal for the backward, and slower than streamed
-  // clusters where a group of every SM holds the row only once (4 M fp32, 64 rows: 1.77 x against
-  // 1.62 x), unless the rows are too few for the clusters to keep every SM busy. Nor (rows enough)
-  // where the widest clusters stream rows keeping at least 3/4 of each slice in the ring, so that
-  // only the rest is read twice: rows of 1 M fp32 1.16 x copy there against 1.23 x in groups; at
-  // 5/8 of the slice kept and below the groups were ahead (docs/design.md).
-  // Partials are traded as fp32 pairs: never for float64. Grid groups peel nothing, so rows off 16
-  // bytes stay in the clusters, peeled (plan_rows).
+  // Grid groups for fp32 forward rows no cluster holds twice, unless the widest clusters stream them
+  // keeping 3/4 of each slice and rows are many enough. Never float64 (fp32 pairs), never peeled.
   const int64_t widest = slice(max_cluster);
   const bool streamed_keeps_most = widest > plan.ring.ring_slots && 4 * int64_t{plan.ring.ring_slots} >= 3 * widest;
   const bool grid_default = p.elem_bytes == 4 && !backward && p.aligned16 && cluster_twice == 0 &&
@@ -237,16 +230,7 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
       }
       return best_c;
     };
-    // A slice held twice, so the next row loads while this one is written; else, with rows
-    // enough, a slice streamed through the ring that keeps 7/8 of it there (the rest is read
-    // twice), in two groups or more; else (few rows, or asked) one held once. Streamed groups also
-    // take the place of held slices under kGroupMinHeldChunks, whose exchange each row (a barrier
-    // through L2) outweighs their work. Measured on an H200 (docs/design.md): rows of 4 M fp32
-    // 1.53-1.55 x -> 1.44-1.46 x copy (streamed clusters -> 2 streamed groups of 66, 14 of 16
-    // chunks kept); 2 M 1.28-1.29 x -> 1.20-1.22 x (one group holding 4 chunks twice -> 4 streamed
-    // groups of 33); but 1.31-1.38 x where held slices of 5-6 chunks ran 1.26-1.27 x (rows of
-    // 1.3-1.6 M), and 1.84 x against streamed clusters' 1.70 x as one group of every SM (rows of
-    // 8 M), whose exchange stalls every SM at once.
+    // Groups: a slice held twice; else, with rows enough, streamed keeping 7/8 of it; else held once.
     const bool once = may_hold_once(p.rows, o, d, max_cluster);
     const int twice = group_where([&](int, int64_t s) { return 2 * s <= plan.ring.ring_slots; });
     const int streamed = group_where([&](int c, int64_t s) {
@@ -278,19 +262,8 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
   plan.ring.chunks_per_cta = slice(chosen);
   plan.resident = plan.ring.chunks_per_cta <= plan.ring.ring_slots;
   plan.ring.double_buffered = 2 * plan.ring.chunks_per_cta <= plan.ring.ring_slots;
-  // 16-bit forward rows whose CTAs take two 32 KB chunks of a row, some only one: 4 C even chunks over
-  // clusters of C / 2 instead (four a CTA), where the ring still holds them twice. Measured on an
-  // H200 (knobs, builds side by side; docs/design.md, "16-bit rows of 13 chunks" and "16-bit rows of
-  // 25 to 28 chunks"):
-  // - clusters of 8, rows of 13 chunks (384 to 416 KB): 3-11 % faster (196 616 bf16 1.205 ->
-  //   1.073 x copy); rows of 14 chunks were mixed and of 15 slower (230 000 fp16 1.043 -> 1.080 x);
-  // - clusters of 16 (7 of them use 112 SMs, 16 clusters of 8 use 128), rows of 25 to 28 chunks (768
-  //   to 896 KB): 5-13 % faster (395 000 bf16 1.289 -> 1.118 x, 455 000 bf16 1.123 -> 1.071 x); rows
-  //   of 29 chunks even (460 000 fp16 1.089 -> 1.098 x), and past them, where the ring holds a slice
-  //   of four less than twice, even or slower (470 000 to 515 000).
-  // The two rules below resize only the planner's own chunks for aligned 16-bit forward rows held
-  // twice in 32 KB chunks (no chunk or cluster asked for, not grid groups). even_chunk(n): the row's
-  // bytes over n chunks, rounded up to 16 bytes.
+  // 16-bit forward rows whose CTAs take two 32 KB chunks, some one: 4 C even chunks over clusters of
+  // C / 2. even_chunk(n): the row's bytes over n chunks, rounded up to 16 bytes.
   const auto resizable = [&] {
     return p.elem_bytes == 2 && !backward && p.aligned16 && o.chunk_bytes <= 0 && o.cluster <= 0 &&
            !plan.ring.grid_exchange && plan.ring.double_buffered && plan.ring.chunk_bytes == kClusterChunk16;
@@ -306,52 +279,26 @@ Plan plan_cluster_rows(const Problem& p, const DeviceInfo& d, const Overrides& o
       plan.ring.chunks_per_cta = 4;
     }
   }
-  // 16-bit forward rows held twice whose CTAs take up to three 32 KB chunks of a row: two larger
-  // chunks a CTA instead, where they stay within kTwoChunksMaxBytes. Measured on an H200 (knobs and
-  // builds side by side, docs/design.md, "Uneven 16-bit slices"): rows of 140 000 to
-  // 310 000 and 600 000 elements 2-8 % faster in chunks of 33-38 KB (280 000 bf16 1.137 -> 1.046 x
-  // copy; rows just past 512 KB even, 2 % slower in one run); chunks of 40-48 KB were even or
-  // slower (360 000 fp16 1.058 -> 1.094 x).
+  // 16-bit forward rows held twice, three 32 KB chunks a CTA: two larger ones (up to kTwoChunksMaxBytes).
   const int two_chunks = even_chunk(2 * int64_t{plan.cluster});
   if (resizable() && plan.ring.chunks_per_cta == 3 && two_chunks <= kTwoChunksMaxBytes &&
       4 <= ring_slots_for(d, two_chunks)) {
     size_ring(two_chunks);
     plan.ring.chunks_per_cta = 2;
   }
-  // 16-bit forward rows held twice in 32 KB chunks by clusters of 8 (rows of 384 to 768 KB), where
-  // every CTA holds as many whole chunks of each row: two consumer groups of 128 threads instead of
-  // 256. Measured on an H200 in three runs of knobs (docs/design.md, "Consumer groups of 128
-  // threads"): rows of 262 144 and 393 216 in bf16 and fp16 0.2-0.9 % faster; not rows of 1 M
-  // (16-CTA clusters, 0.1-0.3 % slower), nor fp32. Where the slices are uneven (a short last chunk,
-  // or CTAs with a chunk more than others), a row waits on the CTA with the most, and the narrow
-  // groups fold it slower: rows of 200 000 to 330 000 ran 6-15 % slower in them ("Uneven 16-bit
-  // slices"). Peeled rows (not measured) keep 256.
+  // 16-bit rows held twice in even slices by clusters of 8: consumer groups of 128 threads, not 256.
   const bool even_slices = plan.ring.chunks_per_cta * plan.cluster * plan.ring.chunk_bytes == row_bytes;
   if (p.elem_bytes == 2 && !backward && p.aligned16 && o.threads <= 0 && o.chunk_bytes <= 0 && !plan.ring.grid_exchange &&
       plan.cluster == kNarrowGroupsCluster && plan.ring.double_buffered && plan.ring.chunk_bytes == kClusterChunk16 &&
       even_slices)
     plan.threads = kNarrowGroupsThreads;
-  // Streamed forward slices read the chunks the ring does not keep twice: from L2 the second time,
-  // where the first read marks them evict-last (and the second evict-first), if they are few. Each
-  // CTA then holds those of its slice in L2, about (read twice / kept) x all the rings' 30 MB on an
-  // H200, and the L2 has 50 MB. Measured on an H200 (docs/design.md, "Chunks read twice, from L2"),
-  // 2 of 16 chunks read twice: rows of 1 M fp32 1.157 -> 1.117 x copy (DRAM reads 1.20 -> 1.08 GB
-  // for 1.07 GB of rows), 2 M 1.343 -> 1.318 x, 4 M 1.418 -> 1.408 x; 9 of 16 (4 M bf16) and 18 of
-  // 32 (2 M fp32 peeled) 1.4-1.7 % slower. So where at most a quarter as many as kept.
+  // Streamed forward slices that read at most a quarter as many chunks twice as they keep: those from L2.
   const int64_t kept = std::min<int64_t>(plan.ring.chunks_per_cta, plan.ring.ring_slots);
   if (!backward && !plan.resident && o.hints < 0 && 4 * (plan.ring.chunks_per_cta - kept) <= kept)
     plan.ring.hints |= kHintReadTwiceInL2;
-  // Rows dealt in turn left the fastest SMs idle for up to a third of a copy-like kernel's time
-  // (H200, docs/design.md); claimed rows keep every cluster busy to the end: fp32 rows 1.08-1.10 x
-  // -> 1.04-1.05 x copy, 16-bit rows 1.10-1.13 x -> 1.04-1.06 x. Grid groups keep the fixed deal
-  // (their CTAs share no shared memory to pass a claimed row on).
+  // Clusters claim their rows from a counter (grid groups keep the fixed deal).
   plan.ring.claim_rows = !plan.ring.grid_exchange && o.claim != 0;
-  // A row's chunks dealt to its CTAs in turn, so that the cluster reads and writes the row front to
-  // back together instead of in C slices. Measured on an H200 against contiguous slices (knob
-  // STRIPE, in one process, five rounds; docs/design.md, "Chunks dealt in turn"): faster at every
-  // point, 0.3-2.2 % (fp32 rows of 393 216 1.048 -> 1.038 x copy, the founding shape 1.041 ->
-  // 1.032 x, its backward 1.042 -> 1.031 x, bf16 rows of 1 M 1.103 -> 1.080 x), the bf16 backward
-  // even.
+  // A row's chunks dealt to its CTAs in turn, so the cluster reads and writes the row front to back.
   plan.ring.striped = o.stripe != 0;
   plan.grid = std::min<int64_t>(p.rows, int64_t{1} << 24);  // clusters wanted; occupancy caps it
   if (o.groups > 0) plan.grid = std::min<int64_t>(plan.grid, o.groups);
@@ -385,9 +332,8 @@ Plan plan_grid_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
   plan.ring.grid_exchange = true;  // a cooperative launch
   plan.resident = true;
   plan.grid = std::min<int64_t>(p.rows * ceil_div(plan.ring.chunks_per_row, plan.ring.chunks_per_cta), d.sm_count);
-  // Rows past a quarter of the grid's rings keep the larger of half the row and a fifth of the
-  // rings; the chunks before are spilled: folded, released, and read again from L2 when the same
-  // chunk of the next row passes (docs/design.md, "Rows spilled to L2": rows of 6 MB gained nothing).
+  // Rows past a quarter of the grid's rings keep max(half the row, a fifth of the rings); the chunks
+  // before are spilled: folded, released, read again from L2 when the next row's same chunk passes.
   const int64_t row_bytes = p.cols * p.elem_bytes;
   const int64_t rings = grid_rings_bytes(plan, d);
   const int64_t keep = std::max(row_bytes / 2, rings / kGridRowsKeepShare);
@@ -395,10 +341,7 @@ Plan plan_grid_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
                         : 4 * row_bytes > rings ? plan.ring.chunks_per_row - ceil_div(keep, plan.ring.chunk_bytes) : 0;
   plan.ring.spill_chunks = std::clamp<int64_t>(spill, 0, plan.ring.chunks_per_row - 1) / plan.ring.chunks_per_cta * plan.ring.chunks_per_cta;
   if (plan.ring.spill_chunks > 0) fit_ring(plan.ring.chunk_bytes + kGridRowsSlotBytes + kGridRowsSpillSlotBytes);  // a refill barrier
-  // Rows that spill less than a third of their chunks have the merger wait for a row's last item
-  // with one lane before its 32 lanes read the row's partials: bf16 rows of 4 M 3-7 % faster. Rows
-  // that spill half wait on each row's merge (their spilled slots need the row before's statistics)
-  // and lose more to the extra round trip than they gain (docs/design.md, "The merger's wait").
+  // Rows that spill under a third of their chunks: the merger waits on a row's last item with one lane.
   plan.ring.wait_last = 3 * plan.ring.spill_chunks < plan.ring.chunks_per_row;
   if (plan.ring.ring_slots < plan.ring.chunks_per_cta || plan.ring.ring_slots >= kGridRowsMergeQueue ||
       plan.ring.chunks_per_row - plan.ring.spill_chunks >= int64_t{d.sm_count} * (plan.ring.ring_slots - plan.ring.chunks_per_cta + 1))
@@ -406,23 +349,9 @@ Plan plan_grid_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
   return plan;
 }
 
-// Where grid_rows takes the place of cluster_rows, if the grid's rings hold the row two and a half
-// times over (while a row's items are merged, its CTAs' rings hold the rows after it), or, past
-// that, half the row (the first half spilled, read again from L2: plan_grid_rows), up to 24 235 200
-// bytes on an H200 (fp32 rows of 6 058 800, 16-bit of 12 117 600):
-// * 16-bit rows that the widest clusters stream keeping less than 3/4 of each slice in the ring
-//   (the rest read twice, from DRAM): on an H200, rows past 2 359 296 elements and up to 6 055 520;
-// * fp32 rows that no cluster holds (streamed clusters, grid groups): on an H200, rows past 458 752
-//   elements and up to 3 027 760.
-// Measured there (docs/design.md, "Rows held once in a grid's rings" and "fp32 rows in the grid's
-// rings"): rows of 4 M bf16 (8 MB) 1.40-1.44 x -> 1.28 x copy, 5 M bf16 (10 MB) 1.46 -> 1.35 x;
-// fp32 rows of 512 K 1.20 -> 1.07 x, 1 M 1.12 -> 1.09 x, 1.4 M 1.29 -> 1.09 x, 2 M 1.34 -> 1.18 x,
-// 2.3 M 1.46 -> 1.20 x, 2.6 M (10.5 MB) 1.40 -> 1.29 x. Spilled ("Rows spilled to L2"): fp32 rows of
-// 3 M (12 MB) 1.34 -> 1.29 x, 4 M 1.45 -> 1.36 x, 5.25 M 1.61 -> 1.50 x, bf16 rows of 8 M 1.55 -> 1.40 x;
-// held whole before, rows of 8 to 10.5 MB: 4 M bf16 1.29 -> 1.25 x, 2 M fp32 1.08 -> 1.06 x, 5 M bf16
-// 1.36 -> 1.26 x, 2.6 M fp32 1.21 -> 1.14 x (not rows of 6 MB: even or slower). Not rows the clusters
-// hold (262 144 fp32, 1 M bf16: slower).
-// Returns that plan, or none.
+// grid_rows in place of cluster_rows where the grid's rings hold the row 2.5 times (or half of it,
+// spilled): 16-bit rows the widest clusters stream keeping under 3/4 of each slice, fp32 rows no
+// cluster holds. Returns that plan, or none.
 Plan grid_rows_wanted(const Problem& p, const DeviceInfo& d, const Overrides& o, const Plan& clusters) {
   const bool streamed16 = p.elem_bytes == 2 && !clusters.resident && !clusters.ring.grid_exchange &&
                           4 * int64_t{clusters.ring.ring_slots} < 3 * clusters.ring.chunks_per_cta;
@@ -460,11 +389,8 @@ Plan plan_cluster_tiles(const AxisProblem& p, const DeviceInfo& d, const Overrid
     return static_cast<int>((d.smem_per_block_optin - tile_reserve_bytes(c, w, p.elem_bytes, plan.threads)) / slot_bytes);
   };
   const int max_cluster = std::min(d.max_cluster, kMaxCluster);
-  // Portable clusters (up to 8 CTAs) first: on an H200 only 7 clusters of 16 fit at once, which
-  // leaves 20 SMs idle, and a slice that fits once on 128 SMs measured faster than one that fits
-  // twice on 112 (docs/design.md). Within that, clusters whose slice fits the ring twice (the next
-  // tile loads while this one is written), else once; of those, the smallest that still gives
-  // every SM a CTA, else the largest.
+  // Portable clusters (up to 8) first; a slice held twice, else once; the smallest that gives every
+  // SM a CTA, else the largest.
   const int64_t tiles = p.outer * ceil_div(p.inner, w);
   int chosen = 0;
   const bool once = may_hold_once(p.rows, o, d, max_cluster);
@@ -568,6 +494,18 @@ const char* family_name(Family f) {
   return "unknown";
 }
 
+// The forward of rows: the first of these that takes the row (thresholds in plan.hpp, their
+// measurements in docs/decisions/planner.md).
+//   grid_rows forced           rows held in a grid's rings (tests and tuning only)
+//   flat tiles                 contiguous rows up to 256 bytes off 16 bytes
+//   short rows                 rows in 16-byte packs up to 128 bytes: several rows a lane
+//   register clusters          Hopper, rows past one CTA's registers up to 512 KB (16-bit 256 KB)
+//   rows in registers          rows in 16-byte packs under 32 KB, a group up to a CTA
+//   warp rows                  other rows of up to 256 vectors, a group of up to a warp
+//   peeled rows in registers   rows off 16 bytes alike in x and y, under 16 KB
+//   cluster_rows (grid_rows)   Hopper, aligned rows from 32 KB (grid_rows where its rings hold more)
+//   peeled cluster_rows        Hopper, rows off 16 bytes alike in x and y, from 32 KB
+//   block_rows                 everything else: a CTA a row
 Plan plan_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
   if (p.rows <= 0 || p.cols <= 0) return Plan{};
   const int vec = p.aligned16 ? 16 / p.elem_bytes : 1;
@@ -587,40 +525,15 @@ Plan plan_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
     const Plan plan = plan_grid_rows(p, d, o);
     if (plan.family != Family::none) return plan;
   }
-  // Flat tiles: short rows not in 16-byte packs that lie in one contiguous run (rows of 7 or 100
-  // bf16): element loads would leave the load units the limit. Rows of one element have their own
-  // path (a flat array of packs without exp or log).
-  if (p.flat16 && p.cols > 1 && row_bytes <= kFlatMaxRowBytes && (o.flat >= 0 ? o.flat == 1 : !p.aligned16)) {
-    Plan plan;
-    plan.family = Family::warp_rows;
-    plan.threads = kWarpRowsThreads;
-    plan.warp.flat_rows = static_cast<int>(std::clamp<int64_t>(kFlatTileBytes / (kWarpRowsThreads * row_bytes), 1, 8));
-    // Lanes whose rows lie an odd number of banks (4 bytes, or an element if larger) apart meet no
-    // bank conflicts: rows of 7 bf16 (3.5 banks) take every other row. Where no spread up to 8 is
-    // odd (rows of 100 bf16, 50 banks), the lanes take neighbouring rows.
-    const int64_t bank = std::max<int64_t>(4, p.elem_bytes);
-    for (int s = 1; s <= 8; s *= 2)
-      if (s * row_bytes % bank == 0 && (s * row_bytes / bank) % 2 == 1) {
-        plan.warp.flat_spread = s;
-        break;
-      }
-    const int64_t tile_rows = int64_t{kWarpRowsThreads} * plan.warp.flat_rows;
-    plan.smem_bytes = ceil_div(tile_rows * row_bytes, 16) * 16;
-    plan.grid = std::min<int64_t>(ceil_div(p.rows, tile_rows), int64_t{1} << 30);
-    return plan;
-  }
+  if (p.flat16 && p.cols > 1 && row_bytes <= kFlatMaxRowBytes && (o.flat >= 0 ? o.flat == 1 : !p.aligned16))
+    return plan_flat_rows(p);
   const Plan short_rows = plan_short_rows(p, vec, o);
   if (short_rows.family != Family::none) return short_rows;
-  // Rows past one CTA's registers in registers over a cluster, up to 512 KB (fp32) or 256 KB (16
-  // bits), a CTA of 128 threads holding 16 KB up to rows of 128 KB and of 256 threads holding 32 KB
-  // above (docs/design.md, "Rows in registers over a cluster"); SOFTLIGHT_REGISTER_CLUSTER=N
-  // forces CTAs of N threads, 0 turns them off. Rows off 16 bytes but off alike in x and y (rows of
-  // 50 257) too, peeled: the 16-byte blocks each row touches, its first and last cut to the row.
+  // Rows past one CTA's registers, up to 512 KB (fp32) or 256 KB (16-bit), and peeled rows from
+  // kPeeledRowsMaxBytes: in registers over a cluster (forced register_cluster: that many threads a CTA, 0 off).
   const int64_t register_cluster_bytes = p.elem_bytes == 4 ? kRegisterClusterMaxRowBytes : kRegisterClusterMax16BitRowBytes;
   const bool packed_or_peeled = p.aligned16 || (p.peelable && o.peel_clusters != 0);
-  // Peeled rows from 16 KB: one CTA's registers held them slower than two CTAs' (16 383 fp16: 1.372
-  // against 1.038 x copy; docs/design.md, "Odd rows in registers"). peeled_one_cta: the peeled rows
-  // one CTA's registers take (below it).
+  // peeled_one_cta: the peeled rows one CTA's registers take (below it).
   const int64_t peeled_one_cta = std::min(register_bytes, kPeeledRowsMaxBytes + 16);
   const int64_t cluster_from = p.aligned16 ? register_bytes : peeled_one_cta;
   if (has_clusters(d) && packed_or_peeled && p.elem_bytes <= 4 && o.cluster <= 0 && o.register_cluster != 0 &&
@@ -636,11 +549,7 @@ Plan plan_rows(const Problem& p, const DeviceInfo& d, const Overrides& o) {
     return per_thread_count(o.iters) ? plan_warp_rows(p, vec, kRegisterRowsMaxGroup, min_iters, kRegisterRowsWarpThreads)
                                      : plan_register_rows(p, vec, min_iters);
   if (ceil_div(p.cols, short_vec) <= int64_t{32} * kWarpRowsMaxIters) return plan_warp_rows(p, short_vec);
-  // Longer rows off 16 bytes but off alike in x and y (odd lengths such as 511 bf16 or 999 fp32 in
-  // a contiguous array) up to 16 KB: rows in registers, peeled (each row the 16-byte blocks that end
-  // in it, and the elements of the two it starts and ends inside), where block_rows' CTA a row took
-  // 1.2-2.8 x copy and torch's warps were faster at rows of 511 and 999 (docs/design.md, "Odd rows
-  // in registers", "Odd rows in one CTA's registers as blocks").
+  // Rows off 16 bytes, off alike in x and y, up to 16 KB: in registers, peeled.
   const int peel_vec = 16 / p.elem_bytes;
   if (!p.aligned16 && p.peelable && p.elem_bytes <= 4 && row_bytes < peeled_one_cta &&
       o.cluster <= 0 && p.cols >= 2 * peel_vec) {

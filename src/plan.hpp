@@ -160,28 +160,13 @@ constexpr int kWarpRowsMinIters = 4;
 // The backward's rows past a warp's eight packs a thread and under kClusterMinRowBytes: dy and y of
 // a row held by one CTA of up to this many threads, four packs of each a thread.
 constexpr int kBackwardCtaThreads = 512;
-// Rows read in 16-byte packs and shorter than this (up to it with eight packs a thread, below) are
-// held in registers by a group of up to kRegisterRowsMaxGroup threads (past a warp, a CTA per
-// row), four packs per thread; longer rows
-// go to the clusters on Hopper (H200, docs/design.md: 16-bit rows of 128-8192 went from 1.2 x to
-// 0.91-0.97 x a cudaMemcpy of the same bytes, fp32 rows of 4096 from 1.12 x to 1.01 x).
+// Rows in 16-byte packs under this stay in one group's registers (up to a CTA); longer go to the clusters.
 constexpr int64_t kRegisterRowsMaxBytes = 32 * 1024;
-// From here (16-bit rows) or past it (fp32), rows in registers take eight packs per thread, half
-// the threads, and rows of 32 KB stay in registers. At 32 KB four packs a thread lost to one-CTA
-// clusters (1.12 x against 1.06 x copy); eight beat them. Measured on an H200 (builds alternated,
-// docs/design.md): bf16 rows of 8192 0.553 -> 0.532 ms, fp32 rows of 8192 0.537 -> 0.528, bf16 rows
-// of 16384 0.548 -> 0.531, fp32 rows of 6000 0.672 -> 0.517 (1 GB each). fp32 rows of 16 KB were
-// slower with eight (1.015 x -> 1.052 x), so they keep four.
+// From here (16-bit) or past it (fp32), rows in registers take eight packs a thread, half the threads.
 constexpr int64_t kRegisterRowsWideBytes = 16 * 1024;
 constexpr int kRegisterRowsMaxGroup = 1024;
-// Rows in registers over a cluster (warp_rows on Hopper, plan.cluster > 0): threads per CTA, at
-// most (eight packs a thread: 32 KB a CTA). The planner gives them the rows past one CTA's
-// registers (32 KB) up to 512 KB in fp32 (16 CTAs of 32 KB) and up to 256 KB in 16 bits (rows of
-// 512 KB ran slower than the ring: docs/design.md, "Rows in registers over a cluster"), in CTAs
-// of half the threads up to rows of 128 KB.
-// Peeled rows (off 16 bytes, x and y off alike) in one CTA's registers: up to 16 KB (and the
-// 15 bytes that leave 1024 packs); past it, in register clusters on Hopper. Rows of 32 KB
-// (16 383 fp16) took 1.372 x copy in one CTA of 512 threads, 1.038 x in register clusters.
+// Register clusters: threads per CTA at most, and the rows they take (fp32, 16-bit; CTAs of half the
+// threads up to kRegisterClusterSmallRowBytes); peeled rows in one CTA's registers up to kPeeledRowsMaxBytes.
 constexpr int64_t kPeeledRowsMaxBytes = 16 * 1024;
 constexpr int kRegisterClusterMaxThreads = 256;
 constexpr int64_t kRegisterClusterMaxRowBytes = 512 * 1024;
@@ -189,14 +174,9 @@ constexpr int64_t kRegisterClusterMax16BitRowBytes = 256 * 1024;
 constexpr int64_t kRegisterClusterSmallRowBytes = 128 * 1024;
 // CTAs of 256 threads an SM holds at once (at most 64 registers a thread): bf16 took 79, three.
 constexpr int kRegisterClusterMinBlocks = 4;
-// Rows in registers of up to a warp a row: CTAs of two warps, not four. Each CTA's registers and
-// slot come free when its last warp is done, so smaller CTAs keep more warps resident (54 registers
-// a thread leave room for 9 CTAs of four warps). Measured on an H200 (docs/design.md, "CTAs of two
-// warps"): rows of 128 fp32 1.030 -> 1.008 x copy, GPU time alone (torch 1.002 x).
+// Rows of up to a warp in registers: CTAs of two warps (more warps resident than CTAs of four).
 constexpr int kRegisterRowsWarpThreads = 64;
-// Short rows in 16-byte packs, several rows a lane: measured on an H200 (docs/design.md), four rows
-// a lane ran rows of 32-128 bytes at 1.03-1.06 x copy where a row a thread ran 1.16-1.46 x; rows of
-// 256 bytes ran faster as rows in registers (1.02 x against 1.17 x).
+// Rows in 16-byte packs up to this many bytes: kShortRowsPerLane rows a lane, a pack of each.
 constexpr int64_t kShortRowsMaxBytes = 128;
 constexpr int kShortRowsPerLane = 4;
 // Flat tiles: rows of at most this many bytes, tiles of about kFlatTileBytes.
@@ -208,9 +188,7 @@ constexpr int kClusterMaxThreads = 800;           // keeps 80 registers per thre
 // as many whole chunks: CTAs of kNarrowGroupsThreads (two consumer groups of 128 threads, plan.cpp).
 constexpr int kNarrowGroupsCluster = 8;
 constexpr int kNarrowGroupsThreads = 2 * 128 + 32;
-// Chunk sizes measured best on an H200 at the founding shape (docs/design.md): 16 KB for the
-// forward of 4-byte types (with claimed rows; 8 KB before them), 32 KB for 2-byte types, 8 KB for
-// 8-byte types and the backward of 4-byte types.
+// cluster_rows' chunk by element size and direction (16-bit 32 KB, fp32 forward 16 KB, else 8 KB).
 constexpr int kClusterChunk32 = 16 * 1024;
 constexpr int kClusterChunk16 = 32 * 1024;
 // cluster_rows, 16-bit forward rows held twice in three 32 KB chunks a CTA: two chunks up to this
@@ -246,9 +224,7 @@ constexpr int kGridRowsSpillSlotBytes = 8;
 constexpr int kGridRowsKeepShare = 5;
 constexpr int kGridRowsReserveBytes = kGridRowsMergeQueue * 8 + 8 + 32 * 4 + kGridRowsMergeQueue * 16;
 constexpr int kGridRowsItemChunks = 1;
-// grid_rows' chunks, in every type: a row's items are merged in every CTA holding one of them, at a
-// cost that grows with the items a row (fp32 rows of 2 M in 16 KB chunks 1.45 x copy, in 32 KB
-// 1.19 x; docs/design.md).
+// grid_rows' chunks, in every type: larger chunks, fewer items a row to merge.
 constexpr int kGridRowsChunk = 32 * 1024;
 constexpr int kMaxCluster = 16;
 
@@ -267,7 +243,7 @@ constexpr int kSplitThreads = 1024;
 constexpr int kTileBytes = 256;
 constexpr int kTileMinInnerBytes = 128;
 constexpr int kTileStatsBuffers = 2;
-// Chunk sizes measured best at (64, 4096, 4096) along dim 1 on an H200 (docs/design.md).
+// cluster_tiles' chunks, measured best at (64, 4096, 4096) along dim 1 (docs/decisions/planner.md).
 constexpr int kTileChunk32 = 16 * 1024;
 constexpr int kTileChunk16 = 32 * 1024;
 constexpr int kTileMaxBoxRows = 256;  // positions of the axis per chunk, at most

@@ -15,7 +15,7 @@ template <class A> __device__ __forceinline__ A group_sum(A v, int width) {
   return v;
 }
 // The same over a width known at compile time, unrolled to its levels: the loops above compile to
-// eight instructions a level, a convergence check before each shuffle (docs/design.md, "Short rows,
+// eight instructions a level, a convergence check before each shuffle (the design notes in git history before 5e4337e, "Short rows,
 // leaner").
 template <int W, class A> __device__ __forceinline__ A group_max(A v) {
 #pragma unroll

@@ -18,7 +18,7 @@ namespace {
 // that CTA's mbarrier; each CTA waits there for the C pairs, merges them and writes its share of y
 // from its registers. One read and one write. No cluster barrier per row (its release is a memory
 // fence that waits for the CTA's outstanding accesses, and took 2.5 cycles of every issued
-// instruction: docs/design.md, "Rows in registers over a cluster"), only one at the start, so that
+// instruction: the design notes in git history before 5e4337e, "Rows in registers over a cluster"), only one at the start, so that
 // no pair reaches a CTA before its mbarrier is initialised. The SM overlaps the loads, exchanges
 // and stores of the several CTAs it holds and takes a new one as each ends.
 // Peel: rows off 16 bytes, x and y off alike (rows of 50 257). The packs are the 16-byte blocks the
@@ -27,7 +27,7 @@ namespace {
 // cut to the row by CTA 0's thread 0; the block the row ends inside (if any) is loaded with the
 // packs by CTA 0's thread 1, which folds its part in. Each writes its block's part element by
 // element. So no load waits after the reduction on CTA 0, whose pair the whole cluster waits for:
-// the edges loaded one by one after it cost 4-6 % at rows of 50 257 16-bit (docs/design.md, "A
+// the edges loaded one by one after it cost 4-6 % at rows of 50 257 16-bit (the design notes in git history before 5e4337e, "A
 // peeled row's edges as blocks"). Where a block would leave the array (the first row's first
 // block, the last row's last), its part of the row is loaded element by element.
 // Bounded (Plan::bounded; register_cluster_bounded_kernel): 64 registers a thread, the packs

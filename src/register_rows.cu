@@ -75,7 +75,7 @@ warp_rows_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t
 // Peel: rows off 16 bytes, x and y off alike (odd lengths in a contiguous array); `length` is the
 // row in elements, not packs. The packs are the 16-byte blocks that end in the row. The row's
 // elements in the blocks it starts and ends inside (fewer than V each) take one of two forms, by
-// what each measured fastest (docs/design.md, "A peeled row's edges over lanes"):
+// what each measured fastest (the design notes in git history before 5e4337e, "A peeled row's edges over lanes"):
 //   Lanes (four packs a thread): an element each on the group's threads 0 to 2V - 1, one warp-wide
 //     load and store (the planner gives peeled rows groups of at least 2V threads). The kernels
 //     take 6-9 registers fewer, which at four packs lifts the CTAs an SM holds;

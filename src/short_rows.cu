@@ -18,7 +18,7 @@ namespace {
 // lanes (at least the row's packs, at most a warp) holds a row, a warp 32 / group rows per load, so
 // that each of a lane's R loads covers 512 contiguous bytes of the warp's R * 32 / group rows.
 // Same arithmetic as rows_in_registers_kernel, R rows reduced side by side.
-// G > 0 (16-bit rows, docs/design.md "Short rows, leaner"): the group known at compile time, so that
+// G > 0 (16-bit rows, the design notes in git history before 5e4337e "Short rows, leaner"): the group known at compile time, so that
 // its butterflies unroll to their levels; and where the group has a lane for each of the R rows
 // (G >= R), each row's log is taken on one lane of the group and passed to the others, one log a
 // lane instead of R.
@@ -230,7 +230,7 @@ cudaError_t launch_column(const Plan& p, const Call& a, cudaStream_t stream) {
 }
 
 // short_rows_kernel for the plan's rows a lane: 16-bit rows as planned (four a lane, groups up to
-// 8) with the group at compile time (docs/design.md, "Short rows, leaner"; fp32 rows of 32 ran 1.5 %
+// 8) with the group at compile time (the design notes in git history before 5e4337e, "Short rows, leaner"; fp32 rows of 32 ran 1.5 %
 // slower so, and keep the group as an argument).
 template <class T, class Kernel> cudaError_t choose_short_rows(const Plan& p, Kernel& k) {
   if constexpr (sizeof(T) == 2) {

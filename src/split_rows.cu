@@ -9,7 +9,7 @@
 //   pass 2: the segment is read again and written. Segments are sized (kSplitSegmentBytes) so
 //           that the L2 cache can still hold them for the second read. The grid is persistent
 //           (as many CTAs as fit, each walking positions): launching a cluster per position
-//           left SMs idle while whole clusters waited to be placed (docs/design.md).
+//           left SMs idle while whole clusters waited to be placed (the design notes in git history before 5e4337e).
 #include <algorithm>
 
 #include "common.cuh"
