@@ -131,7 +131,7 @@ int layout3(const Dims& shape, const Dims& strides, int d, int64_t n[3], int64_t
   if (!merge(shape, strides, 0, d, &m, &s[0])) return kBeforeDoNotMerge;
   if (!merge(shape, strides, d + 1, nd, &m, &s[2])) return kAfterDoNotMerge;
   for (int i = 0; i < nd; ++i)
-    if (strides[i] < 0) return kNegativeStride;
+    if (strides[i] < 0 && shape[i] != 1) return kNegativeStride;  // an axis of one element never steps
   s[1] = shape[d] != 1 ? strides[d] : 0;
   return 0;
 }
@@ -159,6 +159,7 @@ int forward(uintptr_t x, const Dims& shape, const Dims& xs, uintptr_t y, const D
   } else {
     sy[0] = sx[0], sy[1] = sx[1], sy[2] = sx[2];
   }
+  if (dtype < 0 || dtype > 3) return SOFTLIGHT_ERROR_UNSUPPORTED_DTYPE;  // never an enum out of its values
   const softlight_forward_options o{temperature, mptr(lse)};
   const auto type = static_cast<softlight_dtype>(dtype);
   py::gil_scoped_release nogil;
@@ -176,6 +177,7 @@ int backward(uintptr_t dy, const Dims& shape, const Dims& dys, uintptr_t y, cons
   if (int e = layout3(shape, dys, d, n, sg)) return e;
   if (int e = layout3(shape, ys, d, n, sy)) return e;
   if (int e = layout3(shape, dxs, d, n, sd)) return e;
+  if (dtype < 0 || dtype > 3) return SOFTLIGHT_ERROR_UNSUPPORTED_DTYPE;
   const auto type = static_cast<softlight_dtype>(dtype);
   py::gil_scoped_release nogil;
   return gpu ? softlight_log_softmax_backward_3d(mptr(dy), sg, mptr(y), sy, mptr(dx), sd, n[0], n[1], n[2], type,
@@ -268,6 +270,7 @@ PyObject* fast_forward_rows(PyObject*, PyObject* const* a, Py_ssize_t n) {
   const int gpu = PyObject_IsTrue(a[7]);
   const double t = PyFloat_AsDouble(a[9]);
   if (gpu < 0 || (t == -1.0 && PyErr_Occurred())) return nullptr;
+  if (dtype < 0 || dtype > 3) return PyLong_FromLong(SOFTLIGHT_ERROR_UNSUPPORTED_DTYPE);
   const softlight_forward_options o{t, mptr(lse)};
   const auto type = static_cast<softlight_dtype>(dtype);
   softlight_status st;
@@ -427,7 +430,7 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "softlight's C ABI, bound for Python (internal: use softlight.log_softmax)";
   m.def("version", &softlight_version);
   m.def("status_string", [](int s) { return std::string(softlight_status_string(static_cast<softlight_status>(s))); });
-  m.def("dtype_size", [](int code) { return softlight_dtype_size(static_cast<softlight_dtype>(code)); });
+  m.def("dtype_size", [](int code) { return code < 0 || code > 3 ? 0 : softlight_dtype_size(static_cast<softlight_dtype>(code)); });
   for (PyMethodDef& def : kFastMethods) {
     PyObject* f = PyCFunction_NewEx(&def, nullptr, m.ptr());
     if (f == nullptr) throw py::error_already_set();

@@ -76,6 +76,7 @@ cudaError_t device_info(int device, DeviceInfo* d) {
 
 softlight_status cuda_status(cudaError_t e) {
   cudaGetLastError();
+  if (e == cudaErrorMemoryAllocation) return SOFTLIGHT_ERROR_OUT_OF_MEMORY;
   return no_driver(e) ? SOFTLIGHT_ERROR_NO_DEVICE : SOFTLIGHT_ERROR_CUDA;
 }
 
@@ -223,8 +224,11 @@ softlight_status run(const Call& c, const DeviceInfo& dev, cudaStream_t s) {
       });
 }
 
-// A checked call (validate.hpp) on the device of its arrays.
+// A checked call (validate.hpp) on the device of its arrays. It starts with no error pending in the
+// library's runtime (or queues nothing), so the check after a launch reports that launch's alone.
 softlight_status run_gpu(const Call& call, void* stream) {
+  if (const cudaError_t pending = cudaPeekAtLastError(); pending != cudaSuccess)
+    return no_driver(pending) ? SOFTLIGHT_ERROR_NO_DEVICE : SOFTLIGHT_ERROR_CUDA;
   CallDevice dev;
   const softlight_status st = dev.open({call.in0, call.backward ? call.in1 : nullptr, call.out, call.lse});
   return st != SOFTLIGHT_SUCCESS ? st : run(call, dev.info, static_cast<cudaStream_t>(stream));

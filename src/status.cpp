@@ -1,10 +1,14 @@
 // Status strings, version and dtype sizes: the parts of the C ABI that need no device.
+#include <cstring>
+
 #include "softlight/softlight.h"
 
 extern "C" {
 
 const char* softlight_status_string(softlight_status status) {
-  switch (status) {
+  int code;  // the caller's value as an int: an enum outside its values may not be loaded as one
+  std::memcpy(&code, &status, sizeof code);
+  switch (code) {
     case SOFTLIGHT_SUCCESS: return "success";
     case SOFTLIGHT_ERROR_NULL_POINTER: return "an array pointer is null";
     case SOFTLIGHT_ERROR_INVALID_SIZE: return "rows or cols is negative, or the matrix is too large to address";
@@ -16,7 +20,9 @@ const char* softlight_status_string(softlight_status status) {
     case SOFTLIGHT_ERROR_NO_DEVICE: return "no usable CUDA driver or device";
     case SOFTLIGHT_ERROR_UNSUPPORTED_DEVICE: return "the CUDA device is older than compute capability 8.0";
     case SOFTLIGHT_ERROR_CUDA: return "the CUDA runtime reported an error";
-    case SOFTLIGHT_ERROR_INVALID_ARGUMENT: return "invalid argument (a temperature must be finite and positive)";
+    case SOFTLIGHT_ERROR_INVALID_ARGUMENT:
+      return "invalid argument (a temperature out of its range, or a pointer not aligned to its element)";
+    case SOFTLIGHT_ERROR_OUT_OF_MEMORY: return "out of memory for a workspace";
   }
   return "unknown softlight status";
 }
@@ -24,7 +30,9 @@ const char* softlight_status_string(softlight_status status) {
 int softlight_version(void) { return SOFTLIGHT_VERSION; }
 
 int softlight_dtype_size(softlight_dtype dtype) {
-  switch (dtype) {
+  int code;  // as above: any int the caller passed, read as an int
+  std::memcpy(&code, &dtype, sizeof code);
+  switch (code) {
     case SOFTLIGHT_FLOAT32: return 4;
     case SOFTLIGHT_FLOAT16: return 2;
     case SOFTLIGHT_BFLOAT16: return 2;

@@ -29,14 +29,26 @@ bool ranges_overlap(uintptr_t a, int64_t a_bytes, uintptr_t b, int64_t b_bytes) 
 bool lse_clashes(const void* lse, int64_t count, int elem, uintptr_t x0, int64_t xb, uintptr_t y0, int64_t yb) {
   if (lse == nullptr) return false;
   const auto l0 = reinterpret_cast<uintptr_t>(lse);
-  const int64_t lb = count * (elem == 8 ? 8 : 4);
+  const int64_t lb = count * (elem == 8 ? 8 : 4);  // count checked against overflow by validate_call
   return ranges_overlap(l0, lb, x0, xb) || ranges_overlap(l0, lb, y0, yb);
+}
+
+// A temperature is taken where its scale 1 / T is a finite, normal number of the accumulation type
+// (float for float32, float16 and bfloat16, double for float64): T in about [2.9e-39, 8.5e37] or
+// [5.6e-309, 4.5e307]. Past those ends 1 / T overflows to inf or flushes to 0, and rows come out NaN.
+bool temperature_in_range(double t, softlight_dtype dtype) {
+  const bool wide = softlight_dtype_size(dtype) == 8;
+  const double lo = wide ? std::numeric_limits<double>::min() : std::numeric_limits<float>::min();
+  const double hi = wide ? std::numeric_limits<double>::max() : std::numeric_limits<float>::max();
+  if (!(t > 0.0) || !std::isfinite(t)) return false;
+  const double scale = 1.0 / t;
+  return scale >= lo && scale <= hi;
 }
 
 softlight_status apply_options(const softlight_forward_options* o, Call* c) {
   if (o == nullptr) return SOFTLIGHT_SUCCESS;
   const double t = o->temperature == 0.0 ? 1.0 : o->temperature;
-  if (!(t > 0.0) || !std::isfinite(t)) return SOFTLIGHT_ERROR_INVALID_ARGUMENT;
+  if (!temperature_in_range(t, c->dtype)) return SOFTLIGHT_ERROR_INVALID_ARGUMENT;
   c->scale = 1.0 / t;
   c->lse = o->lse;
   return SOFTLIGHT_SUCCESS;
@@ -51,6 +63,8 @@ bool injective(const int64_t n[3], const int64_t s[3]) {
   for (int a : order) {
     if (n[a] == 1) continue;
     if (s[a] < reach) return false;
+    // A span past int64 is refused as INVALID_SIZE by the span check that follows.
+    if (s[a] > (std::numeric_limits<int64_t>::max() - reach) / (n[a] - 1)) return true;
     reach = s[a] * (n[a] - 1) + reach;
   }
   return true;
@@ -75,6 +89,12 @@ softlight_status validate_call(const Call& c, bool* noop) {
     return SOFTLIGHT_SUCCESS;
   }
   if (c.in0 == nullptr || c.out == nullptr || (c.backward && c.in1 == nullptr)) return SOFTLIGHT_ERROR_NULL_POINTER;
+  // Every pointer on its element's size (the log-sum-exp on its accumulation type's): the kernels'
+  // loads and stores need it, and a misaligned access on the GPU would end the CUDA context.
+  const auto misaligned = [](const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes != 0; };
+  if (misaligned(c.in0, elem) || misaligned(c.out, elem) || (c.backward && misaligned(c.in1, elem)) ||
+      (c.lse != nullptr && misaligned(c.lse, elem == 8 ? 8 : 4)))
+    return SOFTLIGHT_ERROR_INVALID_ARGUMENT;
   for (int a = 0; a < 3; ++a) {
     if (c.in0_s[a] < 0 || c.out_s[a] < 0 || (c.backward && c.in1_s[a] < 0)) return SOFTLIGHT_ERROR_INVALID_STRIDE;
   }
@@ -82,7 +102,8 @@ softlight_status validate_call(const Call& c, bool* noop) {
   const int64_t ob = span_bytes(c.n, c.out_s, elem);
   const int64_t ib0 = span_bytes(c.n, c.in0_s, elem);
   const int64_t ib1 = c.backward ? span_bytes(c.n, c.in1_s, elem) : 0;
-  if (ob < 0 || ib0 < 0 || ib1 < 0 || c.n[0] > std::numeric_limits<int64_t>::max() / c.n[2])
+  if (ob < 0 || ib0 < 0 || ib1 < 0 || c.n[0] > std::numeric_limits<int64_t>::max() / c.n[2] ||
+      (c.lse != nullptr && c.n[0] * c.n[2] > std::numeric_limits<int64_t>::max() / 8))
     return SOFTLIGHT_ERROR_INVALID_SIZE;
   const auto o0 = reinterpret_cast<uintptr_t>(c.out);
   auto clash = [&](const void* in, const int64_t* s, int64_t bytes) {

@@ -1,5 +1,6 @@
 import os
 
+import numpy as np
 import pytest
 
 # JAX takes most of the GPU's memory when it first runs unless told not to; the GPU tests share
@@ -23,3 +24,11 @@ def force():
     yield set_values
     gpu_util.FORCED.clear()
     _C.force({})
+
+
+@pytest.fixture
+def rng():
+    """A generator with a fresh seed, printed so that a failure can be replayed."""
+    seed = np.random.SeedSequence().entropy % (2**32)
+    print(f"seed={seed}")
+    return np.random.default_rng(seed)

@@ -115,3 +115,24 @@ def special_matrix(rng, cols, dtype_np=np.float32):
             r[rng.integers(cols)] = 2.5
         rows.append(r)
     return np.stack(rows).astype(dtype_np)
+
+
+def in_threads(n, work):
+    """work(i) for i in range(n), each on its own thread; returns what each returned, and raises the
+    first error any of them met."""
+    import threading
+    results, errors = [None] * n, []
+
+    def run(i):
+        try:
+            results[i] = work(i)
+        except Exception as e:  # noqa: BLE001 - raised below
+            errors.append(e)
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results

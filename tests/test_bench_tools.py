@@ -3,9 +3,6 @@ op must move, the table, the plot's lines, and the committed results' schema (ev
 machine-written)."""
 import json
 import math
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest

@@ -185,7 +185,6 @@ def test_lse_overlapping_x_or_y_is_refused():
 
 
 def test_c_abi_rejects_bad_temperature_directly():
-    from softlight import _C
     x, y = np.ones((2, 3), np.float32), poisoned((2, 3))
     assert capi.forward_cpu(x.ctypes.data, 3, y.ctypes.data, 3, 2, 3, 0, 0, -2.0, 0) == 11
     assert capi.forward_cpu(x.ctypes.data, 3, y.ctypes.data, 3, 2, 3, 0, 0, 0.0, 0) == 0  # 0 means 1

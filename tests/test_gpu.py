@@ -8,8 +8,8 @@ import pytest
 
 import softlight
 from softlight import _C
-from gpu_util import (DTYPES, FORCED, HAVE_GPU, assert_close_to_float64, assert_lse_close, axis_plan, device_plan_args,
-                      plan, plan_axis_args,
+from gpu_util import (DTYPES, FORCED, assert_close_to_float64, assert_lse_close, axis_plan, device_plan_args,
+                      plan,
                       needs_gpu, poisoned_like, random_rows, tdtype, torch)
 from reference import POISON, SPECIAL_ROWS, TOL, special_matrix
 

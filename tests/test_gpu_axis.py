@@ -5,7 +5,6 @@ values included. Skipped without a GPU."""
 import pytest
 
 import softlight
-from softlight import _C
 from gpu_util import (DTYPES, assert_lse_close, axis_plan, device_plan_args, needs_gpu, plan, plan_axis_args, tdtype,
                       torch)
 from reference import POISON, TOL

@@ -14,6 +14,8 @@
  * Strides are in elements between the starts of consecutive rows; a row's elements are contiguous.
  * x and y may be the same pointer with the same stride (in place); any other overlap is refused.
  * Every argument is checked before any work is queued; a call that returns an error wrote nothing.
+ * Pointers must be aligned to their element size (INVALID_ARGUMENT otherwise). The library links
+ * its own CUDA runtime: the caller's pending CUDA errors are neither seen nor cleared by it.
  * No global state: calls are safe from many host threads on many streams.
  */
 #ifndef SOFTLIGHT_SOFTLIGHT_H
@@ -55,7 +57,9 @@ typedef enum softlight_status {
   SOFTLIGHT_ERROR_NO_DEVICE = 8,          /* GPU entry: no usable CUDA driver or device */
   SOFTLIGHT_ERROR_UNSUPPORTED_DEVICE = 9, /* GPU entry: compute capability below 8.0 */
   SOFTLIGHT_ERROR_CUDA = 10,              /* GPU entry: the CUDA runtime reported an error */
-  SOFTLIGHT_ERROR_INVALID_ARGUMENT = 11   /* any other bad argument (see the function's notes) */
+  SOFTLIGHT_ERROR_INVALID_ARGUMENT = 11,  /* any other bad argument: a temperature out of its range, a
+                                             pointer not aligned to its element size */
+  SOFTLIGHT_ERROR_OUT_OF_MEMORY = 12      /* GPU entry: a workspace could not be allocated */
 } softlight_status;
 
 typedef enum softlight_dtype {

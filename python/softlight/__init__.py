@@ -8,7 +8,8 @@ from pathlib import Path
 
 from . import _C
 from ._api import log_softmax, log_softmax_backward, log_softmax_raw
-from ._errors import DeviceError, InvalidArgumentError, SoftlightError, UnsupportedDTypeError
+from ._errors import (ArgumentTypeError, AxisError, DeviceError, InvalidArgumentError, OutOfMemoryError,
+                      SoftlightError, UnsupportedDTypeError)
 
 __version__ = "0.1.0"
 
@@ -38,5 +39,5 @@ def cmake_dir():
 
 
 __all__ = ["log_softmax", "log_softmax_backward", "log_softmax_raw", "SoftlightError", "InvalidArgumentError",
-           "UnsupportedDTypeError", "DeviceError", "version", "include_dir", "library_path",
+           "UnsupportedDTypeError", "DeviceError", "ArgumentTypeError", "AxisError", "OutOfMemoryError", "version", "include_dir", "library_path",
            "cmake_dir", "__version__"]

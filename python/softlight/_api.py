@@ -8,7 +8,7 @@ import math
 from . import _C
 from ._arrays import device_name, empty_like, filled, read
 from ._dtypes import BY_NAME, NAMES
-from ._errors import InvalidArgumentError, check
+from ._errors import ArgumentTypeError, AxisError, InvalidArgumentError, check
 from ._streams import stream_handle, synchronize
 
 # The bindings' layout codes (python/bindings.cpp), beside the C ABI's statuses.
@@ -25,7 +25,7 @@ def _fail(status, dim, arrays):
     """Raise the error of a status from the bindings (a C ABI status or a layout code)."""
     shape = tuple(arrays[0][1][1])
     if status == -1:
-        raise IndexError(f"softlight: dim {dim} is out of range for a {len(shape)}-d array")
+        raise AxisError(f"softlight: dim {dim} is out of range for a {len(shape)}-d array")
     if status in _LAYOUT:
         # Which array: the first whose own layout the bindings refuse (they check in this order).
         for name, a in arrays:
@@ -40,7 +40,7 @@ def _fail(status, dim, arrays):
 def _check_dim(dim):
     if type(dim) is not int:
         if isinstance(dim, bool) or not hasattr(dim, "__index__"):
-            raise TypeError(f"softlight: dim must be an int, got {type(dim).__qualname__}")
+            raise ArgumentTypeError(f"softlight: dim must be an int, got {type(dim).__qualname__}")
         dim = dim.__index__()
     return dim
 
@@ -49,7 +49,7 @@ def _check_temperature(temperature):
     if type(temperature) is float and 0.0 < temperature < math.inf:
         return temperature
     if isinstance(temperature, (bool, str, bytes)) or not hasattr(temperature, "__float__"):
-        raise TypeError(f"softlight: temperature must be a real number, got {type(temperature).__qualname__}")
+        raise ArgumentTypeError(f"softlight: temperature must be a real number, got {type(temperature).__qualname__}")
     t = float(temperature)
     if not (t > 0.0 and math.isfinite(t)):
         raise InvalidArgumentError(f"softlight: temperature must be finite and positive, got {temperature!r}")
@@ -73,7 +73,7 @@ def _first(a, stream):
     if handle is None:
         return arr, 0
     if not arr[4]:
-        raise TypeError("softlight: stream= applies to GPU arrays, and the arrays are on the CPU")
+        raise ArgumentTypeError("softlight: stream= applies to GPU arrays, and the arrays are on the CPU")
     return arr, handle
 
 
@@ -127,7 +127,7 @@ def log_softmax(x, dim=-1, *, out=None, stream=None, temperature=1.0, return_lse
     if return_lse:
         nd = len(xa[1])
         if not -max(nd, 1) <= dim < max(nd, 1):
-            raise IndexError(f"softlight: dim {dim} is out of range for a {nd}-d array")
+            raise AxisError(f"softlight: dim {dim} is out of range for a {nd}-d array")
         d = dim % max(nd, 1)
         shape = tuple(xa[1])
         lse = empty_like(x, xa, shape=shape[:d] + shape[d + 1:], dtype="float64" if xa[3] == 3 else "float32")
@@ -188,7 +188,7 @@ def log_softmax_raw(x_ptr, y_ptr, rows, cols, *, dtype, x_stride=None, y_stride=
     elif device == "cpu":
         gpu = False
     else:
-        raise ValueError(f"softlight: device must be 'cuda' or 'cpu', got {device!r}")
+        raise InvalidArgumentError(f"softlight: device must be 'cuda' or 'cpu', got {device!r}")
     status = _C.forward_rows(x_ptr, cols if x_stride is None else x_stride, y_ptr, cols if y_stride is None else y_stride,
                              rows, cols, code, gpu, stream if gpu else 0, temperature, lse_ptr, threads)
     if status:

@@ -9,7 +9,7 @@ import sys
 
 from . import _C
 from ._dtypes import BY_DLPACK, BY_NAME, describe_dlpack
-from ._errors import InvalidArgumentError, UnsupportedDTypeError
+from ._errors import ArgumentTypeError, InvalidArgumentError, UnsupportedDTypeError
 
 # DLPack device types (dlpack.h: DLDeviceType)
 CPU, CUDA, CUDA_HOST, CUDA_MANAGED = 1, 2, 3, 13
@@ -95,13 +95,29 @@ def read_cupy(a, stream):
     return (a.data.ptr, a.shape, tuple([s // item for s in strides]), code, True, dev, False, "cupy", None), stream
 
 
+# --- numpy --------------------------------------------------------------------------------------
+
+def read_numpy(a, stream):
+    """A numpy array from its attributes (also ml_dtypes' bfloat16, which numpy cannot export)."""
+    dt = a.dtype
+    code = BY_NAME.get(dt.name)
+    if code is None or not dt.isnative:
+        raise _unsupported(dt.name if dt.isnative else f"{dt.name} (non-native byte order)")
+    item = dt.itemsize
+    strides = a.strides
+    if any(s % item for s in strides):
+        raise InvalidArgumentError(f"softlight: strides {strides} (bytes) are not whole elements")
+    return (a.__array_interface__["data"][0], a.shape, tuple([s // item for s in strides]), code, False, 0,
+            not a.flags.writeable, "numpy", None), stream
+
+
 # --- any DLPack array ----------------------------------------------------------------------------
 
 def read_dlpack(a, stream, framework):
     """Any array with __dlpack__ and __dlpack_device__. On the GPU the producer is asked to make the
     array ready on `stream` (its handle; the legacy default stream where None)."""
     if not hasattr(a, "__dlpack__") or not hasattr(a, "__dlpack_device__"):
-        raise TypeError(f"softlight: expected an array supporting DLPack (numpy, torch, CuPy, JAX, ...), "
+        raise ArgumentTypeError(f"softlight: expected an array supporting DLPack (numpy, torch, CuPy, JAX, ...), "
                         f"got {type(a).__module__}.{type(a).__qualname__}")
     dev_type, dev_id = (int(v) for v in a.__dlpack_device__())
     if dev_type not in (CPU, CUDA, CUDA_HOST, CUDA_MANAGED):
@@ -147,6 +163,8 @@ def _reader_for(t):
         r = read_torch, "torch"
     elif root == "cupy" and t.__name__ == "ndarray":
         r = read_cupy, "cupy"
+    elif root == "numpy" and t.__name__ == "ndarray":
+        r = read_numpy, "numpy"
     else:
         r = None, "jax" if root in ("jax", "jaxlib") else root
     _READERS[t] = r
@@ -190,7 +208,7 @@ def empty_like(a, arr, shape=None, dtype=None):
         (device,) = a.devices()
         out = jnp.empty(shape, dtype=a.dtype if dtype is None else jnp.dtype(dtype), device=device)
         return out.block_until_ready()
-    raise TypeError(f"softlight: cannot make a result array like a {type(a).__module__}."
+    raise ArgumentTypeError(f"softlight: cannot make a result array like a {type(a).__module__}."
                     f"{type(a).__qualname__}; pass out= (any writable DLPack array of the same shape)")
 
 

@@ -22,6 +22,19 @@ class DeviceError(SoftlightError, RuntimeError):
     """No usable CUDA device, an unsupported one, or a CUDA runtime failure."""
 
 
+class ArgumentTypeError(SoftlightError, TypeError):
+    """An argument of the wrong kind: not an array, a dim that is not an integer, a stream that is not
+    a stream; nothing was written."""
+
+
+class AxisError(SoftlightError, IndexError):
+    """dim out of range for the array; nothing was written."""
+
+
+class OutOfMemoryError(DeviceError, MemoryError):
+    """Memory for a workspace or scratch could not be had; nothing was written."""
+
+
 # Status codes of include/softlight/softlight.h.
 SUCCESS = 0
 _KIND = {
@@ -36,6 +49,7 @@ _KIND = {
     9: DeviceError,  # unsupported device
     10: DeviceError,  # CUDA error
     11: InvalidArgumentError,
+    12: OutOfMemoryError,
 }
 
 

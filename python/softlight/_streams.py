@@ -2,13 +2,16 @@
 ``__cuda_stream__``, torch and CuPy streams. cuda-python (cuda.core) does the synchronising."""
 
 
+from ._errors import ArgumentTypeError, InvalidArgumentError
+
+
 def stream_handle(stream):
     """The raw CUstream/cudaStream_t handle (an int) that `stream` stands for."""
     if isinstance(stream, bool):
-        raise TypeError("softlight: stream must be an int handle or a stream object, not a bool")
+        raise ArgumentTypeError("softlight: stream must be an int handle or a stream object, not a bool")
     if isinstance(stream, int):
         if stream < 0:
-            raise ValueError(f"softlight: stream handle must be non-negative, got {stream}")
+            raise InvalidArgumentError(f"softlight: stream handle must be non-negative, got {stream}")
         return stream
     proto = getattr(stream, "__cuda_stream__", None)
     if proto is not None:
@@ -18,7 +21,7 @@ def stream_handle(stream):
         h = getattr(stream, attr, None)
         if h is not None:
             return int(h)
-    raise TypeError(f"softlight: cannot take a CUDA stream from {type(stream).__qualname__}; pass an int "
+    raise ArgumentTypeError(f"softlight: cannot take a CUDA stream from {type(stream).__qualname__}; pass an int "
                     "handle, a cuda.core Stream or an object with __cuda_stream__")
 
 

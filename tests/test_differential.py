@@ -1,0 +1,132 @@
+"""Differential tests on the CPU, driven by hypothesis: random arrays of 0 to 6 axes, strided views,
+every dtype, any dim, temperatures over their whole accepted range (and past its ends), the
+log-sum-exp output, the backward, and special values, against a float64 reference with torch's
+special-value rules. Seeded (derandomized): every run draws the same cases. The GPU suite runs the
+same generator against the GPU (tests/test_gpu_differential.py)."""
+import math
+
+import numpy as np
+import pytest
+
+import softlight
+from reference import POISON, assert_matches, log_softmax_ref, logsumexp_ref
+
+hypothesis = pytest.importorskip("hypothesis", reason="hypothesis is not installed (pip install '.[test]')")
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+DTYPES = {"float32": np.float32, "float16": np.float16, "float64": np.float64}
+try:
+    import ml_dtypes
+    DTYPES["bfloat16"] = ml_dtypes.bfloat16
+except ImportError:  # bfloat16 numpy arrays need ml_dtypes; the other dtypes still run
+    pass
+# The temperatures accepted: 1 / T a finite normal number of the accumulation type.
+T_RANGE = {"float64": (1 / float(np.finfo(np.float64).max), 1 / float(np.finfo(np.float64).tiny)),
+           "other": (1 / float(np.finfo(np.float32).max), 1 / float(np.finfo(np.float32).tiny))}
+CASES = int(__import__("os").environ.get("SOFTLIGHT_TEST_CASES", "5000"))
+
+
+@st.composite
+def problems(draw):
+    ndim = draw(st.integers(0, 6))
+    shape = tuple(draw(st.lists(st.sampled_from([1, 1, 2, 3, 5, 8, 17, 64]), min_size=ndim, max_size=ndim)))
+    while math.prod(shape) > 4096:  # halve the largest axis
+        i = shape.index(max(shape))
+        shape = shape[:i] + (shape[i] // 2,) + shape[i + 1:]
+    dtype = draw(st.sampled_from(sorted(DTYPES)))
+    dim = draw(st.integers(-max(ndim, 1), max(ndim, 1) - 1))
+    steps = tuple(draw(st.sampled_from([1, 1, 1, 2, -1])) for _ in shape)
+    kind = draw(st.sampled_from(["one", "one", "tiny", "huge", "log"]))
+    if kind == "one":
+        t = 1.0
+    elif kind == "log":
+        t = 10.0 ** draw(st.floats(-30, 30))
+    else:
+        lo, hi = T_RANGE["float64" if dtype == "float64" else "other"]
+        t = draw(st.sampled_from([lo * 0.5, lo * 1.0000001, hi * 0.9999999, hi * 2])) if kind == "tiny" else \
+            draw(st.sampled_from([1e-300, 1e300, 1e-39, 1e38]))
+    specials = draw(st.integers(0, 3))
+    seed = draw(st.integers(0, 2**32 - 1))
+    return shape, dtype, dim, steps, t, specials, seed, draw(st.booleans()), draw(st.booleans())
+
+
+def view_of(rng, shape, steps, dtype):
+    """An array of `shape`, as a view with the given steps (negative: reversed) into a larger one."""
+    base_shape = tuple(n * abs(s) for n, s in zip(shape, steps))
+    base = np.asarray(rng.standard_normal(base_shape) * 3, dtype=np.float64)
+    idx = tuple(slice(None, None, s) if s > 0 else slice(None, None, -1) for s in steps)
+    full = np.asarray(base.astype(DTYPES[dtype]))
+    return full[idx] if full.ndim else full
+
+
+def reference(x64, d, t):
+    """y and the log-sum-exp along axis d in float64, in softlight's order: the temperature scales
+    x - max (docs/semantics.md), so a row's own values never overflow before the shift."""
+    moved = np.moveaxis(x64.reshape(x64.shape or (1,)), d, -1)
+    m = np.where(np.isnan(moved), -np.inf, moved).max(axis=-1, keepdims=True, initial=-np.inf)
+    shift = np.where(np.isfinite(m), m, 0.0)
+    z = (moved - shift) * (1.0 / t)
+    y = np.moveaxis(log_softmax_ref(z), -1, d).reshape(x64.shape)
+    lse = (shift[..., 0] * (1.0 / t) + logsumexp_ref(z)) if moved.shape[-1] else np.full(moved.shape[:-1], -np.inf)
+    return y, lse.reshape(tuple(np.delete(np.array(x64.shape or (1,)), d))) if x64.ndim else lse.reshape(())
+
+
+def merges(shape, strides):
+    axes = [(n, s) for n, s in zip(shape, strides) if n != 1]
+    return all(s == s2 * n2 for (n, s), (n2, s2) in zip(axes, axes[1:]))
+
+
+def expect_accepted(x, d, t, dtype):
+    item = x.itemsize
+    strides = tuple(s // item for s in x.strides)
+    lo, hi = T_RANGE["float64" if dtype == "float64" else "other"]
+    if not (lo <= t <= hi):
+        return "temperature"
+    if 0 in x.shape or x.ndim == 0:
+        return None
+    if not merges(x.shape[:d], strides[:d]) or not merges(x.shape[d + 1:], strides[d + 1:]):
+        return "merge"
+    if any(s < 0 for n, s in zip(x.shape, strides) if n != 1):
+        return "negative"
+    return None
+
+
+@settings(max_examples=CASES, deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck))
+@given(problems())
+def test_forward_backward_and_lse_against_float64(case):
+    shape, dtype, dim, steps, t, specials, seed, want_lse, backward = case
+    rng = np.random.default_rng(seed)
+    x = view_of(rng, shape, steps, dtype)
+    if x.size and specials:
+        for _ in range(specials):
+            where = tuple(int(rng.integers(0, n)) for n in x.shape)
+            x[where] = rng.choice([np.inf, -np.inf, np.nan, -np.inf])
+    d = dim % max(x.ndim, 1)
+    why = expect_accepted(x, d, t, dtype)
+    out = np.full(x.shape, POISON, x.dtype)
+    if why is not None:
+        with pytest.raises(softlight.InvalidArgumentError):
+            softlight.log_softmax(x, dim=dim, out=out, temperature=t)
+        assert (out == POISON).all()
+        return
+    y, lse = softlight.log_softmax(x, dim=dim, out=out, temperature=t, return_lse=True)
+    with np.errstate(all="ignore"):
+        ref, ref_lse = reference(x.astype(np.float64), d, t)
+        # Past the output type's range the reference is its infinity; elsewhere unrounded.
+        held = ref.astype(x.dtype).astype(np.float64)
+        ref_out = np.where(np.isinf(held), held, ref)
+        held_l = ref_lse.astype(np.float64 if dtype == "float64" else np.float32).astype(np.float64)
+        ref_l = np.where(np.isinf(held_l), held_l, ref_lse)
+    what = f"shape {x.shape} strides {x.strides} dim {dim} {dtype} T={t!r}"
+    assert_matches(y, ref_out, dtype, what)
+    if want_lse:
+        assert_matches(lse, ref_l, "float64" if dtype == "float64" else "float32", "lse " + what)
+    if backward and x.ndim and x.size and t == 1.0:
+        dy = rng.standard_normal(x.shape).astype(x.dtype)
+        dx = softlight.log_softmax_backward(dy, y, dim=dim)
+        with np.errstate(all="ignore"):
+            dy64, y64 = dy.astype(np.float64), y.astype(np.float64)
+            ref_dx = dy64 - np.exp(y64) * dy64.sum(axis=d, keepdims=True)
+        held_dx = ref_dx.astype(x.dtype).astype(np.float64)
+        assert_matches(dx, np.where(np.isinf(held_dx), held_dx, ref_dx), dtype, "backward " + what)
