@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 
 namespace softlight {
@@ -54,6 +55,16 @@ softlight_status apply_options(const softlight_forward_options* o, Call* c) {
   return SOFTLIGHT_SUCCESS;
 }
 
+// The caller's dtype read as an int (a value outside the enum's may not be loaded as the enum):
+// whether softlight knows it, with *out that dtype (else float32, never used).
+bool read_dtype(const softlight_dtype& dtype, softlight_dtype* out) {
+  int v;
+  std::memcpy(&v, &dtype, sizeof v);
+  const bool ok = v >= 0 && v <= 3;
+  *out = ok ? static_cast<softlight_dtype>(v) : SOFTLIGHT_FLOAT32;
+  return ok;
+}
+
 // No two positions of the array share an element: with the axes ordered by stride, each stride
 // steps past everything the smaller ones reach.
 bool injective(const int64_t n[3], const int64_t s[3]) {
@@ -81,8 +92,8 @@ softlight_status take_strides(int64_t (&dst)[3], const int64_t* src, const int64
 }
 
 softlight_status validate_call(const Call& c, bool* noop) {
+  if (!c.known_dtype) return SOFTLIGHT_ERROR_UNSUPPORTED_DTYPE;
   const int elem = softlight_dtype_size(c.dtype);
-  if (elem == 0) return SOFTLIGHT_ERROR_UNSUPPORTED_DTYPE;
   if (c.n[0] < 0 || c.n[1] < 0 || c.n[2] < 0) return SOFTLIGHT_ERROR_INVALID_SIZE;
   if (c.n[0] == 0 || c.n[1] == 0 || c.n[2] == 0) {
     *noop = true;
@@ -122,7 +133,8 @@ softlight_status validate_call(const Call& c, bool* noop) {
 Call forward_call(const void* x, const int64_t* xs, void* y, const int64_t* ys, int64_t outer, int64_t dim,
                   int64_t inner, softlight_dtype dtype, const softlight_forward_options* options,
                   softlight_status* st, bool* noop) {
-  Call c{{outer, dim, inner}, dtype, x, {}, nullptr, {}, y, {}};
+  Call c{{outer, dim, inner}, SOFTLIGHT_FLOAT32, x, {}, nullptr, {}, y, {}};
+  c.known_dtype = read_dtype(dtype, &c.dtype);
   *noop = false;
   *st = take_strides(c.in0_s, xs, c.n);
   if (const softlight_status s = take_strides(c.out_s, ys, c.n); *st == SOFTLIGHT_SUCCESS) *st = s;
@@ -134,7 +146,8 @@ Call forward_call(const void* x, const int64_t* xs, void* y, const int64_t* ys, 
 Call backward_call(const void* dy, const int64_t* dys, const void* y, const int64_t* ys, void* dx,
                    const int64_t* dxs, int64_t outer, int64_t dim, int64_t inner, softlight_dtype dtype,
                    softlight_status* st, bool* noop) {
-  Call c{{outer, dim, inner}, dtype, dy, {}, y, {}, dx, {}};
+  Call c{{outer, dim, inner}, SOFTLIGHT_FLOAT32, dy, {}, y, {}, dx, {}};
+  c.known_dtype = read_dtype(dtype, &c.dtype);
   c.backward = true;
   *noop = false;
   *st = take_strides(c.in0_s, dys, c.n);

@@ -23,6 +23,7 @@ struct Call {
   bool backward = false;
   double scale = 1.0;   // forward: 1 / temperature
   void* lse = nullptr;  // forward: optional log-sum-exp per (outer, inner) position
+  bool known_dtype = true;  // false: the caller's dtype was none of softlight_dtype's (dtype is then float32)
 
   // Rows: inner == 1 and every array's axis contiguous (or of one element).
   bool is_rows() const {
