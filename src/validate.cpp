@@ -34,13 +34,15 @@ bool lse_clashes(const void* lse, int64_t count, int elem, uintptr_t x0, int64_t
   return ranges_overlap(l0, lb, x0, xb) || ranges_overlap(l0, lb, y0, yb);
 }
 
-// A temperature is taken where its scale 1 / T is a finite, normal number of the accumulation type
-// (float for float32, float16 and bfloat16, double for float64): T in about [2.9e-39, 8.5e37] or
-// [5.6e-309, 4.5e307]. Past those ends 1 / T overflows to inf or flushes to 0, and rows come out NaN.
+// A temperature is taken where its scale 1 / T is a normal number of the accumulation type (float
+// for float32, float16 and bfloat16, double for float64) that the kernels' exp can take: for float,
+// whose exp is 2^(d * scale * log2(e)), scale * log2(e) must stay finite too. So T in about
+// [4.3e-39, 8.5e37] or [5.6e-309, 4.5e307]; past those ends rows come out NaN.
+constexpr double kLog2E = 1.4426950408889634;
 bool temperature_in_range(double t, softlight_dtype dtype) {
   const bool wide = softlight_dtype_size(dtype) == 8;
   const double lo = wide ? std::numeric_limits<double>::min() : std::numeric_limits<float>::min();
-  const double hi = wide ? std::numeric_limits<double>::max() : std::numeric_limits<float>::max();
+  const double hi = wide ? std::numeric_limits<double>::max() : std::numeric_limits<float>::max() / kLog2E;
   if (!(t > 0.0) || !std::isfinite(t)) return false;
   const double scale = 1.0 / t;
   return scale >= lo && scale <= hi;

@@ -20,9 +20,10 @@ try:
     DTYPES["bfloat16"] = ml_dtypes.bfloat16
 except ImportError:  # bfloat16 numpy arrays need ml_dtypes; the other dtypes still run
     pass
-# The temperatures accepted: 1 / T a finite normal number of the accumulation type.
+# The temperatures accepted: 1 / T a normal number of the accumulation type that the exp can take
+# (for float, 1 / T * log2(e) finite too: docs/semantics.md).
 T_RANGE = {"float64": (1 / float(np.finfo(np.float64).max), 1 / float(np.finfo(np.float64).tiny)),
-           "other": (1 / float(np.finfo(np.float32).max), 1 / float(np.finfo(np.float32).tiny))}
+           "other": (1.4426950408889634 / float(np.finfo(np.float32).max), 1 / float(np.finfo(np.float32).tiny))}
 CASES = int(__import__("os").environ.get("SOFTLIGHT_TEST_CASES", "5000"))
 
 
