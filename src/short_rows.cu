@@ -155,7 +155,7 @@ single_column_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int
 #pragma unroll
     for (int k = 0; k < kSingleRows; ++k) {
       const int64_t r = base + k * threads;
-      v[k] = r < rows ? to_acc(x[r * xs]) * scale : A(0);
+      v[k] = r < rows ? to_acc(x[r * xs]) : A(0);  // unscaled: x - max is 0 before any scale
     }
 #pragma unroll
     for (int k = 0; k < kSingleRows; ++k) {
@@ -163,7 +163,7 @@ single_column_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int
       if (r < rows) {
         const A log_sum = log_acc(exp_shifted(v[k], v[k]));
         y[r * ys] = from_acc<T>(log_softmax_out(v[k], v[k], log_sum));
-        if (lse != nullptr) lse[r] = v[k] + log_sum;
+        if (lse != nullptr) lse[r] = v[k] * scale + log_sum;
       }
     }
   }
@@ -181,10 +181,11 @@ single_column_packed_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t 
   const int64_t threads = int64_t{gridDim.x} * blockDim.x;
   const int64_t tid = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   const int64_t packs = rows / V;
-  // A lone value's sum is exp(0) = 1 where it is finite: y = v - v (0, or NaN for NaN and +-inf)
-  // and the LSE is v (NaN for +inf, as for any row holding +inf), with no exp or log to take.
+  // A lone value's sum is exp(0) = 1 where it is finite: y = v - v (0, or NaN for NaN and +-inf),
+  // the scale never applied to it (x * scale could overflow where (x - max) * scale is 0), and the
+  // LSE is v * scale (NaN for +inf, as for any row holding +inf), with no exp or log to take.
   auto one = [&](A v, int64_t r) {
-    if (lse != nullptr) lse[r] = v == -neg_inf<A>() ? v - v : v;
+    if (lse != nullptr) lse[r] = v == -neg_inf<A>() ? v - v : v * scale;
     return v - v;
   };
   for (int64_t base = tid; base < packs; base += threads * kSinglePacks) {
@@ -197,13 +198,13 @@ single_column_packed_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t 
       const int64_t pk = base + k * threads;
       if (pk < packs) {
 #pragma unroll
-        for (int j = 0; j < V; ++j) v[k][j] = one(v[k][j] * scale, pk * V + j);
+        for (int j = 0; j < V; ++j) v[k][j] = one(v[k][j], pk * V + j);
         store_pack<T, V>(y + pk * V, v[k]);
       }
     }
   }
   const int64_t r = packs * V + tid;
-  if (r < rows) y[r] = from_acc<T>(one(to_acc(x[r]) * scale, r));
+  if (r < rows) y[r] = from_acc<T>(one(to_acc(x[r]), r));
 }
 
 template <class T>
