@@ -1,0 +1,93 @@
+"""softlight.torch: the torch operators with autograd (gradcheck, double backward), fake kernels
+(opcheck), torch.compile with no graph break (static and dynamic shapes), autocast, non-contiguous
+inputs and every dim. On the CPU everywhere torch is installed; on the GPU too where there is one."""
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed")
+import softlight.torch as slt  # noqa: E402
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dim", [0, 1, -1])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_gradcheck_and_double_backward(device, dim, temperature):
+    x = torch.randn(5, 7, dtype=torch.float64, device=device, requires_grad=True)
+    f = lambda t: torch.ops.softlight.log_softmax(t, dim, temperature)  # noqa: E731
+    assert torch.autograd.gradcheck(f, (x,))
+    assert torch.autograd.gradgradcheck(f, (x,))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck_every_operator(device):
+    x = torch.randn(3, 9, device=device)
+    y = torch.log_softmax(x, 1)
+    for op, args in [(torch.ops.softlight.log_softmax.default, (x, 1, 1.0)),
+                     (torch.ops.softlight.log_softmax.default, (x.t(), 0, 2.0)),
+                     (torch.ops.softlight.log_softmax_backward.default, (torch.randn_like(y), y, 1, 1.0))]:
+        torch.library.opcheck(op, args)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_forward_and_backward_equal_torchs(device, dtype):
+    x = torch.randn(6, 4, 50, device=device, dtype=dtype)
+    for dim in range(-3, 3):
+        for view in (x, x.transpose(0, 2), x[:, ::2]):
+            a = view.detach().clone().requires_grad_(True)
+            b = view.detach().clone().requires_grad_(True)
+            ya, yb = slt.log_softmax(a, dim), torch.log_softmax(b, dim)
+            g = torch.randn_like(ya)
+            (ya * g).sum().backward()
+            (yb * g).sum().backward()
+            tol = dict(atol=2e-2, rtol=2e-2) if dtype == torch.bfloat16 else dict(atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(ya, yb, **tol)
+            torch.testing.assert_close(a.grad, b.grad, **tol)
+    assert torch.equal(slt.LogSoftmax(dim=1)(x), slt.log_softmax(x, 1))
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_compile_fullgraph_has_no_graph_breaks(dynamic):
+    def f(t):
+        return (slt.log_softmax(t * 2, -1) * t).sum()
+    x = torch.randn(4, 33, requires_grad=True)
+    compiled = torch.compile(f, fullgraph=True, dynamic=dynamic, backend="aot_eager")
+    out = compiled(x)
+    out.backward()
+    g = x.grad.clone()
+    x.grad = None
+    f(x).backward()
+    torch.testing.assert_close(out, f(x))
+    torch.testing.assert_close(g, x.grad)
+    for shape in [(4, 33), (7, 10), (2, 3, 5)]:  # new shapes: recompiled (or dynamic), never broken
+        t = torch.randn(shape)
+        torch.testing.assert_close(compiled(t), f(t))
+    assert torch._dynamo.explain(f)(x).graph_break_count == 0
+
+
+def test_autocast_computes_in_float32():
+    x = torch.randn(4, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = slt.log_softmax(x.to(torch.bfloat16), -1)
+    assert y.dtype == torch.float32  # as torch.log_softmax under autocast
+    torch.testing.assert_close(y, torch.log_softmax(x.to(torch.bfloat16).float(), -1))
+
+
+def test_temperature_gradient_is_scaled():
+    x = torch.randn(3, 11, dtype=torch.float64, requires_grad=True)
+    y = slt.log_softmax(x, -1, temperature=3.0)
+    torch.testing.assert_close(y, torch.log_softmax(x / 3.0, -1))
+    g = torch.randn_like(y)
+    (dx,) = torch.autograd.grad((y * g).sum(), x)
+    x2 = x.detach().requires_grad_(True)
+    (dx2,) = torch.autograd.grad((torch.log_softmax(x2 / 3.0, -1) * g).sum(), x2)
+    torch.testing.assert_close(dx, dx2)
+
+
+def test_errors_are_softlights():
+    import softlight
+    with pytest.raises(softlight.AxisError):
+        slt.log_softmax(torch.randn(2, 3), 2)
+    with pytest.raises(softlight.UnsupportedDTypeError):
+        slt.log_softmax(torch.ones(2, 3, dtype=torch.int32), 1)
