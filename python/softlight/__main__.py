@@ -11,7 +11,6 @@ import time
 import numpy as np
 
 import softlight
-from . import _dtypes
 from ._device import gpu_count
 from .bench import FOUNDING
 

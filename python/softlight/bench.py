@@ -10,7 +10,6 @@ import contextlib
 import datetime
 import json
 import math
-import os
 import re
 import subprocess
 import sys

@@ -1,0 +1,128 @@
+// XLA FFI handlers that run softlight inside jitted JAX programs (python/softlight/jax.py registers
+// them). Built where JAX's headers are at hand at build time (CMakeLists.txt: SOFTLIGHT_JAX).
+// XLA hands dense row-major buffers: the axis splits them into (outer, dim, inner).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "softlight/softlight.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+bool dtype_of(ffi::DataType t, softlight_dtype* out) {
+  switch (t) {
+    case ffi::DataType::F32: *out = SOFTLIGHT_FLOAT32; return true;
+    case ffi::DataType::F16: *out = SOFTLIGHT_FLOAT16; return true;
+    case ffi::DataType::BF16: *out = SOFTLIGHT_BFLOAT16; return true;
+    case ffi::DataType::F64: *out = SOFTLIGHT_FLOAT64; return true;
+    default: return false;
+  }
+}
+
+// The (outer, dim, inner) extents and C-order strides of a buffer along `axis` (negative: from the end).
+struct Layout {
+  int64_t n[3] = {1, 1, 1};
+  int64_t s[3] = {0, 0, 0};
+};
+
+ffi::Error layout_of(const ffi::AnyBuffer& b, int64_t axis, Layout* l) {
+  const auto dims = b.dimensions();
+  const int64_t rank = static_cast<int64_t>(dims.size());
+  if (rank == 0) return ffi::Error::Success();
+  if (axis < 0) axis += rank;  // counted from the end: batch axes vmap adds in front leave it be
+  if (axis < 0 || axis >= rank) return ffi::Error::InvalidArgument("softlight: axis out of range");
+  for (int64_t i = 0; i < axis; ++i) l->n[0] *= dims[i];
+  l->n[1] = dims[axis];
+  for (int64_t i = axis + 1; i < rank; ++i) l->n[2] *= dims[i];
+  l->s[0] = l->n[1] * l->n[2];
+  l->s[1] = l->n[2];
+  l->s[2] = 1;
+  return ffi::Error::Success();
+}
+
+ffi::Error status_error(softlight_status st) {
+  if (st == SOFTLIGHT_SUCCESS) return ffi::Error::Success();
+  return ffi::Error(st == SOFTLIGHT_ERROR_CUDA || st == SOFTLIGHT_ERROR_OUT_OF_MEMORY ? ffi::ErrorCode::kInternal
+                                                                                   : ffi::ErrorCode::kInvalidArgument,
+                    std::string("softlight: ") + softlight_status_string(st));
+}
+
+// Forward: y = log_softmax(x / temperature) along axis; lse receives the log-sum-exp of each position.
+template <bool Gpu>
+ffi::Error forward(void* stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> lse,
+                   int64_t axis, double temperature) {
+  softlight_dtype dtype;
+  if (!dtype_of(x.element_type(), &dtype)) return ffi::Error::InvalidArgument("softlight: unsupported dtype");
+  Layout l;
+  if (ffi::Error e = layout_of(x, axis, &l); e.failure()) return e;
+  const softlight_forward_options o{temperature, lse->untyped_data()};
+  const softlight_status st =
+      Gpu ? softlight_log_softmax_forward_3d(x.untyped_data(), l.s, y->untyped_data(), l.s, l.n[0], l.n[1], l.n[2],
+                                             dtype, &o, stream)
+          : softlight_log_softmax_forward_3d_cpu(x.untyped_data(), l.s, y->untyped_data(), l.s, l.n[0], l.n[1],
+                                                 l.n[2], dtype, &o, 0);
+  return status_error(st);
+}
+
+// Backward: dx = dy - exp(y) * sum(dy) along axis.
+template <bool Gpu>
+ffi::Error backward(void* stream, ffi::AnyBuffer dy, ffi::AnyBuffer y, ffi::Result<ffi::AnyBuffer> dx, int64_t axis) {
+  softlight_dtype dtype;
+  if (!dtype_of(dy.element_type(), &dtype)) return ffi::Error::InvalidArgument("softlight: unsupported dtype");
+  Layout l;
+  if (ffi::Error e = layout_of(dy, axis, &l); e.failure()) return e;
+  const softlight_status st =
+      Gpu ? softlight_log_softmax_backward_3d(dy.untyped_data(), l.s, y.untyped_data(), l.s, dx->untyped_data(), l.s,
+                                              l.n[0], l.n[1], l.n[2], dtype, stream)
+          : softlight_log_softmax_backward_3d_cpu(dy.untyped_data(), l.s, y.untyped_data(), l.s, dx->untyped_data(),
+                                                  l.s, l.n[0], l.n[1], l.n[2], dtype, 0);
+  return status_error(st);
+}
+
+ffi::Error forward_cpu(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> lse, int64_t axis,
+                       double temperature) {
+  return forward<false>(nullptr, x, y, lse, axis, temperature);
+}
+ffi::Error forward_gpu(cudaStream_t s, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
+                       ffi::Result<ffi::AnyBuffer> lse, int64_t axis, double temperature) {
+  return forward<true>(s, x, y, lse, axis, temperature);
+}
+ffi::Error backward_cpu(ffi::AnyBuffer dy, ffi::AnyBuffer y, ffi::Result<ffi::AnyBuffer> dx, int64_t axis) {
+  return backward<false>(nullptr, dy, y, dx, axis);
+}
+ffi::Error backward_gpu(cudaStream_t s, ffi::AnyBuffer dy, ffi::AnyBuffer y, ffi::Result<ffi::AnyBuffer> dx,
+                        int64_t axis) {
+  return backward<true>(s, dy, y, dx, axis);
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(softlight_jax_forward_cpu, forward_cpu,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("axis")
+                                  .Attr<double>("temperature"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(softlight_jax_forward_gpu, forward_gpu,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("axis")
+                                  .Attr<double>("temperature"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(softlight_jax_backward_cpu, backward_cpu,
+                              ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>().Attr<int64_t>(
+                                  "axis"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(softlight_jax_backward_gpu, backward_gpu,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("axis"));
