@@ -107,9 +107,13 @@ template <class A, class F> double row_sum(int64_t n, F f) {
 constexpr int64_t kScratchElements = int64_t{1} << 14;
 
 // A worker's scratch: kScratchElements values of A, or none (rows then stream).
+// A worker's scratch for rows of n elements: n values where n is at most kScratchElements (none
+// otherwise, or where the allocation fails: the rows then stream).
 template <class A> struct Scratch {
-  std::unique_ptr<A[]> data{new (std::nothrow) A[kScratchElements]};
-  A* for_row(int64_t n) const { return n <= kScratchElements ? data.get() : nullptr; }
+  explicit Scratch(int64_t n)
+      : data(n <= kScratchElements ? new (std::nothrow) A[static_cast<size_t>(n)] : nullptr) {}
+  A* get() const { return data.get(); }
+  std::unique_ptr<A[]> data;
 };
 
 // One row of n elements at x (stride xs) into y (stride ys), in the order the GPU kernels use:
@@ -151,7 +155,9 @@ void log_softmax_backward_row(const T* dy, int64_t dys, const T* y, int64_t ys, 
 // Work over [0, n) positions split among threads; f(begin, end) does a range.
 template <class F> void parallel_for(int64_t n, int64_t elements_per_position, int num_threads, F f) {
   constexpr int64_t kMinElementsPerThread = int64_t{1} << 16;
-  int64_t workers = num_threads > 0 ? num_threads : std::max(1u, std::thread::hardware_concurrency());
+  // The machine's thread count, asked once: each ask reads the system's CPU list (microseconds).
+  static const int64_t kHardwareThreads = std::max(1u, std::thread::hardware_concurrency());
+  int64_t workers = num_threads > 0 ? num_threads : kHardwareThreads;
   workers = std::min({workers, n, std::max<int64_t>(1, n * elements_per_position / kMinElementsPerThread)});
   if (workers <= 1) return f(int64_t{0}, n);
   std::vector<std::thread> pool;
@@ -170,8 +176,8 @@ template <class F> void parallel_for(int64_t n, int64_t elements_per_position, i
 template <class T> void run_rows(const Call& c, int num_threads) {
   using A = typename Traits<T>::A;
   parallel_for(c.rows(), c.cols(), num_threads, [&c](int64_t r0, int64_t r1) {
-    const Scratch<A> scratch;
-    A* tmp = scratch.for_row(c.cols());
+    const Scratch<A> scratch(c.cols());
+    A* tmp = scratch.get();
     const T* x = static_cast<const T*>(c.x());
     T* y = static_cast<T*>(c.y());
     A* lse = static_cast<A*>(c.lse);
@@ -189,8 +195,8 @@ template <class T> void run_axis(const Call& c, int num_threads) {
   using A = typename Traits<T>::A;
   const int64_t inner = c.n[2], dim = c.n[1];
   parallel_for(c.n[0] * inner, dim, num_threads, [&c, inner, dim](int64_t p0, int64_t p1) {
-    const Scratch<A> scratch;
-    A* tmp = scratch.for_row(dim);
+    const Scratch<A> scratch(dim);
+    A* tmp = scratch.get();
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t o = p / inner, i = p % inner;
       auto at = [o, i](const void* base, const int64_t* s) {

@@ -52,6 +52,9 @@ def read_torch(a, stream):
     """A torch tensor from its attributes; its current stream is the call's unless one is given."""
     code = _torch_codes.get(a.dtype)
     if code is None:
+        if not _torch_codes:  # first use
+            _torch_setup()
+            return read_torch(a, stream)
         raise _unsupported(str(a.dtype).replace("torch.", ""))
     if a.layout is not _torch_strided[0]:
         raise InvalidArgumentError(f"softlight: {a.layout} tensors are not supported (strided ones are)")
