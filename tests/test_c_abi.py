@@ -58,3 +58,17 @@ def test_default_build_holds_no_environment_or_tuning_names():
     for name in (b"SOFTLIGHT_", b"softlight_tuning", b"CHUNK_BYTES", b"REGISTER_CLUSTER", b"ROWS_PER_LANE",
                  b"GRID_ROWS", b"SPILL_CHUNKS", b"PEEL_CLUSTERS", b"SPLIT_LANES", b"VERBOSE"):
         assert name not in data, name
+
+
+@pytest.mark.skipif(shutil.which("pkg-config") is None or shutil.which("cc") is None,
+                    reason="no pkg-config or C compiler on PATH")
+def test_c_program_builds_with_pkg_config(tmp_path):
+    """The installed softlight.pc (relocatable: its prefix is found from its own place) gives the
+    flags that build and run the C example."""
+    pcdir = Path(softlight.library_path()).parent / "pkgconfig"
+    assert (pcdir / "softlight.pc").is_file()
+    env = dict(os.environ, PKG_CONFIG_PATH=str(pcdir))
+    flags = run(["pkg-config", "--cflags", "--libs", "softlight"], env=env).stdout.split()
+    exe = tmp_path / "cpu_example"
+    run(["cc", "-std=c99", "-Wall", "-Werror", str(EXAMPLE / "cpu_example.c"), "-o", str(exe), *flags, "-lm"])
+    assert "ok" in run([str(exe)]).stdout
