@@ -53,12 +53,6 @@ def c_strides(shape):
     return tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
 
 
-def axis_extents(shape, dim):
-    """(outer, dim, inner) of a C-contiguous shape along axis `dim` and its strides."""
-    outer, inner = math.prod(shape[:dim]), math.prod(shape[dim + 1:])
-    return (outer, shape[dim], inner), (shape[dim] * inner, inner, 1)
-
-
 # --- inputs and checks, with torch or with cuda-python alone -------------------------------------
 
 class TorchData:
