@@ -213,6 +213,21 @@ bool dims_of(PyObject* o, Dims* out) {
   return true;
 }
 
+// The strides (in elements) of a C-contiguous array of `shape`: a new output made for the call.
+bool contiguous(const Dims& shape, Dims* out) {
+  out->resize(shape.size());
+  int64_t step = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    (*out)[i] = step;
+    // (A zero extent: nothing is written, any stride does.)
+    if (shape[i] > 1 && __builtin_mul_overflow(step, shape[i], &step)) {
+      PyErr_SetString(PyExc_OverflowError, "the array's size overflows 64 bits");
+      return false;
+    }
+  }
+  return true;
+}
+
 bool as_u(PyObject* o, uintptr_t* v) {
   *v = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(o));
   return !(*v == static_cast<uintptr_t>(-1) && PyErr_Occurred());
@@ -229,14 +244,16 @@ bool wrong_count(Py_ssize_t n, Py_ssize_t want, const char* name) {
   return true;
 }
 
-// forward(x, shape, x_strides, y, y_strides, dim, dtype, gpu, stream, temperature, lse) -> status
+// forward(x, shape, x_strides, y, y_strides, dim, dtype, gpu, stream, temperature, lse) -> status;
+// y_strides None: y is C-contiguous.
 PyObject* fast_forward(PyObject*, PyObject* const* a, Py_ssize_t n) {
   if (wrong_count(n, 11, "forward")) return nullptr;
   uintptr_t x, y, stream, lse;
   int64_t dim, dtype;
   Dims shape, xs, ys;
   if (!as_u(a[0], &x) || !dims_of(a[1], &shape) || !dims_of(a[2], &xs) || !as_u(a[3], &y) ||
-      !dims_of(a[4], &ys) || !as_i(a[5], &dim) || !as_i(a[6], &dtype) || !as_u(a[8], &stream) || !as_u(a[10], &lse))
+      !(a[4] == Py_None ? contiguous(shape, &ys) : dims_of(a[4], &ys)) || !as_i(a[5], &dim) || !as_i(a[6], &dtype) ||
+      !as_u(a[8], &stream) || !as_u(a[10], &lse))
     return nullptr;
   const int gpu = PyObject_IsTrue(a[7]);
   const double t = PyFloat_AsDouble(a[9]);
@@ -244,14 +261,15 @@ PyObject* fast_forward(PyObject*, PyObject* const* a, Py_ssize_t n) {
   return PyLong_FromLong(forward(x, shape, xs, y, ys, dim, static_cast<int>(dtype), gpu, stream, t, lse));
 }
 
-// backward(dy, shape, dy_strides, y, y_strides, dx, dx_strides, dim, dtype, gpu, stream) -> status
+// backward(dy, shape, dy_strides, y, y_strides, dx, dx_strides, dim, dtype, gpu, stream) -> status;
+// dx_strides None: dx is C-contiguous.
 PyObject* fast_backward(PyObject*, PyObject* const* a, Py_ssize_t n) {
   if (wrong_count(n, 11, "backward")) return nullptr;
   uintptr_t dy, y, dx, stream;
   int64_t dim, dtype;
   Dims shape, dys, ys, dxs;
   if (!as_u(a[0], &dy) || !dims_of(a[1], &shape) || !dims_of(a[2], &dys) || !as_u(a[3], &y) ||
-      !dims_of(a[4], &ys) || !as_u(a[5], &dx) || !dims_of(a[6], &dxs) || !as_i(a[7], &dim) || !as_i(a[8], &dtype) ||
+      !dims_of(a[4], &ys) || !as_u(a[5], &dx) || !(a[6] == Py_None ? contiguous(shape, &dxs) : dims_of(a[6], &dxs)) || !as_i(a[7], &dim) || !as_i(a[8], &dtype) ||
       !as_u(a[10], &stream))
     return nullptr;
   const int gpu = PyObject_IsTrue(a[9]);

@@ -36,6 +36,9 @@ def _unsupported(what):
 _torch_codes = {}
 _torch_strided = []
 _torch_raw_stream = []
+# What the API's torch fast path needs (_api.log_softmax), filled when the first tensor is read:
+# [torch.Tensor, dtype -> code, torch.strided, the current stream's handle of a device, torch.empty_like].
+TORCH = [None, _torch_codes, None, None, None]
 
 
 def _torch_setup():
@@ -45,6 +48,7 @@ def _torch_setup():
     # The current stream's handle alone, without a Stream object (several microseconds less).
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     _torch_raw_stream[:] = [raw or (lambda dev: torch.cuda.current_stream(dev).cuda_stream)]
+    TORCH[:] = [torch.Tensor, _torch_codes, torch.strided, _torch_raw_stream[0], torch.empty_like]
     return torch
 
 
@@ -72,6 +76,23 @@ def read_torch(a, stream):
     return (a.data_ptr(), a.shape, a.stride(), code, False, 0, False, "torch", None), stream
 
 
+# --- numpy dtypes (numpy and CuPy) ---------------------------------------------------------------
+
+_numpy_codes = {}  # numpy dtype -> code: dtype.name builds a new string at every read (~3 us)
+
+
+def numpy_code(dt):
+    """The code of a numpy dtype (ml_dtypes' bfloat16 too), or raise UnsupportedDTypeError."""
+    code = _numpy_codes.get(dt)
+    if code is not None and dt.isnative:
+        return code
+    code = BY_NAME.get(dt.name)
+    if code is None or not dt.isnative:
+        raise _unsupported(dt.name if dt.isnative else f"{dt.name} (non-native byte order)")
+    _numpy_codes[dt] = code
+    return code
+
+
 # --- CuPy ----------------------------------------------------------------------------------------
 
 def _cupy_stream(dev):
@@ -83,19 +104,18 @@ def _cupy_stream(dev):
 
 
 def read_cupy(a, stream):
-    code = BY_NAME.get(a.dtype.name)
-    if code is None:
-        raise _unsupported(a.dtype.name)
+    code = numpy_code(a.dtype)
     item = a.itemsize
     strides = a.strides
     if any(s % item for s in strides):
         raise InvalidArgumentError(f"softlight: strides {strides} (bytes) are not whole elements")
-    dev = a.device.id
+    mem = a.data
+    dev = mem.device_id
     current = _cupy_stream(dev)
     if stream is not None and stream != current:
         return read_dlpack(a, stream, "cupy")  # the export orders that stream after CuPy's
     stream = current
-    return (a.data.ptr, a.shape, tuple([s // item for s in strides]), code, True, dev, False, "cupy", None), stream
+    return (mem.ptr, a.shape, tuple([s // item for s in strides]), code, True, dev, False, "cupy", None), stream
 
 
 # --- numpy --------------------------------------------------------------------------------------
@@ -103,9 +123,7 @@ def read_cupy(a, stream):
 def read_numpy(a, stream):
     """A numpy array from its attributes (also ml_dtypes' bfloat16, which numpy cannot export)."""
     dt = a.dtype
-    code = BY_NAME.get(dt.name)
-    if code is None or not dt.isnative:
-        raise _unsupported(dt.name if dt.isnative else f"{dt.name} (non-native byte order)")
+    code = numpy_code(dt)
     item = dt.itemsize
     strides = a.strides
     if any(s % item for s in strides):
