@@ -91,3 +91,58 @@ def test_errors_are_softlights():
         slt.log_softmax(torch.randn(2, 3), 2)
     with pytest.raises(softlight.UnsupportedDTypeError):
         slt.log_softmax(torch.ones(2, 3, dtype=torch.int32), 1)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
+@pytest.mark.parametrize("shape", [(8, 1000), (8, 65536), (2, 1000000)])  # rows in registers, clusters, a grid
+def test_cuda_graph_capture_and_replay(shape):
+    """The operators and softlight.log_softmax on torch's current stream, captured into a CUDA graph
+    and replayed on new values, give what eager torch gives for those values."""
+    import softlight
+    x = torch.randn(shape, device="cuda")
+    g = torch.randn(shape, device="cuda")
+    out = torch.empty_like(x)
+    for _ in range(2):  # warm: the first calls set up what a capture may not
+        slt.log_softmax(x, -1)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = torch.ops.softlight.log_softmax(x, -1, 1.0)
+        dx = torch.ops.softlight.log_softmax_backward(g, y, -1, 1.0)
+        softlight.log_softmax(x * 2, out=out)
+    for _ in range(3):
+        x.copy_(torch.randn(shape, device="cuda") * 3)
+        g.copy_(torch.randn(shape, device="cuda"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = torch.log_softmax(x.double(), -1)
+        torch.testing.assert_close(y.double(), ref, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(dx.double(), g.double() - ref.exp() * g.double().sum(-1, keepdim=True),
+                                   atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(out.double(), torch.log_softmax(2 * x.double(), -1), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="inductor's CUDA backend needs a CUDA GPU")
+def test_compile_inductor_on_the_gpu():
+    """A model step compiled by inductor (fullgraph) on the GPU: softlight's operators stay in the
+    graph, and the loss and gradients are torch's."""
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(32000, 64, device="cuda")
+    head = torch.nn.Linear(64, 32000, device="cuda")
+
+    def loss(tokens, targets, logsm):
+        logits = head(torch.tanh(emb(tokens)))
+        return -logsm(logits).gather(-1, targets[..., None]).mean()
+    tokens = torch.randint(0, 32000, (4, 16), device="cuda")
+    targets = torch.randint(0, 32000, (4, 16), device="cuda")
+    compiled = torch.compile(lambda a, b: loss(a, b, lambda t: slt.log_softmax(t, -1)), fullgraph=True)
+    got = compiled(tokens, targets)
+    got.backward()
+    grads = [p.grad.clone() for p in (emb.weight, head.weight)]
+    for p in (emb.weight, head.weight):
+        p.grad = None
+    want = loss(tokens, targets, lambda t: torch.log_softmax(t, -1))
+    want.backward()
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    for a, p in zip(grads, (emb.weight, head.weight)):
+        torch.testing.assert_close(a, p.grad, atol=1e-5, rtol=1e-4)
