@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "../src/devices.hpp"
 #include "../src/plan.hpp"
 #include "softlight/softlight.h"
 #ifdef SOFTLIGHT_TUNING
@@ -447,6 +448,7 @@ int force(const py::dict& forced) {
 PYBIND11_MODULE(_C, m) {
   m.doc() = "softlight's C ABI, bound for Python (internal: use softlight.log_softmax)";
   m.def("version", &softlight_version);
+  m.def("device_count", &softlight::visible_device_count);
   m.def("status_string", [](int s) { return std::string(softlight_status_string(static_cast<softlight_status>(s))); });
   m.def("dtype_size", [](int code) { return code < 0 || code > 3 ? 0 : softlight_dtype_size(static_cast<softlight_dtype>(code)); });
   for (PyMethodDef& def : kFastMethods) {

@@ -8,6 +8,7 @@
 #include <optional>
 #include <utility>
 
+#include "devices.hpp"
 #include "kernels.hpp"
 #include "plan.hpp"
 #include "softlight/softlight.h"
@@ -235,6 +236,16 @@ softlight_status run_gpu(const Call& call, void* stream) {
 }
 
 }  // namespace
+
+int visible_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
 }  // namespace softlight
 
 extern "C" softlight_status softlight_log_softmax_forward_ex(

@@ -189,3 +189,14 @@ def test_c_abi_rejects_bad_temperature_directly():
     assert capi.forward_cpu(x.ctypes.data, 3, y.ctypes.data, 3, 2, 3, 0, 0, -2.0, 0) == 11
     assert capi.forward_cpu(x.ctypes.data, 3, y.ctypes.data, 3, 2, 3, 0, 0, 0.0, 0) == 0  # 0 means 1
     assert (y <= 0).all()
+
+
+def test_missing_cuda_python_is_named(monkeypatch):
+    """Without cuda-python (an optional extra), what needs it says how to get it."""
+    import sys
+
+    from softlight import _streams
+    for name in ("cuda.core", "cuda.core.experimental"):
+        monkeypatch.setitem(sys.modules, name, None)  # imports of these now fail
+    with pytest.raises(ImportError, match=r"softlight\[cuda\]"):
+        _streams._cuda_core()

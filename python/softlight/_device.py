@@ -1,5 +1,5 @@
-"""Device memory, copies and timing through cuda-python (cuda.core and cuda.bindings), so that
-the benchmark and the demo run without any array framework installed."""
+"""Device memory, copies and timing through cuda-python (cuda.core and cuda.bindings, the `cuda`
+extra), so that the benchmark and the demo run without any array framework installed."""
 import numpy as np
 
 from ._streams import _cuda_core
@@ -18,13 +18,9 @@ def _ok(result, what):
 
 
 def gpu_count():
-    """Number of CUDA devices, 0 when there is no driver or no device."""
-    try:
-        from cuda.bindings import runtime
-        err, n = runtime.cudaGetDeviceCount()
-        return int(n) if int(err) == 0 else 0
-    except Exception:  # noqa: BLE001 - no cuda-python, no driver: no GPU
-        return 0
+    """Number of CUDA devices, 0 when there is no driver or no device (the library's own runtime)."""
+    from . import _C
+    return _C.device_count()
 
 
 def _timing_options(cc):

@@ -30,7 +30,11 @@ def _cuda_core():
         import cuda.core as cc
         cc.Device  # noqa: B018 - older releases keep the API under cuda.core.experimental
     except (ImportError, AttributeError):
-        import cuda.core.experimental as cc
+        try:
+            import cuda.core.experimental as cc
+        except ImportError as e:
+            raise ImportError("softlight: this needs cuda-python (streams, events, the GPU demo and bench): "
+                              "pip install 'softlight[cuda]'") from e
     return cc
 
 
