@@ -8,79 +8,20 @@
 #include <memory>
 #include <new>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
+#include "cpu_simd.hpp"
+#include "cpu_types.hpp"
 #include "softlight/softlight.h"
 #include "validate.hpp"
 
 namespace softlight {
 namespace {
 
-template <class To, class From> To bits_as(From v) {
-  static_assert(sizeof(To) == sizeof(From));
-  To r;
-  std::memcpy(&r, &v, sizeof r);
-  return r;
-}
-
-// IEEE binary16 and bfloat16 storage types with round-to-nearest-even conversions.
-struct Half { uint16_t bits; };
-struct BFloat16 { uint16_t bits; };
-
-float to_float(Half h) {
-  const uint32_t sign = uint32_t(h.bits & 0x8000u) << 16;
-  const uint32_t exp = (h.bits >> 10) & 0x1fu, man = h.bits & 0x3ffu;
-  if (exp == 0) {  // zero or subnormal: man * 2^-24, exact in float
-    const float v = std::ldexp(static_cast<float>(man), -24);
-    return sign ? -v : v;
-  }
-  if (exp == 31) return bits_as<float>(sign | 0x7f800000u | (man << 13));
-  return bits_as<float>(sign | ((exp + 112) << 23) | (man << 13));
-}
-
-Half to_half(float f) {
-  const uint32_t u = bits_as<uint32_t>(f);
-  const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
-  uint32_t a = u & 0x7fffffffu;
-  if (a >= 0x7f800000u) return {uint16_t(sign | (a > 0x7f800000u ? 0x7e00u : 0x7c00u))};
-  if (a >= 0x477ff000u) return {uint16_t(sign | 0x7c00u)};  // rounds past 65504
-  if (a < 0x38800000u) {  // below 2^-14: subnormal or zero, in units of 2^-24
-    const float scaled = bits_as<float>(a) * 16777216.0f;  // exact: a power-of-two scale
-    return {uint16_t(sign | static_cast<uint16_t>(std::nearbyint(scaled)))};
-  }
-  a += 0xc8000fffu + ((a >> 13) & 1u);  // rebias the exponent and round half to even
-  return {uint16_t(sign | (a >> 13))};
-}
-
-float to_float(BFloat16 b) { return bits_as<float>(uint32_t(b.bits) << 16); }
-
-BFloat16 to_bfloat16(float f) {
-  const uint32_t u = bits_as<uint32_t>(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return {uint16_t((u >> 16) | 0x40u)};  // quiet the NaN
-  return {uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16)};
-}
-
-template <class T> struct Traits;
-template <> struct Traits<float> {
-  using A = float;
-  static A load(float v) { return v; }
-  static float store(A v) { return v; }
-};
-template <> struct Traits<double> {
-  using A = double;
-  static A load(double v) { return v; }
-  static double store(A v) { return v; }
-};
-template <> struct Traits<Half> {
-  using A = float;
-  static A load(Half v) { return to_float(v); }
-  static Half store(A v) { return to_half(v); }
-};
-template <> struct Traits<BFloat16> {
-  using A = float;
-  static A load(BFloat16 v) { return to_float(v); }
-  static BFloat16 store(A v) { return to_bfloat16(v); }
-};
+using cpu::BFloat16;
+using cpu::Half;
+using cpu::Traits;
 
 // The sum of f(0) .. f(n - 1), in blocks with independent lanes (vectorizable, and short chains
 // keep rounding error near the GPU's tree reduction); block totals are carried in double.
@@ -172,11 +113,149 @@ template <class F> void parallel_for(int64_t n, int64_t elements_per_position, i
   for (auto& t : pool) t.join();
 }
 
-// Every call, forward or backward: position p = o * inner + i (a row where inner is 1), its axis read
-// at its stride, into the worker's scratch where the axis fits it (contiguous arithmetic measured
-// 15-25 % faster).
+// The vector kernels of the widest instruction set this CPU has (asked once).
+const cpu::KernelSet& simd() {
+  static const cpu::KernelSet k = [] {
+#ifdef SOFTLIGHT_CPU_AVX2
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return cpu::kernels_avx2();
+#endif
+    return cpu::kernels_generic();
+  }();
+  return k;
+}
+template <class T> const auto& kernels_for() {
+  if constexpr (std::is_same_v<T, float>) return simd().f32;
+  else if constexpr (std::is_same_v<T, double>) return simd().f64;
+  else if constexpr (std::is_same_v<T, Half>) return simd().f16;
+  else return simd().bf16;
+}
+
+constexpr int64_t kTileLanes = 256;  // inner positions a task of the tiles kernel
+
+constexpr int64_t kPieceMin = int64_t{1} << 16;  // elements a piece of a span split among threads
+
+// Each position's max and log-sum from the (max, sum) of a span's pieces (p positions a piece).
+template <class A>
+void merge_pieces(const A* m, const double* s, int64_t pieces, int p, A scale, A* m_out, A* log_sum) {
+  const A ninf = -std::numeric_limits<A>::infinity();
+  for (int q = 0; q < p; ++q) {
+    A mq = ninf;
+    for (int64_t c = 0; c < pieces; ++c) mq = m[c * p + q] > mq ? m[c * p + q] : mq;
+    double sq = 0;  // a piece whose max is -inf counts 0 (times its sum: NaN stays NaN)
+    for (int64_t c = 0; c < pieces; ++c)
+      sq += s[c * p + q] * (m[c * p + q] == ninf ? 0.0 : std::exp(static_cast<double>((m[c * p + q] - mq) * scale)));
+    m_out[q] = mq;
+    log_sum[q] = std::log(static_cast<A>(sq));
+  }
+}
+
+// `outer` spans of len contiguous elements (x + o * xs, y + o * ys), p interleaved positions each
+// (cpu_simd.hpp, flat_stats): where the spans are fewer than the threads, each is cut into pieces
+// whose statistics are taken in parallel, merged, and written in parallel (x read twice).
+template <class T, class K, class A = typename Traits<T>::A>
+void run_flat(const K& k, const T* x, int64_t xs, T* y, int64_t ys, int64_t outer, int64_t len, int p, A scale,
+              A* lse, int num_threads) {
+  static const int64_t kHardwareThreads = std::max(1u, std::thread::hardware_concurrency());
+  const int64_t workers = num_threads > 0 ? num_threads : kHardwareThreads;
+  int64_t pieces = 1;
+  if (outer < 2 * workers) pieces = std::max<int64_t>(1, std::min((2 * workers + outer - 1) / outer, len / kPieceMin));
+  const int64_t piece = (((len + pieces - 1) / pieces + k.lanes - 1) / k.lanes) * k.lanes;
+  pieces = (len + piece - 1) / piece;
+  std::unique_ptr<A[]> ms(pieces > 1 ? new (std::nothrow) A[static_cast<size_t>(outer * pieces * p)] : nullptr);
+  std::unique_ptr<double[]> ss(pieces > 1 ? new (std::nothrow) double[static_cast<size_t>(outer * pieces * p)] : nullptr);
+  if (pieces == 1 || !ms || !ss) {  // a span a task: statistics, then the output
+    parallel_for(outer, len, num_threads, [&](int64_t o0, int64_t o1) {
+      A m[64], ls[64];
+      double sum[64];
+      for (int64_t o = o0; o < o1; ++o) {
+        k.flat_stats(x + o * xs, len, p, scale, m, sum);
+        merge_pieces(m, sum, 1, p, scale, m, ls);
+        k.flat_write(x + o * xs, y + o * ys, len, p, m, ls, scale);
+        if (lse != nullptr)
+          for (int q = 0; q < p; ++q) lse[o * p + q] = m[q] * scale + ls[q];
+      }
+    });
+    return;
+  }
+  const auto span = [&](int64_t t, int64_t* o, int64_t* off) {
+    *o = t / pieces;
+    *off = (t % pieces) * piece;
+    return std::min(piece, len - *off);
+  };
+  parallel_for(outer * pieces, piece, num_threads, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      int64_t o, off;
+      const int64_t n = span(t, &o, &off);
+      k.flat_stats(x + o * xs + off, n, p, scale, ms.get() + t * p, ss.get() + t * p);
+    }
+  });
+  parallel_for(outer * pieces, piece, num_threads, [&](int64_t t0, int64_t t1) {
+    A m[64], ls[64];
+    for (int64_t t = t0; t < t1; ++t) {
+      int64_t o, off;
+      const int64_t n = span(t, &o, &off);
+      merge_pieces(ms.get() + o * pieces * p, ss.get() + o * pieces * p, pieces, p, scale, m, ls);
+      k.flat_write(x + o * xs + off, y + o * ys + off, n, p, m, ls, scale);
+      if (lse != nullptr && off == 0)
+        for (int q = 0; q < p; ++q) lse[o * p + q] = m[q] * scale + ls[q];
+    }
+  });
+}
+
+// The forward where the axis is contiguous (rows) or the inner positions are (tiles), through the
+// vector kernels; false for any other layout.
+template <class T> bool run_vector(const Call& c, int num_threads) {
+  using A = typename Traits<T>::A;
+  const auto& k = kernels_for<T>();
+  const int64_t outer = c.n[0], dim = c.n[1], inner = c.n[2];
+  const T* x = static_cast<const T*>(c.in0);
+  T* y = static_cast<T*>(c.out);
+  A* lse = static_cast<A*>(c.lse);
+  const A scale = static_cast<A>(c.scale);
+  if (inner == 1 && (dim == 1 || (c.in0_s[1] == 1 && c.out_s[1] == 1))) {
+    const int64_t xs = c.in0_s[0], ys = c.out_s[0];
+    if (dim == 1 && (outer == 1 || (xs == 1 && ys == 1))) {  // one column: the rows are the lanes
+      parallel_for(outer, 1, num_threads, [&](int64_t r0, int64_t r1) {
+        k.tiles(x + r0, 0, y + r0, 0, r1 - r0, 1, scale, lse ? lse + r0 : nullptr);
+      });
+      return true;
+    }
+    if (outer < 2 * static_cast<int64_t>(std::max(1u, std::thread::hardware_concurrency())) && dim >= 2 * kPieceMin) {
+      run_flat(k, x, xs, y, ys, outer, dim, 1, scale, lse, num_threads);  // few long rows: split
+      return true;
+    }
+    parallel_for(outer, dim, num_threads, [&](int64_t r0, int64_t r1) {
+      const auto kernel = dim <= cpu::kShortRow ? k.short_rows : k.rows;
+      kernel(x + r0 * xs, xs, y + r0 * ys, ys, r1 - r0, dim, scale, lse ? lse + r0 : nullptr);
+    });
+    return true;
+  }
+  if (inner > 1 && inner <= k.lanes && k.lanes % inner == 0 && c.in0_s[2] == 1 && c.out_s[2] == 1 &&
+      c.in0_s[1] == inner && c.out_s[1] == inner) {  // a dense block of a few inner positions
+    run_flat(k, x, c.in0_s[0], y, c.out_s[0], outer, dim * inner, static_cast<int>(inner), scale, lse, num_threads);
+    return true;
+  }
+  if (inner > 1 && c.in0_s[2] == 1 && c.out_s[2] == 1) {
+    const int64_t tiles = (inner + kTileLanes - 1) / kTileLanes;
+    parallel_for(outer * tiles, dim * kTileLanes, num_threads, [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; ++p) {
+        const int64_t o = p / tiles, i0 = (p % tiles) * kTileLanes;
+        k.tiles(x + o * c.in0_s[0] + i0, c.in0_s[1], y + o * c.out_s[0] + i0, c.out_s[1],
+                std::min(kTileLanes, inner - i0), dim, scale, lse ? lse + o * inner + i0 : nullptr);
+      }
+    });
+    return true;
+  }
+  return false;
+}
+
+// Every other call, forward or backward: position p = o * inner + i (a row where inner is 1), its
+// axis read at its stride, into the worker's scratch where the axis fits it (contiguous arithmetic
+// measured 15-25 % faster).
 template <class T> void run(const Call& c, int num_threads) {
   using A = typename Traits<T>::A;
+  if (!c.backward && run_vector<T>(c, num_threads)) return;
   const int64_t inner = c.n[2], dim = c.n[1];
   parallel_for(c.n[0] * inner, dim, num_threads, [&c, inner, dim](int64_t p0, int64_t p1) {
     const Scratch<A> scratch(dim);

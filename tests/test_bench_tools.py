@@ -5,6 +5,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from softlight import bench
@@ -162,7 +163,8 @@ RESULTS = sorted(PERF.glob("*.json"))
 @pytest.mark.parametrize("path", RESULTS, ids=lambda p: p.name)
 def test_committed_results_follow_the_schema(path):
     doc = json.loads(path.read_text())
-    assert {"gpu", "commit", "command", "softlight_version", "torch", "date"} <= set(doc["meta"])
+    assert {"commit", "command", "softlight_version", "torch", "date"} <= set(doc["meta"])
+    assert ("gpu" in doc["meta"]) != ("cpu" in doc["meta"])  # a GPU benchmark or the CPU's
     assert doc["meta"]["command"].startswith("python -m softlight bench")
     assert doc["rows"]
     if doc["rows"][0]["op"] == "host":
@@ -172,7 +174,8 @@ def test_committed_results_follow_the_schema(path):
         return
     for r in doc["rows"]:
         assert r["op"] in ("forward", "backward")
-        assert r["provider"] in ("softlight", "copy", "torch", "torch.compile", "quack", "liger")
+        assert r["provider"] in ("softlight", "copy", "torch", "torch.compile", "quack", "liger") or \
+            ("cpu" in doc["meta"] and r["provider"] == "numpy")
         assert r["dtype"] in ("float32", "float16", "bfloat16", "float64")
         assert all(isinstance(v, int) and v > 0 for v in r["shape"])
         assert "copy_ms" in r and "status" in r
@@ -195,3 +198,23 @@ def test_plot_lines_are_times_over_the_copy_by_row_length():
                                                       ("torch", "bfloat16"), ("torch", "float32")]
     for p, d, op, pts in lines:
         assert [x for x, _ in pts] == [128, 4096] and all(y == (1.05 if p == "softlight" else 2.0) for _, y in pts)
+
+
+def test_cpu_sweep_cases_cover_the_row_lengths_both_axes_and_dtypes():
+    from softlight import bench_cpu
+    cases = list(bench_cpu.cpu_cases(["float32", "float64", "bfloat16"]))
+    assert len(cases) == 3 * 2 * len(bench_cpu.CPU_COLS)
+    assert {shape[dim] for shape, dim, _ in cases} == set(bench_cpu.CPU_COLS)
+    assert {len(shape) for shape, _, _ in cases} == {2, 3}  # the last axis, and the middle of three
+    for shape, dim, _ in cases:
+        assert 0.5 * bench_cpu.CPU_ELEMENTS <= math.prod(shape) <= 2 * bench_cpu.CPU_ELEMENTS, shape
+        assert dim == 1
+
+
+def test_cpu_numpy_anchor_is_the_three_line_form():
+    from softlight import bench_cpu
+    x = np.random.default_rng(0).standard_normal((5, 9, 3)).astype(np.float32)
+    ref = x.astype(np.float64) - x.max(1, keepdims=True)
+    ref -= np.log(np.exp(ref).sum(1, keepdims=True))
+    assert bench_cpu.check(bench_cpu.numpy_log_softmax(x, 1), ref, "float32") is None
+    assert bench_cpu.check(ref + 1e-3, ref, "float32").startswith("wrong")

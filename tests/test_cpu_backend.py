@@ -174,3 +174,42 @@ def test_raw_lse_and_temperature_bfloat16(rng):
     x64 = from_bfloat16_bits(xb).astype(np.float64) / 2.0
     assert_matches(from_bfloat16_bits(yb), log_softmax_ref(x64), "bfloat16")
     assert_matches(lse, logsumexp_ref(x64), "float32")
+
+
+# The vector kernels' layouts (src/cpu_simd.hpp): long rows split among threads (rows fewer than
+# twice the threads, 131072 elements or more), middle axes over 1-8 contiguous inner positions (a
+# span a block, split too where the blocks are few), wider inner axes, rows of up to 16, one column.
+# Special values in several places of the axis, the log-sum-exp beside, 1, 2 and 5 threads.
+LAYOUTS = [(1, 300_001, 1), (3, 140_000, 1), (2, 70_001, 2), (3, 50_000, 4), (9, 33, 8), (7, 5, 3), (4, 20, 300),
+           (40, 16, 1), (40, 7, 1), (33, 1, 1), (5, 1, 16)]
+
+
+@pytest.mark.parametrize("outer,dim,inner", LAYOUTS, ids=lambda v: str(v))
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16", "float16"])
+def test_vector_layouts_match_float64(rng, outer, dim, inner, dtype):
+    import capi
+    x = rng.standard_normal((outer, inner, dim)) * 4  # the softmax axis last here, moved below
+    if outer * inner >= 4 and dim >= 3:
+        lanes = x.reshape(-1, dim)
+        lanes[0, rng.integers(dim)] = np.nan
+        lanes[1, rng.integers(dim)] = np.inf
+        lanes[2, :] = -np.inf
+        lanes[3, rng.random(dim) < 0.5] = -np.inf
+    x = np.ascontiguousarray(np.moveaxis(x, 2, 1))  # (outer, dim, inner)
+    if dtype == "bfloat16":
+        src = to_bfloat16_bits(x)
+        xs = from_bfloat16_bits(src)
+    else:
+        src = xs = x.astype(NP_DTYPES[dtype])
+    ref = np.moveaxis(log_softmax_ref(np.moveaxis(xs.astype(np.float64), 1, 2)), 2, 1)
+    lse_ref = logsumexp_ref(np.moveaxis(xs.astype(np.float64), 1, 2))
+    code = softlight._dtypes.BY_NAME[dtype]
+    for threads in (1, 2, 5):
+        out = np.full(src.shape, to_bfloat16_bits(np.float32(POISON)) if dtype == "bfloat16" else POISON, src.dtype)
+        lse = np.full((outer, inner), POISON, np.float64 if dtype == "float64" else np.float32)
+        st = capi.forward_3d_cpu(src.ctypes.data, (dim * inner, inner, 1), out.ctypes.data, (dim * inner, inner, 1),
+                                 outer, dim, inner, code, threads, 1.0, lse.ctypes.data)
+        assert st == 0
+        y = from_bfloat16_bits(out) if dtype == "bfloat16" else out
+        assert_matches(y, ref, dtype, f"{dtype} {(outer, dim, inner)} threads {threads}")
+        assert_matches(lse, lse_ref, "float64" if dtype == "float64" else "float32", "lse")

@@ -338,7 +338,10 @@ def main(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="4096x393216", help="comma-separated shapes, e.g. 4096x393216,64x4096x4096")
     ap.add_argument("--dim", type=int, default=-1, help="the axis of the softmax (default: the last)")
-    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--dtypes", default=None, help="comma-separated (default: float32,bfloat16; with --device cpu "
+                                                   "float32,float64,bfloat16)")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
+                    help="cpu: the CPU backend's sweep against numpy and torch's CPU kernel (bench_cpu.py)")
     ap.add_argument("--op", default="forward", choices=["forward", "backward"])
     ap.add_argument("--sweep", action="store_true",
                     help=f"instead of --shapes: rows x cols for cols in {SWEEP_COLS}, each tensor about "
@@ -348,7 +351,7 @@ def main(argv=None):
                     help="instead: the host time of one call at 8 x 1000 float32 on the GPU, softlight's entries "
                          "and torch.log_softmax side by side (median of --passes rounds of 2000 calls)")
     ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--reps", type=int, default=None, help="timed calls a provider and pass (default: 30; 5 on the CPU)")
     ap.add_argument("--passes", type=int, default=1,
                     help="rounds of timing over all providers; each result is the median of its rounds")
     ap.add_argument("--providers", default="", help="comma-separated subset (copy is always timed)")
@@ -362,7 +365,9 @@ def main(argv=None):
                                                "host, sweep, backward or forward, by what is measured)")
     ap.add_argument("--commit", default=None, help="commit to record (default: git rev-parse HEAD)")
     args = ap.parse_args(argv)
-    args.name = args.name or ("host" if args.host else "sweep" if args.sweep else args.op)
+    args.name = args.name or ("cpu" if args.device == "cpu" else "host" if args.host else "sweep" if args.sweep
+                              else args.op)
+    args.reps = args.reps if args.reps is not None else 5 if args.device == "cpu" else 30
     if args.passes < 1 or args.reps < 1 or args.warmup < 0:
         raise SystemExit("softlight bench: --passes and --reps must be at least 1, --warmup at least 0")
 
@@ -372,6 +377,10 @@ def main(argv=None):
             import torch
         except ImportError:
             print("# torch not installed: timing softlight and the copy only", file=sys.stderr)
+    if args.device == "cpu":
+        from . import bench_cpu
+        return bench_cpu.main(args, argv, torch, args.commit or _git_commit())
+    args.dtypes = args.dtypes or "float32,bfloat16"
     from ._device import gpu_count
     if gpu_count() == 0:
         raise SystemExit("softlight bench: no CUDA GPU is visible; the benchmark needs one")
@@ -523,7 +532,11 @@ def write_results(meta, rows, out_dir, name=""):
     path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
     print(f"# wrote {path}")
     try:
-        png = plot(meta, rows, out_dir / f"{stem}.png")
+        if "cpu" in meta:
+            from . import bench_cpu
+            png = bench_cpu.plot(meta, rows, out_dir / f"{stem}.png")
+        else:
+            png = plot(meta, rows, out_dir / f"{stem}.png")
         print(f"# wrote {png}")
     except ImportError:
         print("# matplotlib not installed: no plot", file=sys.stderr)
@@ -585,7 +598,13 @@ def plot(meta, rows, path):
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("time / copy of the same bytes")
     axes[0][-1].legend(fontsize=7)
-    fig.suptitle(f"log-softmax, {title}", fontsize=8)
+    return save_figure(fig, f"log-softmax, {title}", path)
+
+
+def save_figure(fig, title, path):
+    """The figure's title, its layout tightened, saved at `path` (PNG) and closed."""
+    import matplotlib.pyplot as plt
+    fig.suptitle(title, fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

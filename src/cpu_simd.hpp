@@ -1,0 +1,390 @@
+// The CPU backend's vector kernels, written once with GCC vector types and compiled once per
+// instruction set (cpu_simd_generic.cpp, cpu_simd_avx2.cpp); cpu_rows.cpp picks the widest the CPU
+// has. Semantics are the GPU kernels': the max of x (NaN never wins), sums of exp((x - shift) *
+// scale) taken against a running max (shift 0 while it is -inf, numerics.cuh), y = (x - max) * scale
+// - log(sum). exp is a polynomial after a Cody-Waite reduction (relative error near 2^-23 for float,
+// 2^-52 for double), its results below the smallest normal flushed to 0, as the GPU's ex2.approx.ftz.
+#pragma once
+
+#include <cstdint>
+
+#include "cpu_types.hpp"
+
+namespace softlight {
+namespace cpu {
+
+// One storage type's forward kernels (A: its accumulation type), lse (if not null) one per row or lane.
+//   rows:   `count` rows of n contiguous elements, rows xs / ys elements apart.
+//   tiles:  `width` contiguous lanes (inner positions), the softmax axis of n steps, x's xs and y's
+//           ys elements apart.
+template <class T, class A> struct Kernels {
+  void (*rows)(const T* x, int64_t xs, T* y, int64_t ys, int64_t count, int64_t n, A scale, A* lse);
+  void (*tiles)(const T* x, int64_t xs, T* y, int64_t ys, int64_t width, int64_t n, A scale, A* lse);
+  // `count` rows of n <= kShortRow contiguous elements, rows xs / ys apart, a row a lane.
+  void (*short_rows)(const T* x, int64_t xs, T* y, int64_t ys, int64_t count, int64_t n, A scale, A* lse);
+  // A contiguous span of n elements holding p interleaved positions (element j belongs to position
+  // j % p; p divides `lanes`): each position's max and sum of exp((x - max) * scale) (flat_stats),
+  // then y = (x - m) * scale - log_sum per position (flat_write). A row is the case p = 1; a middle
+  // axis over a few contiguous inner positions the case p = inner. A span may be a piece of a row
+  // or block that starts at a multiple of p.
+  void (*flat_stats)(const T* x, int64_t n, int p, A scale, A* m, double* s);
+  void (*flat_write)(const T* x, T* y, int64_t n, int p, const A* m, const A* log_sum, A scale);
+  int lanes;  // elements a vector holds
+};
+
+constexpr int64_t kShortRow = 16;  // rows up to this long take short_rows
+
+struct KernelSet {
+  Kernels<float, float> f32;
+  Kernels<double, double> f64;
+  Kernels<Half, float> f16;
+  Kernels<BFloat16, float> bf16;
+};
+
+KernelSet kernels_generic();
+KernelSet kernels_avx2();  // x86-64 only
+
+}  // namespace cpu
+}  // namespace softlight
+
+// The body, included by each cpu_simd_<isa>.cpp with SOFTLIGHT_VECTOR_BYTES set: everything below
+// has internal linkage and compiles to that file's instruction set.
+#ifdef SOFTLIGHT_VECTOR_BYTES
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+namespace softlight {
+namespace cpu {
+namespace {
+
+constexpr int kBytes = SOFTLIGHT_VECTOR_BYTES;
+template <class A> struct Vec;
+template <> struct Vec<float> {
+  typedef float type __attribute__((vector_size(kBytes)));
+  typedef int32_t bits __attribute__((vector_size(kBytes)));
+  typedef uint32_t ubits __attribute__((vector_size(kBytes)));
+  typedef uint16_t half_bits __attribute__((vector_size(kBytes / 2)));
+};
+template <> struct Vec<double> {
+  typedef double type __attribute__((vector_size(kBytes)));
+  typedef int64_t bits __attribute__((vector_size(kBytes)));
+};
+template <class A> using V = typename Vec<A>::type;
+template <class A> using VB = typename Vec<A>::bits;
+template <class A> constexpr int kLanes = kBytes / static_cast<int>(sizeof(A));
+
+template <class A> inline V<A> splat(A v) { return V<A>{} + v; }
+template <class To, class From> inline To as(From v) {
+  static_assert(sizeof(To) == sizeof(From));
+  To r;
+  std::memcpy(&r, &v, sizeof r);
+  return r;
+}
+
+// A vector of kLanes<A> elements of storage type T from p, and back.
+template <class T> inline V<typename Traits<T>::A> vload(const T* p) {
+  using A = typename Traits<T>::A;
+  if constexpr (std::is_same_v<T, A>) {
+    V<A> v;
+    std::memcpy(&v, p, sizeof v);  // (p need not be aligned to the vector)
+    return v;
+  } else if constexpr (std::is_same_v<T, BFloat16>) {
+    typename Vec<float>::half_bits h;
+    std::memcpy(&h, p, sizeof h);
+    return as<V<float>>(__builtin_convertvector(h, VB<float>) << 16);
+  } else {
+    V<A> v;
+    for (int l = 0; l < kLanes<A>; ++l) v[l] = Traits<T>::load(p[l]);
+    return v;
+  }
+}
+template <class T> inline void vstore(T* p, V<typename Traits<T>::A> v) {
+  using A = typename Traits<T>::A;
+  if constexpr (std::is_same_v<T, A>) {
+    std::memcpy(p, &v, sizeof v);
+  } else if constexpr (std::is_same_v<T, BFloat16>) {
+    using U = typename Vec<float>::ubits;
+    const U u = as<U>(v);
+    const U nan = (u & 0x7fffffffu) > 0x7f800000u;  // all ones where NaN: quiet it
+    const U r = (nan & ((u >> 16) | 0x40u)) | (~nan & ((u + 0x7fffu + ((u >> 16) & 1u)) >> 16));
+    const typename Vec<float>::half_bits h = __builtin_convertvector(r, typename Vec<float>::half_bits);
+    std::memcpy(p, &h, sizeof h);
+  } else {
+    for (int l = 0; l < kLanes<A>; ++l) p[l] = Traits<T>::store(v[l]);
+  }
+}
+
+// max where NaN never wins: b replaces a where b is larger or a is NaN.
+template <class A> inline V<A> vmax(V<A> a, V<A> b) { return b > a || a != a ? b : a; }
+template <class A> inline A smax(A a, A b) { return b > a || a != a ? b : a; }
+
+// exp(t) for t <= 0 or NaN (shifted, scaled inputs): 2^n p(r), t = n ln2 + r, |r| <= ln2 / 2.
+inline V<float> vexp(V<float> t) {
+  const V<float> tc = t < splat(-88.0f) ? splat(-88.0f) : t;  // (NaN compares false: kept)
+  const V<float> magic = splat(12582912.0f);                   // 1.5 * 2^23: rounds to an integer
+  const V<float> kf = tc * splat(1.44269504088896341f) + magic;
+  const V<float> n = kf - magic;
+  const VB<float> ni = as<VB<float>>(kf) - 0x4b400000;  // n as an integer, from magic + n's bits
+  V<float> r = tc - n * splat(0.693145751953125f);       // ln2 in two parts
+  r = r - n * splat(1.428606765330187045e-06f);
+  V<float> p = splat(1.0f / 5040.0f);
+  p = p * r + splat(1.0f / 720.0f);
+  p = p * r + splat(1.0f / 120.0f);
+  p = p * r + splat(1.0f / 24.0f);
+  p = p * r + splat(1.0f / 6.0f);
+  p = p * r + splat(0.5f);
+  p = p * r + splat(1.0f);
+  p = p * r + splat(1.0f);
+  const V<float> res = p * as<V<float>>((ni + 127) << 23);
+  return t != t ? t : (tc < splat(-87.33654475f) ? splat(0.0f) : res);
+}
+inline V<double> vexp(V<double> t) {
+  const V<double> tc = t < splat(-709.0) ? splat(-709.0) : t;
+  const V<double> magic = splat(6755399441055744.0);  // 1.5 * 2^52
+  const V<double> kf = tc * splat(1.4426950408889634074) + magic;
+  const V<double> n = kf - magic;
+  const VB<double> ni = as<VB<double>>(kf) - 0x4338000000000000LL;
+  V<double> r = tc - n * splat(6.93147180369123816490e-01);
+  r = r - n * splat(1.90821492927058770002e-10);
+  V<double> p = splat(1.0 / 479001600.0);  // Taylor to r^12: the rest is under 2e-16
+  for (const double c : {1.0 / 39916800.0, 1.0 / 3628800.0, 1.0 / 362880.0, 1.0 / 40320.0, 1.0 / 5040.0,
+                         1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0})
+    p = p * r + splat(c);
+  const V<double> res = p * as<V<double>>((ni + 1023) << 52);
+  return t != t ? t : (tc < splat(-708.3964185322641) ? splat(0.0) : res);
+}
+template <class A> inline A sexp(A t) { return vexp(splat(t))[0]; }  // one value, the same results
+
+// log(v) for the sums (v = 0, v >= 1, or NaN; any positive normal v is exact to about an ulp): v =
+// 2^e m with m in [sqrt(1/2), sqrt(2)), log(m) = 2 atanh(s), s = (m - 1) / (m + 1), |s| <= 0.1716.
+template <class A> inline V<A> vlog(V<A> v) {
+  using B = VB<A>;
+  constexpr bool f32 = std::is_same_v<A, float>;
+  constexpr int kMant = f32 ? 23 : 52;
+  const B bits = as<B>(v);
+  const B mask = (B{} + 1) << kMant;
+  B e = ((bits >> kMant) & (f32 ? 0xff : 0x7ff)) - (f32 ? 127 : 1023);
+  V<A> m = as<V<A>>((bits & (mask - 1)) | as<B>(splat(A(1))));
+  const B big = m > splat(A(1.4142135623730951));
+  m = big ? m * splat(A(0.5)) : m;
+  e -= big;  // (true is all ones: -1)
+  const V<A> f = m - splat(A(1));
+  const V<A> sv = f / (f + splat(A(2)));
+  const V<A> z = sv * sv;
+  V<A> r = splat(A(2) / A(f32 ? 9 : 21));
+  for (int k = f32 ? 7 : 19; k >= 3; k -= 2) r = r * z + splat(A(2) / A(k));
+  const V<A> ef = __builtin_convertvector(e, V<A>);
+  const V<A> ln2_hi = splat(f32 ? A(0.693145751953125) : A(6.93147180369123816490e-01));
+  const V<A> ln2_lo = splat(f32 ? A(1.428606765330187045e-06) : A(1.90821492927058770002e-10));
+  const V<A> res = ef * ln2_hi + (sv * splat(A(2)) + (sv * z * r + ef * ln2_lo));
+  const V<A> inf = splat(std::numeric_limits<A>::infinity());
+  return v != v || v == inf ? v : (v == splat(A(0)) ? -inf : res);
+}
+
+template <class T, class A = typename Traits<T>::A> A max_of(const T* x, int64_t n) {
+  constexpr int W = kLanes<A>;
+  V<A> m0 = splat(-std::numeric_limits<A>::infinity()), m1 = m0;
+  int64_t j = 0;
+  for (; j + 2 * W <= n; j += 2 * W) {
+    m0 = vmax<A>(m0, vload(x + j));
+    m1 = vmax<A>(m1, vload(x + j + W));
+  }
+  const V<A> m2 = vmax<A>(m0, m1);
+  A m = m2[0];
+  for (int l = 1; l < W; ++l) m = smax(m, m2[l]);
+  for (; j < n; ++j) m = smax(m, Traits<T>::load(x[j]));
+  return m;
+}
+
+template <class T, class A = typename Traits<T>::A> double sumexp(const T* x, int64_t n, A shift, A scale) {
+  constexpr int W = kLanes<A>;
+  const V<A> vs = splat(shift), vc = splat(scale);
+  V<A> s0 = splat(A(0)), s1 = s0;
+  int64_t j = 0;
+  for (; j + 2 * W <= n; j += 2 * W) {
+    s0 += vexp((vload(x + j) - vs) * vc);
+    s1 += vexp((vload(x + j + W) - vs) * vc);
+  }
+  const V<A> s2 = s0 + s1;
+  double s = 0;
+  for (int l = 0; l < W; ++l) s += s2[l];
+  for (; j < n; ++j) s += sexp<A>((Traits<T>::load(x[j]) - shift) * scale);
+  return s;
+}
+
+template <class T, class A = typename Traits<T>::A>
+void write(const T* x, T* y, int64_t n, A m, A scale, A log_sum) {
+  constexpr int W = kLanes<A>;
+  const V<A> vm = splat(m), vc = splat(scale), vl = splat(log_sum);
+  int64_t j = 0;
+  for (; j + W <= n; j += W) vstore(y + j, (vload(x + j) - vm) * vc - vl);
+  for (; j < n; ++j) y[j] = Traits<T>::store((Traits<T>::load(x[j]) - m) * scale - log_sum);
+}
+
+constexpr int64_t kRowBlock = 2048;  // elements a block of a long row: read twice while in L1
+
+// Each row's (max, sum) folded block by block (the block's max, then one rescale of the sum), then
+// y written: x is read twice, the second time from cache where the row fits.
+template <class T, class A = typename Traits<T>::A>
+void rows(const T* x, int64_t xs, T* y, int64_t ys, int64_t count, int64_t n, A scale, A* lse) {
+  const A ninf = -std::numeric_limits<A>::infinity();
+  for (int64_t r = 0; r < count; ++r) {
+    const T* xr = x + r * xs;
+    A m = ninf;
+    double s = 0;
+    for (int64_t b = 0; b < n; b += kRowBlock) {
+      const int64_t len = std::min(kRowBlock, n - b);
+      const A bm = max_of(xr + b, len);
+      if (bm > m) {  // (NaN never wins the max)
+        if (m != ninf) s *= static_cast<double>(sexp<A>((m - bm) * scale));
+        m = bm;
+      }
+      s += sumexp(xr + b, len, m == ninf ? A(0) : m, scale);
+    }
+    const A log_sum = std::log(static_cast<A>(s));
+    write(xr, y + r * ys, n, m, scale, log_sum);
+    if (lse != nullptr) lse[r] = m * scale + log_sum;
+  }
+}
+
+// The axis folded in blocks of this many steps: each block's max per lane, then one rescale.
+constexpr int64_t kTileSteps = 32;
+
+template <class T, class A = typename Traits<T>::A>
+void tiles(const T* x, int64_t xs, T* y, int64_t ys, int64_t width, int64_t n, A scale, A* lse) {
+  constexpr int W = kLanes<A>;
+  const A ninf = -std::numeric_limits<A>::infinity();
+  const V<A> vc = splat(scale), vninf = splat(ninf), zero = splat(A(0));
+  for (int64_t i0 = 0; i0 < width; i0 += W) {
+    const int64_t lanes = std::min<int64_t>(W, width - i0);
+    const auto get = [&](int64_t d) {  // the lanes of step d (a short last group padded with -inf)
+      const T* p = x + d * xs + i0;
+      if (lanes == W) return vload(p);
+      V<A> v = vninf;
+      for (int64_t l = 0; l < lanes; ++l) v[l] = Traits<T>::load(p[l]);
+      return v;
+    };
+    V<A> m = vninf, s = zero;
+    for (int64_t b = 0; b < n; b += kTileSteps) {
+      const int64_t e = std::min(n, b + kTileSteps);
+      V<A> bm = vninf;
+      for (int64_t d = b; d < e; ++d) bm = vmax<A>(bm, get(d));
+      const V<A> nm = vmax<A>(m, bm);
+      // The sums of lanes whose max rose move onto the new max (not those whose max was -inf).
+      s = m == vninf || nm == m ? s : s * vexp((m - nm) * vc);
+      m = nm;
+      const V<A> shift = m == vninf ? zero : m;
+      for (int64_t d = b; d < e; ++d) s += vexp((get(d) - shift) * vc);
+    }
+    const V<A> log_sum = vlog<A>(s);
+    for (int64_t d = 0; d < n; ++d) {
+      const V<A> out = (get(d) - m) * vc - log_sum;
+      T* yp = y + d * ys + i0;
+      if (lanes == W) {
+        vstore(yp, out);
+      } else {
+        for (int64_t l = 0; l < lanes; ++l) yp[l] = Traits<T>::store(out[l]);
+      }
+    }
+    if (lse != nullptr)
+      for (int64_t l = 0; l < lanes; ++l) lse[i0 + l] = m[l] * scale + log_sum[l];
+  }
+}
+
+// Rows of n <= kShortRow: kLanes rows at once, a row a lane, each element read once into registers.
+template <class T, class A = typename Traits<T>::A>
+void short_rows(const T* x, int64_t xs, T* y, int64_t ys, int64_t count, int64_t n, A scale, A* lse) {
+  constexpr int W = kLanes<A>;
+  const V<A> vc = splat(scale), vninf = splat(-std::numeric_limits<A>::infinity()), zero = splat(A(0));
+  V<A> v[kShortRow];
+  for (int64_t r0 = 0; r0 < count; r0 += W) {
+    const int64_t lanes = std::min<int64_t>(W, count - r0);
+    V<A> m = vninf;
+    for (int64_t d = 0; d < n; ++d) {
+      v[d] = vninf;
+      for (int64_t l = 0; l < lanes; ++l) v[d][l] = Traits<T>::load(x[(r0 + l) * xs + d]);
+      m = vmax<A>(m, v[d]);
+    }
+    const V<A> shift = m == vninf ? zero : m;
+    V<A> s = zero;
+    for (int64_t d = 0; d < n; ++d) s += vexp((v[d] - shift) * vc);
+    const V<A> log_sum = vlog<A>(s);
+    for (int64_t d = 0; d < n; ++d) {
+      const V<A> out = (v[d] - m) * vc - log_sum;
+      for (int64_t l = 0; l < lanes; ++l) y[(r0 + l) * ys + d] = Traits<T>::store(out[l]);
+    }
+    if (lse != nullptr)
+      for (int64_t l = 0; l < lanes; ++l) lse[r0 + l] = m[l] * scale + log_sum[l];
+  }
+}
+
+// A vector of the span's elements j0 .. j0 + kLanes - 1 (those at or past n: -inf).
+template <class T, class A = typename Traits<T>::A> inline V<A> span_at(const T* x, int64_t j0, int64_t n) {
+  if (j0 + kLanes<A> <= n) return vload(x + j0);
+  V<A> v = splat(-std::numeric_limits<A>::infinity());
+  for (int64_t j = j0; j < n; ++j) v[j - j0] = Traits<T>::load(x[j]);
+  return v;
+}
+
+template <class T, class A = typename Traits<T>::A>
+void flat_stats(const T* x, int64_t n, int p, A scale, A* m_out, double* s_out) {
+  constexpr int W = kLanes<A>;
+  const A ninf = -std::numeric_limits<A>::infinity();
+  const V<A> vc = splat(scale), vninf = splat(ninf), zero = splat(A(0));
+  V<A> m = vninf;
+  double s[W] = {};  // per lane: blocks' sums in float, their total in double
+  for (int64_t b = 0; b < n; b += kRowBlock) {
+    const int64_t e = std::min(n, b + kRowBlock);
+    V<A> bm = vninf;
+    for (int64_t j = b; j < e; j += W) bm = vmax<A>(bm, span_at(x, j, n));
+    const V<A> nm = vmax<A>(m, bm);
+    const V<A> factor = vexp((m - nm) * vc);
+    for (int l = 0; l < W; ++l)
+      if (m[l] != ninf && nm[l] != m[l]) s[l] *= static_cast<double>(factor[l]);
+    m = nm;
+    const V<A> shift = m == vninf ? zero : m;
+    V<A> bs = zero;
+    for (int64_t j = b; j < e; j += W) bs += vexp((span_at(x, j, n) - shift) * vc);
+    for (int l = 0; l < W; ++l) s[l] += bs[l];
+  }
+  // The lanes of each position merged (numerics.cuh's merge: a lane whose max is -inf counts 0).
+  for (int q = 0; q < p; ++q) {
+    A mq = ninf;
+    for (int l = q; l < W; l += p) mq = smax(mq, m[l]);
+    double sq = 0;
+    for (int l = q; l < W; l += p)
+      sq += s[l] * (m[l] == ninf ? 0.0 : static_cast<double>(sexp<A>((m[l] - mq) * scale)));
+    m_out[q] = mq;
+    s_out[q] = sq;
+  }
+}
+
+template <class T, class A = typename Traits<T>::A>
+void flat_write(const T* x, T* y, int64_t n, int p, const A* m, const A* log_sum, A scale) {
+  constexpr int W = kLanes<A>;
+  V<A> vm, vl;
+  for (int l = 0; l < W; ++l) {
+    vm[l] = m[l % p];
+    vl[l] = log_sum[l % p];
+  }
+  const V<A> vc = splat(scale);
+  int64_t j = 0;
+  for (; j + W <= n; j += W) vstore(y + j, (vload(x + j) - vm) * vc - vl);
+  for (; j < n; ++j) y[j] = Traits<T>::store((Traits<T>::load(x[j]) - m[j % p]) * scale - log_sum[j % p]);
+}
+
+template <class T> Kernels<T, typename Traits<T>::A> kernels_of() {
+  return {rows<T>, tiles<T>, short_rows<T>, flat_stats<T>, flat_write<T>, kLanes<typename Traits<T>::A>};
+}
+
+inline KernelSet kernel_set() {
+  return {kernels_of<float>(), kernels_of<double>(), kernels_of<Half>(), kernels_of<BFloat16>()};
+}
+
+}  // namespace
+}  // namespace cpu
+}  // namespace softlight
+#endif  // SOFTLIGHT_VECTOR_BYTES

@@ -1,0 +1,6 @@
+// The CPU vector kernels (cpu_simd.hpp) for x86-64 CPUs with AVX2 and FMA: 32-byte vectors. Built
+// with -mavx2 -mfma (CMakeLists.txt); called only where the CPU has both (cpu_rows.cpp).
+#define SOFTLIGHT_VECTOR_BYTES 32
+#include "cpu_simd.hpp"
+
+softlight::cpu::KernelSet softlight::cpu::kernels_avx2() { return kernel_set(); }
