@@ -213,14 +213,18 @@ template <class T> bool run_vector(const Call& c, int num_threads) {
   T* y = static_cast<T*>(c.out);
   A* lse = static_cast<A*>(c.lse);
   const A scale = static_cast<A>(c.scale);
-  if (inner == 1 && (dim == 1 || (c.in0_s[1] == 1 && c.out_s[1] == 1))) {
-    const int64_t xs = c.in0_s[0], ys = c.out_s[0];
-    if (dim == 1 && (outer == 1 || (xs == 1 && ys == 1))) {  // one column: the rows are the lanes
-      parallel_for(outer, 1, num_threads, [&](int64_t r0, int64_t r1) {
-        k.tiles(x + r0, 0, y + r0, 0, r1 - r0, 1, scale, lse ? lse + r0 : nullptr);
+  if (dim == 1) {  // an axis of one element, its positions contiguous: element by element
+    const bool one_row = inner == 1 && (outer == 1 || (c.in0_s[0] == 1 && c.out_s[0] == 1));
+    const bool dense = c.in0_s[2] == 1 && c.out_s[2] == 1 && (outer == 1 || (c.in0_s[0] == inner && c.out_s[0] == inner));
+    if (one_row || dense) {
+      parallel_for(outer * inner, 16, num_threads, [&](int64_t p0, int64_t p1) {
+        k.unit(x + p0, y + p0, p1 - p0, scale, lse ? lse + p0 : nullptr);
       });
       return true;
     }
+  }
+  if (inner == 1 && (dim == 1 || (c.in0_s[1] == 1 && c.out_s[1] == 1))) {
+    const int64_t xs = c.in0_s[0], ys = c.out_s[0];
     if (outer < 2 * static_cast<int64_t>(std::max(1u, std::thread::hardware_concurrency())) && dim >= 2 * kPieceMin) {
       run_flat(k, x, xs, y, ys, outer, dim, 1, scale, lse, num_threads);  // few long rows: split
       return true;

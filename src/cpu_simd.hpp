@@ -29,6 +29,9 @@ template <class T, class A> struct Kernels {
   // or block that starts at a multiple of p.
   void (*flat_stats)(const T* x, int64_t n, int p, A scale, A* m, double* s);
   void (*flat_write)(const T* x, T* y, int64_t n, int p, const A* m, const A* log_sum, A scale);
+  // An axis of one element, n positions contiguous: y = (x - x) * scale (0, or NaN where x is not
+  // finite), lse = x * scale (NaN where x is +inf), what the general kernels give for it.
+  void (*unit)(const T* x, T* y, int64_t n, A scale, A* lse);
   int lanes;  // elements a vector holds
 };
 
@@ -376,8 +379,27 @@ void flat_write(const T* x, T* y, int64_t n, int p, const A* m, const A* log_sum
   for (; j < n; ++j) y[j] = Traits<T>::store((Traits<T>::load(x[j]) - m[j % p]) * scale - log_sum[j % p]);
 }
 
+template <class T, class A = typename Traits<T>::A> void unit(const T* x, T* y, int64_t n, A scale, A* lse) {
+  constexpr int W = kLanes<A>;
+  const V<A> vc = splat(scale), inf = splat(std::numeric_limits<A>::infinity()), nan = inf - inf;
+  int64_t j = 0;
+  for (; j + W <= n; j += W) {
+    const V<A> v = vload(x + j);
+    vstore(y + j, (v - v) * vc);
+    if (lse != nullptr) {
+      const V<A> l = v == inf ? nan : v * vc;
+      std::memcpy(lse + j, &l, sizeof l);
+    }
+  }
+  for (; j < n; ++j) {
+    const A v = Traits<T>::load(x[j]);
+    y[j] = Traits<T>::store((v - v) * scale);
+    if (lse != nullptr) lse[j] = v == inf[0] ? nan[0] : v * scale;
+  }
+}
+
 template <class T> Kernels<T, typename Traits<T>::A> kernels_of() {
-  return {rows<T>, tiles<T>, short_rows<T>, flat_stats<T>, flat_write<T>, kLanes<typename Traits<T>::A>};
+  return {rows<T>, tiles<T>, short_rows<T>, flat_stats<T>, flat_write<T>, unit<T>, kLanes<typename Traits<T>::A>};
 }
 
 inline KernelSet kernel_set() {

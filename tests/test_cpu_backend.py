@@ -213,3 +213,18 @@ def test_vector_layouts_match_float64(rng, outer, dim, inner, dtype):
         y = from_bfloat16_bits(out) if dtype == "bfloat16" else out
         assert_matches(y, ref, dtype, f"{dtype} {(outer, dim, inner)} threads {threads}")
         assert_matches(lse, lse_ref, "float64" if dtype == "float64" else "float32", "lse")
+
+
+@pytest.mark.parametrize("shape,dim", [((37, 1), 1), ((5, 1, 19), 1), ((1, 1), 0), ((3, 1, 1), 1)])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+def test_an_axis_of_one_element(rng, shape, dim, dtype):
+    """y is 0, or NaN where x is not finite; the log-sum-exp is x (NaN for +inf, -inf for -inf)."""
+    x = (rng.standard_normal(shape) * 4).astype(NP_DTYPES[dtype])
+    flat = x.reshape(-1)
+    flat[:4] = [np.nan, np.inf, -np.inf, 0.5][: min(4, flat.size)]
+    out = np.full(shape, POISON, x.dtype)
+    y, lse = softlight.log_softmax(x, dim, out=out, return_lse=True, temperature=2.0)
+    ref = np.moveaxis(log_softmax_ref(np.moveaxis(x.astype(np.float64) / 2.0, dim, -1)), -1, dim)
+    assert_matches(y, ref, dtype)
+    xl = np.moveaxis(x.astype(np.float64) / 2.0, dim, -1)
+    assert_matches(lse, logsumexp_ref(xl), "float64" if dtype == "float64" else "float32")
