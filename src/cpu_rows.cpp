@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "cpu_pool.hpp"
 #include "cpu_simd.hpp"
 #include "cpu_types.hpp"
 #include "softlight/softlight.h"
@@ -93,16 +94,26 @@ void log_softmax_backward_row(const T* dy, int64_t dys, const T* y, int64_t ys, 
   for (int64_t j = 0; j < n; ++j) dx[j * dxs] = Traits<T>::store(g(j) - std::exp(Traits<T>::load(y[j * ys])) * total);
 }
 
+// The machine's thread count, asked once: each ask reads the system's CPU list (microseconds).
+unsigned hardware_threads() {
+  static const unsigned n = std::max(1u, std::thread::hardware_concurrency());
+  return n;
+}
+
 // Work over [0, n) positions split among threads; f(begin, end) does a range.
 template <class F> void parallel_for(int64_t n, int64_t elements_per_position, int num_threads, F f) {
   constexpr int64_t kMinElementsPerThread = int64_t{1} << 16;
-  // The machine's thread count, asked once: each ask reads the system's CPU list (microseconds).
-  static const int64_t kHardwareThreads = std::max(1u, std::thread::hardware_concurrency());
-  int64_t workers = num_threads > 0 ? num_threads : kHardwareThreads;
+  int64_t workers = num_threads > 0 ? num_threads : static_cast<int64_t>(hardware_threads());
   workers = std::min({workers, n, std::max<int64_t>(1, n * elements_per_position / kMinElementsPerThread)});
   if (workers <= 1) return f(int64_t{0}, n);
-  std::vector<std::thread> pool;
   const int64_t per = (n + workers - 1) / workers;
+  // The kept worker threads (cpu_pool.cpp), a range a task; where another call holds them, threads
+  // of this call's own.
+  auto range = [&f, per, n](int64_t t) { f(t * per, std::min(n, (t + 1) * per)); };
+  using Range = decltype(range);
+  if (cpu::run_tasks((n + per - 1) / per, workers, [](void* c, int64_t t) { (*static_cast<Range*>(c))(t); }, &range))
+    return;
+  std::vector<std::thread> pool;
   int64_t next = per;  // positions [0, per) stay on this thread
   try {
     for (; next < n; next += per) pool.emplace_back(f, next, std::min(n, next + per));
@@ -131,7 +142,7 @@ template <class T> const auto& kernels_for() {
   else return simd().bf16;
 }
 
-constexpr int64_t kTileLanes = 256;  // inner positions a task of the tiles kernel
+constexpr int64_t kTileLanes = 8;  // vectors of inner positions a task of the tiles kernel (cpu_simd.hpp)
 
 constexpr int64_t kPieceMin = int64_t{1} << 16;  // elements a piece of a span split among threads
 
@@ -139,6 +150,13 @@ constexpr int64_t kPieceMin = int64_t{1} << 16;  // elements a piece of a span s
 template <class A>
 void merge_pieces(const A* m, const double* s, int64_t pieces, int p, A scale, A* m_out, A* log_sum) {
   const A ninf = -std::numeric_limits<A>::infinity();
+  if (pieces == 1) {  // (flat_stats merged its lanes already)
+    for (int q = 0; q < p; ++q) {
+      m_out[q] = m[q];
+      log_sum[q] = std::log(static_cast<A>(s[q]));
+    }
+    return;
+  }
   for (int q = 0; q < p; ++q) {
     A mq = ninf;
     for (int64_t c = 0; c < pieces; ++c) mq = m[c * p + q] > mq ? m[c * p + q] : mq;
@@ -156,17 +174,17 @@ void merge_pieces(const A* m, const double* s, int64_t pieces, int p, A scale, A
 template <class T, class K, class A = typename Traits<T>::A>
 void run_flat(const K& k, const T* x, int64_t xs, T* y, int64_t ys, int64_t outer, int64_t len, int p, A scale,
               A* lse, int num_threads) {
-  static const int64_t kHardwareThreads = std::max(1u, std::thread::hardware_concurrency());
-  const int64_t workers = num_threads > 0 ? num_threads : kHardwareThreads;
+  const int64_t workers = num_threads > 0 ? num_threads : static_cast<int64_t>(hardware_threads());
   int64_t pieces = 1;
   if (outer < 2 * workers) pieces = std::max<int64_t>(1, std::min((2 * workers + outer - 1) / outer, len / kPieceMin));
-  const int64_t piece = (((len + pieces - 1) / pieces + k.lanes - 1) / k.lanes) * k.lanes;
+  const int64_t unit = std::max<int64_t>(k.lanes, p);  // pieces start on a whole vector and position
+  const int64_t piece = (((len + pieces - 1) / pieces + unit - 1) / unit) * unit;
   pieces = (len + piece - 1) / piece;
   std::unique_ptr<A[]> ms(pieces > 1 ? new (std::nothrow) A[static_cast<size_t>(outer * pieces * p)] : nullptr);
   std::unique_ptr<double[]> ss(pieces > 1 ? new (std::nothrow) double[static_cast<size_t>(outer * pieces * p)] : nullptr);
   if (pieces == 1 || !ms || !ss) {  // a span a task: statistics, then the output
     parallel_for(outer, len, num_threads, [&](int64_t o0, int64_t o1) {
-      A m[64], ls[64];
+      A m[64], ls[64];  // (p <= 8 vectors of at most 8 lanes here)
       double sum[64];
       for (int64_t o = o0; o < o1; ++o) {
         k.flat_stats(x + o * xs, len, p, scale, m, sum);
@@ -225,7 +243,7 @@ template <class T> bool run_vector(const Call& c, int num_threads) {
   }
   if (inner == 1 && (dim == 1 || (c.in0_s[1] == 1 && c.out_s[1] == 1))) {
     const int64_t xs = c.in0_s[0], ys = c.out_s[0];
-    if (outer < 2 * static_cast<int64_t>(std::max(1u, std::thread::hardware_concurrency())) && dim >= 2 * kPieceMin) {
+    if (outer < 2 * static_cast<int64_t>(hardware_threads()) && dim >= 2 * kPieceMin) {
       run_flat(k, x, xs, y, ys, outer, dim, 1, scale, lse, num_threads);  // few long rows: split
       return true;
     }
@@ -235,18 +253,23 @@ template <class T> bool run_vector(const Call& c, int num_threads) {
     });
     return true;
   }
-  if (inner > 1 && inner <= k.lanes && k.lanes % inner == 0 && c.in0_s[2] == 1 && c.out_s[2] == 1 &&
-      c.in0_s[1] == inner && c.out_s[1] == inner) {  // a dense block of a few inner positions
+  // A dense block of a few inner positions as one span (cpu_simd.hpp, flat_stats): positions that
+  // share a vector, or whole vectors of them where the blocks are too few to keep every thread busy
+  // (many blocks of whole vectors go to the tiles, below, which take a block's logs as vectors).
+  const bool few_inner = inner > 1 && (inner < k.lanes ? k.lanes % inner == 0
+                                                       : inner % k.lanes == 0 && inner <= 8 * k.lanes &&
+                                                             outer < 2 * static_cast<int64_t>(hardware_threads()));
+  if (few_inner && c.in0_s[2] == 1 && c.out_s[2] == 1 && c.in0_s[1] == inner && c.out_s[1] == inner) {
     run_flat(k, x, c.in0_s[0], y, c.out_s[0], outer, dim * inner, static_cast<int>(inner), scale, lse, num_threads);
     return true;
   }
   if (inner > 1 && c.in0_s[2] == 1 && c.out_s[2] == 1) {
-    const int64_t tiles = (inner + kTileLanes - 1) / kTileLanes;
-    parallel_for(outer * tiles, dim * kTileLanes, num_threads, [&](int64_t p0, int64_t p1) {
+    const int64_t lanes = kTileLanes * k.lanes, tiles = (inner + lanes - 1) / lanes;
+    parallel_for(outer * tiles, dim * lanes, num_threads, [&](int64_t p0, int64_t p1) {
       for (int64_t p = p0; p < p1; ++p) {
-        const int64_t o = p / tiles, i0 = (p % tiles) * kTileLanes;
+        const int64_t o = p / tiles, i0 = (p % tiles) * lanes;
         k.tiles(x + o * c.in0_s[0] + i0, c.in0_s[1], y + o * c.out_s[0] + i0, c.out_s[1],
-                std::min(kTileLanes, inner - i0), dim, scale, lse ? lse + o * inner + i0 : nullptr);
+                std::min(lanes, inner - i0), dim, scale, lse ? lse + o * inner + i0 : nullptr);
       }
     });
     return true;

@@ -23,7 +23,7 @@ template <class T, class A> struct Kernels {
   // `count` rows of n <= kShortRow contiguous elements, rows xs / ys apart, a row a lane.
   void (*short_rows)(const T* x, int64_t xs, T* y, int64_t ys, int64_t count, int64_t n, A scale, A* lse);
   // A contiguous span of n elements holding p interleaved positions (element j belongs to position
-  // j % p; p divides `lanes`): each position's max and sum of exp((x - max) * scale) (flat_stats),
+  // j % p; p divides `lanes` or is a multiple of it up to 8 of them): each position's max and sum of exp((x - max) * scale) (flat_stats),
   // then y = (x - m) * scale - log_sum per position (flat_write). A row is the case p = 1; a middle
   // axis over a few contiguous inner positions the case p = inner. A span may be a piece of a row
   // or block that starts at a multiple of p.
@@ -253,47 +253,77 @@ void rows(const T* x, int64_t xs, T* y, int64_t ys, int64_t count, int64_t n, A 
   }
 }
 
+// Lanes' running (max, sum), the sum's blocks added in double: a block's max raises the max, and the
+// sums of lanes whose max rose move onto it (not those whose max was -inf: numerics.cuh). Returns the
+// shift of the block's exponents (0 where the max is still -inf).
+template <class A> inline V<A> raise_max(V<A>& m, double (&s)[kLanes<A>], V<A> bm, V<A> vc) {
+  const V<A> vninf = splat(-std::numeric_limits<A>::infinity());
+  const V<A> nm = vmax<A>(m, bm);
+  const V<A> factor = vexp((m - nm) * vc);
+  for (int l = 0; l < kLanes<A>; ++l)
+    if (m[l] != vninf[l] && nm[l] != m[l]) s[l] *= static_cast<double>(factor[l]);
+  m = nm;
+  return nm == vninf ? splat(A(0)) : nm;
+}
+
 // The axis folded in blocks of this many steps: each block's max per lane, then one rescale.
 constexpr int64_t kTileSteps = 32;
+constexpr int kTileVectors = 8;  // vectors of lanes a step of a tile reads at once (whole cache lines)
 
 template <class T, class A = typename Traits<T>::A>
 void tiles(const T* x, int64_t xs, T* y, int64_t ys, int64_t width, int64_t n, A scale, A* lse) {
-  constexpr int W = kLanes<A>;
+  constexpr int W = kLanes<A>, G = kTileVectors;
   const A ninf = -std::numeric_limits<A>::infinity();
   const V<A> vc = splat(scale), vninf = splat(ninf), zero = splat(A(0));
-  for (int64_t i0 = 0; i0 < width; i0 += W) {
-    const int64_t lanes = std::min<int64_t>(W, width - i0);
-    const auto get = [&](int64_t d) {  // the lanes of step d (a short last group padded with -inf)
-      const T* p = x + d * xs + i0;
-      if (lanes == W) return vload(p);
+  for (int64_t i0 = 0; i0 < width; i0 += G * W) {
+    const int64_t lanes = std::min<int64_t>(G * W, width - i0);
+    const int g_count = static_cast<int>((lanes + W - 1) / W);
+    const auto get = [&](int64_t d, int g) {  // vector g of step d (a short last one padded with -inf)
+      const T* p = x + d * xs + i0 + g * W;
+      const int64_t have = lanes - g * W;
+      if (have >= W) return vload(p);
       V<A> v = vninf;
-      for (int64_t l = 0; l < lanes; ++l) v[l] = Traits<T>::load(p[l]);
+      for (int64_t l = 0; l < have; ++l) v[l] = Traits<T>::load(p[l]);
       return v;
     };
-    V<A> m = vninf, s = zero;
+    V<A> m[G];
+    double s[G][W] = {};  // per lane: each block's sum in A, their total in double
+    for (int g = 0; g < g_count; ++g) m[g] = vninf;
     for (int64_t b = 0; b < n; b += kTileSteps) {
       const int64_t e = std::min(n, b + kTileSteps);
-      V<A> bm = vninf;
-      for (int64_t d = b; d < e; ++d) bm = vmax<A>(bm, get(d));
-      const V<A> nm = vmax<A>(m, bm);
-      // The sums of lanes whose max rose move onto the new max (not those whose max was -inf).
-      s = m == vninf || nm == m ? s : s * vexp((m - nm) * vc);
-      m = nm;
-      const V<A> shift = m == vninf ? zero : m;
-      for (int64_t d = b; d < e; ++d) s += vexp((get(d) - shift) * vc);
+      V<A> bm[G], shift[G], bs[G];
+      for (int g = 0; g < g_count; ++g) bm[g] = vninf;
+      for (int64_t d = b; d < e; ++d)
+        for (int g = 0; g < g_count; ++g) bm[g] = vmax<A>(bm[g], get(d, g));
+      for (int g = 0; g < g_count; ++g) {
+        shift[g] = raise_max<A>(m[g], s[g], bm[g], vc);
+        bs[g] = zero;
+      }
+      for (int64_t d = b; d < e; ++d)
+        for (int g = 0; g < g_count; ++g) bs[g] += vexp((get(d, g) - shift[g]) * vc);
+      for (int g = 0; g < g_count; ++g)
+        for (int l = 0; l < W; ++l) s[g][l] += bs[g][l];
     }
-    const V<A> log_sum = vlog<A>(s);
+    V<A> log_sum[G];
+    for (int g = 0; g < g_count; ++g) {
+      V<A> sum;
+      for (int l = 0; l < W; ++l) sum[l] = static_cast<A>(s[g][l]);
+      log_sum[g] = vlog<A>(sum);
+    }
     for (int64_t d = 0; d < n; ++d) {
-      const V<A> out = (get(d) - m) * vc - log_sum;
-      T* yp = y + d * ys + i0;
-      if (lanes == W) {
-        vstore(yp, out);
-      } else {
-        for (int64_t l = 0; l < lanes; ++l) yp[l] = Traits<T>::store(out[l]);
+      for (int g = 0; g < g_count; ++g) {
+        const V<A> out = (get(d, g) - m[g]) * vc - log_sum[g];
+        T* yp = y + d * ys + i0 + g * W;
+        const int64_t have = lanes - g * W;
+        if (have >= W) {
+          vstore(yp, out);
+        } else {
+          for (int64_t l = 0; l < have; ++l) yp[l] = Traits<T>::store(out[l]);
+        }
       }
     }
     if (lse != nullptr)
-      for (int64_t l = 0; l < lanes; ++l) lse[i0 + l] = m[l] * scale + log_sum[l];
+      for (int64_t l = 0; l < lanes; ++l) lse[i0 + l] = m[l / W][l % W] * scale + log_sum[l / W][l % W];
   }
 }
 
@@ -332,34 +362,50 @@ template <class T, class A = typename Traits<T>::A> inline V<A> span_at(const T*
   return v;
 }
 
+// flat_stats and flat_write: p divides kLanes, or is a multiple of it up to kFlatGroups of them.
+// Element j of a span is lane j % kLanes of vector group (j / kLanes) % groups, position j % p.
+constexpr int kFlatGroups = 8;
+template <class A> inline int flat_groups(int p) { return p > kLanes<A> ? p / kLanes<A> : 1; }
+
 template <class T, class A = typename Traits<T>::A>
 void flat_stats(const T* x, int64_t n, int p, A scale, A* m_out, double* s_out) {
   constexpr int W = kLanes<A>;
+  const int groups = flat_groups<A>(p);
   const A ninf = -std::numeric_limits<A>::infinity();
   const V<A> vc = splat(scale), vninf = splat(ninf), zero = splat(A(0));
-  V<A> m = vninf;
-  double s[W] = {};  // per lane: blocks' sums in float, their total in double
-  for (int64_t b = 0; b < n; b += kRowBlock) {
+  V<A> m[kFlatGroups];
+  double s[kFlatGroups][W] = {};  // per lane: blocks' sums in A, their total in double
+  for (int g = 0; g < groups; ++g) m[g] = vninf;
+  for (int64_t b = 0; b < n; b += kRowBlock) {  // (kRowBlock: a multiple of kLanes * kFlatGroups)
     const int64_t e = std::min(n, b + kRowBlock);
-    V<A> bm = vninf;
-    for (int64_t j = b; j < e; j += W) bm = vmax<A>(bm, span_at(x, j, n));
-    const V<A> nm = vmax<A>(m, bm);
-    const V<A> factor = vexp((m - nm) * vc);
-    for (int l = 0; l < W; ++l)
-      if (m[l] != ninf && nm[l] != m[l]) s[l] *= static_cast<double>(factor[l]);
-    m = nm;
-    const V<A> shift = m == vninf ? zero : m;
-    V<A> bs = zero;
-    for (int64_t j = b; j < e; j += W) bs += vexp((span_at(x, j, n) - shift) * vc);
-    for (int l = 0; l < W; ++l) s[l] += bs[l];
+    V<A> bm[kFlatGroups], shift[kFlatGroups], bs[kFlatGroups];
+    for (int g = 0; g < groups; ++g) bm[g] = vninf;
+    for (int64_t j = b, g = 0; j < e; j += W, g = g + 1 == groups ? 0 : g + 1) bm[g] = vmax<A>(bm[g], span_at(x, j, n));
+    for (int g = 0; g < groups; ++g) {
+      shift[g] = raise_max<A>(m[g], s[g], bm[g], vc);
+      bs[g] = zero;
+    }
+    for (int64_t j = b, g = 0; j < e; j += W, g = g + 1 == groups ? 0 : g + 1)
+      bs[g] += vexp((span_at(x, j, n) - shift[g]) * vc);
+    for (int g = 0; g < groups; ++g)
+      for (int l = 0; l < W; ++l) s[g][l] += bs[g][l];
   }
-  // The lanes of each position merged (numerics.cuh's merge: a lane whose max is -inf counts 0).
+  // The lanes of each position merged (numerics.cuh's merge: a lane whose max is -inf counts 0
+  // times its sum, which keeps a NaN).
+  if (p >= W) {  // a lane a position
+    for (int g = 0; g < groups; ++g)
+      for (int l = 0; l < W; ++l) {
+        m_out[g * W + l] = m[g][l];
+        s_out[g * W + l] = m[g][l] == ninf ? s[g][l] * 0.0 : s[g][l];
+      }
+    return;
+  }
   for (int q = 0; q < p; ++q) {
     A mq = ninf;
-    for (int l = q; l < W; l += p) mq = smax(mq, m[l]);
+    for (int l = q; l < W; l += p) mq = smax(mq, m[0][l]);
     double sq = 0;
     for (int l = q; l < W; l += p)
-      sq += s[l] * (m[l] == ninf ? 0.0 : static_cast<double>(sexp<A>((m[l] - mq) * scale)));
+      sq += s[0][l] * (m[0][l] == ninf ? 0.0 : m[0][l] == mq ? 1.0 : std::exp(static_cast<double>((m[0][l] - mq) * scale)));
     m_out[q] = mq;
     s_out[q] = sq;
   }
@@ -368,14 +414,23 @@ void flat_stats(const T* x, int64_t n, int p, A scale, A* m_out, double* s_out) 
 template <class T, class A = typename Traits<T>::A>
 void flat_write(const T* x, T* y, int64_t n, int p, const A* m, const A* log_sum, A scale) {
   constexpr int W = kLanes<A>;
-  V<A> vm, vl;
-  for (int l = 0; l < W; ++l) {
-    vm[l] = m[l % p];
-    vl[l] = log_sum[l % p];
+  const int groups = flat_groups<A>(p);
+  V<A> vm[kFlatGroups], vl[kFlatGroups];
+  for (int g = 0; g < groups; ++g) {
+    if (p >= W) {
+      std::memcpy(&vm[g], m + g * W, sizeof vm[g]);
+      std::memcpy(&vl[g], log_sum + g * W, sizeof vl[g]);
+      continue;
+    }
+    for (int l = 0; l < W; ++l) {
+      vm[g][l] = m[l % p];
+      vl[g][l] = log_sum[l % p];
+    }
   }
   const V<A> vc = splat(scale);
   int64_t j = 0;
-  for (; j + W <= n; j += W) vstore(y + j, (vload(x + j) - vm) * vc - vl);
+  for (int g = 0; j + W <= n; j += W, g = g + 1 == groups ? 0 : g + 1)
+    vstore(y + j, (vload(x + j) - vm[g]) * vc - vl[g]);
   for (; j < n; ++j) y[j] = Traits<T>::store((Traits<T>::load(x[j]) - m[j % p]) * scale - log_sum[j % p]);
 }
 

@@ -177,11 +177,12 @@ def test_raw_lse_and_temperature_bfloat16(rng):
 
 
 # The vector kernels' layouts (src/cpu_simd.hpp): long rows split among threads (rows fewer than
-# twice the threads, 131072 elements or more), middle axes over 1-8 contiguous inner positions (a
-# span a block, split too where the blocks are few), wider inner axes, rows of up to 16, one column.
+# twice the threads, 131072 elements or more), middle axes over a few contiguous inner positions (a
+# divisor of a vector's lanes or up to 8 vectors: a span a block, split too where the blocks are
+# few), wider inner axes in tiles, rows of up to 16, one column.
 # Special values in several places of the axis, the log-sum-exp beside, 1, 2 and 5 threads.
 LAYOUTS = [(1, 300_001, 1), (3, 140_000, 1), (2, 70_001, 2), (3, 50_000, 4), (9, 33, 8), (7, 5, 3), (4, 20, 300),
-           (40, 16, 1), (40, 7, 1), (33, 1, 1), (5, 1, 16)]
+           (40, 16, 1), (40, 7, 1), (33, 1, 1), (5, 1, 16), (3, 50_000, 16), (2, 30, 64), (2, 30, 24), (3, 40, 12)]
 
 
 @pytest.mark.parametrize("outer,dim,inner", LAYOUTS, ids=lambda v: str(v))
@@ -228,3 +229,24 @@ def test_an_axis_of_one_element(rng, shape, dim, dtype):
     assert_matches(y, ref, dtype)
     xl = np.moveaxis(x.astype(np.float64) / 2.0, dim, -1)
     assert_matches(lse, logsumexp_ref(xl), "float64" if dtype == "float64" else "float32")
+
+
+def _child_log_softmax(x, queue):
+    queue.put(softlight.log_softmax(x))
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="no fork on this platform")
+def test_a_forked_child_computes_after_the_parent_started_its_threads(rng):
+    """The parent's worker threads do not exist in a child made by fork (as in a DataLoader's
+    workers): the child's calls still complete, with the same result."""
+    import multiprocessing
+    x = (rng.standard_normal((64, 100_000)) * 4).astype(np.float32)
+    want = softlight.log_softmax(x)  # the parent's pool is started
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_child_log_softmax, args=(x, queue))
+    child.start()
+    got = queue.get(timeout=60)
+    child.join(timeout=60)
+    assert child.exitcode == 0
+    np.testing.assert_array_equal(got, want)

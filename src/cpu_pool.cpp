@@ -1,0 +1,132 @@
+// The CPU backend's worker threads (cpu_pool.hpp). One call at a time uses them: it publishes a
+// job, every thread (the caller too) claims task numbers until none is left, and the caller waits
+// until every task has returned. A claim carries the job's generation in the counter's high half,
+// so that a worker still busy with an old job can never claim a task of the next. The pool is never
+// destroyed (its threads may be waiting when the process exits), and a child process made by fork
+// starts with a new one (the parent's threads do not exist there).
+#include "cpu_pool.hpp"
+
+#include <pthread.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+namespace softlight {
+namespace cpu {
+namespace {
+
+class Pool {
+ public:
+  bool run(int64_t tasks, int64_t workers, void (*fn)(void*, int64_t), void* ctx) {
+    std::unique_lock<std::mutex> use(in_use_, std::try_to_lock);
+    if (!use.owns_lock() || tasks >= (int64_t{1} << 31)) return false;
+    grow(static_cast<size_t>(std::max<int64_t>(0, workers - 1)));
+    if (threads_.empty()) return false;
+    uint64_t gen;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      fn_ = fn;
+      ctx_ = ctx;
+      tasks_ = tasks;
+      done_.store(0, std::memory_order_relaxed);
+      gen = ++generation_;
+      next_.store(gen << 32, std::memory_order_release);
+    }
+    wake_.notify_all();
+    work(gen, fn, ctx, tasks);
+    std::unique_lock<std::mutex> lock(mu_);
+    finished_.wait(lock, [&] { return done_.load(std::memory_order_acquire) == tasks; });
+    return true;
+  }
+
+ private:
+  void grow(size_t want) {
+    while (threads_.size() < want) {
+      try {
+        threads_.emplace_back([this] { loop(); });
+      } catch (const std::system_error&) {  // no more threads: the ones there are do the work
+        return;
+      }
+      threads_.back().detach();
+    }
+  }
+
+  // Claims and runs tasks of generation gen until none is left.
+  void work(uint64_t gen, void (*fn)(void*, int64_t), void* ctx, int64_t tasks) {
+    for (;;) {
+      uint64_t v = next_.load(std::memory_order_acquire);
+      do {
+        if ((v >> 32) != gen || static_cast<int64_t>(v & 0xffffffffu) >= tasks) return;
+      } while (!next_.compare_exchange_weak(v, v + 1, std::memory_order_acq_rel));
+      fn(ctx, static_cast<int64_t>(v & 0xffffffffu));
+      if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == tasks) {
+        std::lock_guard<std::mutex> lock(mu_);
+        finished_.notify_all();
+      }
+    }
+  }
+
+  void loop() {
+    uint64_t seen = 0;
+    for (;;) {
+      uint64_t gen;
+      void (*fn)(void*, int64_t);
+      void* ctx;
+      int64_t tasks;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        wake_.wait(lock, [&] { return generation_ != seen; });
+        gen = seen = generation_;
+        fn = fn_;
+        ctx = ctx_;
+        tasks = tasks_;
+      }
+      work(gen, fn, ctx, tasks);
+    }
+  }
+
+  std::mutex in_use_;  // held by the call using the pool
+  std::mutex mu_;
+  std::condition_variable wake_, finished_;
+  std::vector<std::thread> threads_;  // (detached; kept for their count)
+  uint64_t generation_ = 0;
+  void (*fn_)(void*, int64_t) = nullptr;
+  void* ctx_ = nullptr;
+  int64_t tasks_ = 0;
+  std::atomic<uint64_t> next_{0};
+  std::atomic<int64_t> done_{0};
+};
+
+std::atomic<Pool*> g_pool{nullptr};
+
+void forget_pool_in_child() { g_pool.store(nullptr); }  // (the parent's pool is left as it is)
+
+Pool& pool() {
+  Pool* p = g_pool.load(std::memory_order_acquire);
+  if (p != nullptr) return *p;
+  static std::once_flag at_fork;
+  std::call_once(at_fork, [] { pthread_atfork(nullptr, nullptr, forget_pool_in_child); });
+  static std::mutex make;
+  std::lock_guard<std::mutex> lock(make);
+  p = g_pool.load(std::memory_order_acquire);
+  if (p == nullptr) {
+    p = new Pool();  // never deleted: its threads may be waiting on it when the process exits
+    g_pool.store(p, std::memory_order_release);
+  }
+  return *p;
+}
+
+}  // namespace
+
+bool run_tasks(int64_t tasks, int64_t workers, void (*fn)(void*, int64_t), void* ctx) {
+  if (tasks <= 0) return true;
+  return pool().run(tasks, workers, fn, ctx);
+}
+
+}  // namespace cpu
+}  // namespace softlight
