@@ -43,7 +43,15 @@ def test_forward_and_backward_equal_torchs(device, dtype):
             (yb * g).sum().backward()
             tol = dict(atol=2e-2, rtol=2e-2) if dtype == torch.bfloat16 else dict(atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(ya, yb, **tol)
-            torch.testing.assert_close(a.grad, b.grad, **tol)
+            if dtype != torch.bfloat16:
+                torch.testing.assert_close(a.grad, b.grad, **tol)
+                continue
+            # In bfloat16 each implementation rounds y, an ulp apart at times, and the gradient
+            # g - exp(y) sum(g) multiplies that by |sum(g)|: softlight's gradient is checked against
+            # float64 arithmetic on its own y and g instead (one rounding to bfloat16, 2^-9 relative).
+            yd, gd = ya.detach().double(), g.double()
+            ref = gd - yd.exp() * gd.sum(dim, keepdim=True)
+            torch.testing.assert_close(a.grad.double(), ref, atol=1e-4, rtol=4e-3)
     assert torch.equal(slt.LogSoftmax(dim=1)(x), slt.log_softmax(x, 1))
 
 
@@ -97,7 +105,8 @@ def test_errors_are_softlights():
 @pytest.mark.parametrize("shape", [(8, 1000), (8, 65536), (2, 1000000)])  # rows in registers, clusters, a grid
 def test_cuda_graph_capture_and_replay(shape):
     """The operators and softlight.log_softmax on torch's current stream, captured into a CUDA graph
-    and replayed on new values, give what eager torch gives for those values."""
+    and replayed on new values, give what eager torch gives for those values, and bit for bit what
+    softlight's eager calls give."""
     import softlight
     x = torch.randn(shape, device="cuda")
     g = torch.randn(shape, device="cuda")
@@ -120,6 +129,11 @@ def test_cuda_graph_capture_and_replay(shape):
         torch.testing.assert_close(dx.double(), g.double() - ref.exp() * g.double().sum(-1, keepdim=True),
                                    atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(out.double(), torch.log_softmax(2 * x.double(), -1), atol=1e-5, rtol=1e-5)
+        # Replay is the eager call, bit for bit (the kernels are deterministic).
+        eager = torch.ops.softlight.log_softmax(x, -1, 1.0)
+        assert torch.equal(y, eager)
+        assert torch.equal(dx, torch.ops.softlight.log_softmax_backward(g, eager, -1, 1.0))
+        assert torch.equal(out, softlight.log_softmax(x * 2))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="inductor's CUDA backend needs a CUDA GPU")
