@@ -142,8 +142,6 @@ template <class T> const auto& kernels_for() {
   else return simd().bf16;
 }
 
-constexpr int64_t kTileLanes = 8;  // vectors of inner positions a task of the tiles kernel (cpu_simd.hpp)
-
 constexpr int64_t kPieceMin = int64_t{1} << 16;  // elements a piece of a span split among threads
 
 // Each position's max and log-sum from the (max, sum) of a span's pieces (p positions a piece).
@@ -181,7 +179,8 @@ void run_flat(const K& k, const T* x, int64_t xs, T* y, int64_t ys, int64_t oute
   const int64_t piece = (((len + pieces - 1) / pieces + unit - 1) / unit) * unit;
   pieces = (len + piece - 1) / piece;
   std::unique_ptr<A[]> ms(pieces > 1 ? new (std::nothrow) A[static_cast<size_t>(outer * pieces * p)] : nullptr);
-  std::unique_ptr<double[]> ss(pieces > 1 ? new (std::nothrow) double[static_cast<size_t>(outer * pieces * p)] : nullptr);
+  std::unique_ptr<double[]> ss(pieces > 1 ? new (std::nothrow) double[static_cast<size_t>(outer * pieces * p)]
+                                          : nullptr);
   if (pieces == 1 || !ms || !ss) {  // a span a task: statistics, then the output
     parallel_for(outer, len, num_threads, [&](int64_t o0, int64_t o1) {
       A m[64], ls[64];  // (p <= 8 vectors of at most 8 lanes here)
@@ -233,7 +232,8 @@ template <class T> bool run_vector(const Call& c, int num_threads) {
   const A scale = static_cast<A>(c.scale);
   if (dim == 1) {  // an axis of one element, its positions contiguous: element by element
     const bool one_row = inner == 1 && (outer == 1 || (c.in0_s[0] == 1 && c.out_s[0] == 1));
-    const bool dense = c.in0_s[2] == 1 && c.out_s[2] == 1 && (outer == 1 || (c.in0_s[0] == inner && c.out_s[0] == inner));
+    const bool dense =
+        c.in0_s[2] == 1 && c.out_s[2] == 1 && (outer == 1 || (c.in0_s[0] == inner && c.out_s[0] == inner));
     if (one_row || dense) {
       parallel_for(outer * inner, 16, num_threads, [&](int64_t p0, int64_t p1) {
         k.unit(x + p0, y + p0, p1 - p0, scale, lse ? lse + p0 : nullptr);
@@ -264,7 +264,8 @@ template <class T> bool run_vector(const Call& c, int num_threads) {
     return true;
   }
   if (inner > 1 && c.in0_s[2] == 1 && c.out_s[2] == 1) {
-    const int64_t lanes = kTileLanes * k.lanes, tiles = (inner + lanes - 1) / lanes;
+    const int64_t lanes = int64_t{cpu::kTileVectors} * k.lanes;  // a tile a task
+    const int64_t tiles = (inner + lanes - 1) / lanes;
     parallel_for(outer * tiles, dim * lanes, num_threads, [&](int64_t p0, int64_t p1) {
       for (int64_t p = p0; p < p1; ++p) {
         const int64_t o = p / tiles, i0 = (p % tiles) * lanes;

@@ -23,10 +23,10 @@ template <class T, class A> struct Kernels {
   // `count` rows of n <= kShortRow contiguous elements, rows xs / ys apart, a row a lane.
   void (*short_rows)(const T* x, int64_t xs, T* y, int64_t ys, int64_t count, int64_t n, A scale, A* lse);
   // A contiguous span of n elements holding p interleaved positions (element j belongs to position
-  // j % p; p divides `lanes` or is a multiple of it up to 8 of them): each position's max and sum of exp((x - max) * scale) (flat_stats),
-  // then y = (x - m) * scale - log_sum per position (flat_write). A row is the case p = 1; a middle
-  // axis over a few contiguous inner positions the case p = inner. A span may be a piece of a row
-  // or block that starts at a multiple of p.
+  // j % p; p divides `lanes` or is a multiple of it up to 8 of them): each position's max and sum
+  // of exp((x - max) * scale) (flat_stats), then y = (x - m) * scale - log_sum per position
+  // (flat_write). A row is the case p = 1, a middle axis over a few contiguous inner positions the
+  // case p = inner. A span may be a piece of a row or block that starts at a multiple of p.
   void (*flat_stats)(const T* x, int64_t n, int p, A scale, A* m, double* s);
   void (*flat_write)(const T* x, T* y, int64_t n, int p, const A* m, const A* log_sum, A scale);
   // An axis of one element, n positions contiguous: y = (x - x) * scale (0, or NaN where x is not
@@ -36,6 +36,7 @@ template <class T, class A> struct Kernels {
 };
 
 constexpr int64_t kShortRow = 16;  // rows up to this long take short_rows
+constexpr int kTileVectors = 8;    // vectors of lanes a tile reads a step (whole cache lines)
 
 struct KernelSet {
   Kernels<float, float> f32;
@@ -268,7 +269,6 @@ template <class A> inline V<A> raise_max(V<A>& m, double (&s)[kLanes<A>], V<A> b
 
 // The axis folded in blocks of this many steps: each block's max per lane, then one rescale.
 constexpr int64_t kTileSteps = 32;
-constexpr int kTileVectors = 8;  // vectors of lanes a step of a tile reads at once (whole cache lines)
 
 template <class T, class A = typename Traits<T>::A>
 void tiles(const T* x, int64_t xs, T* y, int64_t ys, int64_t width, int64_t n, A scale, A* lse) {
@@ -405,7 +405,9 @@ void flat_stats(const T* x, int64_t n, int p, A scale, A* m_out, double* s_out) 
     for (int l = q; l < W; l += p) mq = smax(mq, m[0][l]);
     double sq = 0;
     for (int l = q; l < W; l += p)
-      sq += s[0][l] * (m[0][l] == ninf ? 0.0 : m[0][l] == mq ? 1.0 : std::exp(static_cast<double>((m[0][l] - mq) * scale)));
+      sq += s[0][l] * (m[0][l] == ninf  ? 0.0
+                       : m[0][l] == mq ? 1.0
+                                       : std::exp(static_cast<double>((m[0][l] - mq) * scale)));
     m_out[q] = mq;
     s_out[q] = sq;
   }
