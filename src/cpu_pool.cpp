@@ -3,14 +3,15 @@
 // until every task has returned. A claim carries the job's generation in the counter's high half,
 // so that a worker still busy with an old job can never claim a task of the next. The pool is never
 // destroyed (its threads may be waiting when the process exits), and a child process made by fork
-// starts with a new one (the parent's threads do not exist there).
+// starts with a new one (the parent's threads do not exist there). The waits are POSIX condition
+// variables: libstdc++'s std::condition_variable::wait carries a symbol version (GLIBCXX_3.4.30)
+// newer than the wheel's manylinux tag allows (docs/design.md, "Packaging").
 #include "cpu_pool.hpp"
 
 #include <pthread.h>
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
 #include <mutex>
 #include <system_error>
 #include <thread>
@@ -29,18 +30,18 @@ class Pool {
     if (threads_.empty()) return false;
     uint64_t gen;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      Lock lock(&mu_);
       fn_ = fn;
       ctx_ = ctx;
       tasks_ = tasks;
       done_.store(0, std::memory_order_relaxed);
       gen = ++generation_;
       next_.store(gen << 32, std::memory_order_release);
+      pthread_cond_broadcast(&wake_);
     }
-    wake_.notify_all();
     work(gen, fn, ctx, tasks);
-    std::unique_lock<std::mutex> lock(mu_);
-    finished_.wait(lock, [&] { return done_.load(std::memory_order_acquire) == tasks; });
+    Lock lock(&mu_);
+    while (done_.load(std::memory_order_acquire) != tasks) pthread_cond_wait(&finished_, &mu_);
     return true;
   }
 
@@ -65,8 +66,8 @@ class Pool {
       } while (!next_.compare_exchange_weak(v, v + 1, std::memory_order_acq_rel));
       fn(ctx, static_cast<int64_t>(v & 0xffffffffu));
       if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == tasks) {
-        std::lock_guard<std::mutex> lock(mu_);
-        finished_.notify_all();
+        Lock lock(&mu_);
+        pthread_cond_broadcast(&finished_);
       }
     }
   }
@@ -79,8 +80,8 @@ class Pool {
       void* ctx;
       int64_t tasks;
       {
-        std::unique_lock<std::mutex> lock(mu_);
-        wake_.wait(lock, [&] { return generation_ != seen; });
+        Lock lock(&mu_);
+        while (generation_ == seen) pthread_cond_wait(&wake_, &mu_);
         gen = seen = generation_;
         fn = fn_;
         ctx = ctx_;
@@ -90,9 +91,21 @@ class Pool {
     }
   }
 
+  // pthread_mutex_lock for the scope of a block.
+  class Lock {
+   public:
+    explicit Lock(pthread_mutex_t* m) : m_(m) { pthread_mutex_lock(m_); }
+    ~Lock() { pthread_mutex_unlock(m_); }
+    Lock(const Lock&) = delete;
+    Lock& operator=(const Lock&) = delete;
+
+   private:
+    pthread_mutex_t* m_;
+  };
+
   std::mutex in_use_;  // held by the call using the pool
-  std::mutex mu_;
-  std::condition_variable wake_, finished_;
+  pthread_mutex_t mu_ = PTHREAD_MUTEX_INITIALIZER;  // guards the job's fields and the waits
+  pthread_cond_t wake_ = PTHREAD_COND_INITIALIZER, finished_ = PTHREAD_COND_INITIALIZER;
   std::vector<std::thread> threads_;  // (detached; kept for their count)
   uint64_t generation_ = 0;
   void (*fn_)(void*, int64_t) = nullptr;
