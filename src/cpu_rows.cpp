@@ -281,9 +281,24 @@ template <class T> bool run_vector(const Call& c, int num_threads) {
 // Every other call, forward or backward: position p = o * inner + i (a row where inner is 1), its
 // axis read at its stride, into the worker's scratch where the axis fits it (contiguous arithmetic
 // measured 15-25 % faster).
+// The backward of contiguous rows through the vector kernel; false for any other layout.
+template <class T> bool run_vector_backward(const Call& c, int num_threads) {
+  const bool rows = c.n[2] == 1 && (c.n[1] == 1 || (c.in0_s[1] == 1 && c.in1_s[1] == 1 && c.out_s[1] == 1));
+  if (!rows) return false;
+  const auto& k = kernels_for<T>();
+  const T* dy = static_cast<const T*>(c.in0);
+  const T* y = static_cast<const T*>(c.in1);
+  T* dx = static_cast<T*>(c.out);
+  parallel_for(c.n[0], c.n[1], num_threads, [&](int64_t r0, int64_t r1) {
+    k.backward_rows(dy + r0 * c.in0_s[0], c.in0_s[0], y + r0 * c.in1_s[0], c.in1_s[0], dx + r0 * c.out_s[0],
+                    c.out_s[0], r1 - r0, c.n[1]);
+  });
+  return true;
+}
+
 template <class T> void run(const Call& c, int num_threads) {
   using A = typename Traits<T>::A;
-  if (!c.backward && run_vector<T>(c, num_threads)) return;
+  if (c.backward ? run_vector_backward<T>(c, num_threads) : run_vector<T>(c, num_threads)) return;
   const int64_t inner = c.n[2], dim = c.n[1];
   parallel_for(c.n[0] * inner, dim, num_threads, [&c, inner, dim](int64_t p0, int64_t p1) {
     const Scratch<A> scratch(dim);

@@ -32,6 +32,10 @@ template <class T, class A> struct Kernels {
   // An axis of one element, n positions contiguous: y = (x - x) * scale (0, or NaN where x is not
   // finite), lse = x * scale (NaN where x is +inf), what the general kernels give for it.
   void (*unit)(const T* x, T* y, int64_t n, A scale, A* lse);
+  // The backward of `count` rows of n contiguous elements: dx = dy - exp(y) * sum(dy), each array's
+  // rows its own stride apart; dx may be dy or y (each element read before it is written).
+  void (*backward_rows)(const T* dy, int64_t dys, const T* y, int64_t ys, T* dx, int64_t dxs, int64_t count,
+                        int64_t n);
   int lanes;  // elements a vector holds
 };
 
@@ -455,8 +459,47 @@ template <class T, class A = typename Traits<T>::A> void unit(const T* x, T* y, 
   }
 }
 
+// exp(v) for any v: vexp, and +inf past the largest finite result (the backward's y is anything).
+template <class A> inline V<A> vexp_any(V<A> v) {
+  const A big = std::is_same_v<A, float> ? A(88.72283) : A(709.782712893384);
+  const V<A> inf = splat(std::numeric_limits<A>::infinity());
+  return v > splat(big) ? inf : vexp(v > splat(big) ? splat(A(0)) : v);
+}
+
+template <class T, class A = typename Traits<T>::A>
+void backward_rows(const T* dy, int64_t dys, const T* y, int64_t ys, T* dx, int64_t dxs, int64_t count, int64_t n) {
+  constexpr int W = kLanes<A>;
+  for (int64_t r = 0; r < count; ++r) {
+    const T* g = dy + r * dys;
+    const T* yr = y + r * ys;
+    T* d = dx + r * dxs;
+    double total = 0;  // blocks' sums in A, their total in double
+    for (int64_t b = 0; b < n; b += kRowBlock) {
+      const int64_t e = std::min(n, b + kRowBlock);
+      V<A> s0 = splat(A(0)), s1 = s0;
+      int64_t j = b;
+      for (; j + 2 * W <= e; j += 2 * W) {
+        s0 += vload(g + j);
+        s1 += vload(g + j + W);
+      }
+      const V<A> s2 = s0 + s1;
+      for (int l = 0; l < W; ++l) total += s2[l];
+      for (; j < e; ++j) total += Traits<T>::load(g[j]);
+    }
+    const A t = static_cast<A>(total);
+    const V<A> vt = splat(t);
+    int64_t j = 0;
+    for (; j + W <= n; j += W) vstore(d + j, vload(g + j) - vexp_any<A>(vload(yr + j)) * vt);
+    for (; j < n; ++j) {
+      const A e = vexp_any<A>(splat(Traits<T>::load(yr[j])))[0];
+      d[j] = Traits<T>::store(Traits<T>::load(g[j]) - e * t);
+    }
+  }
+}
+
 template <class T> Kernels<T, typename Traits<T>::A> kernels_of() {
-  return {rows<T>, tiles<T>, short_rows<T>, flat_stats<T>, flat_write<T>, unit<T>, kLanes<typename Traits<T>::A>};
+  return {rows<T>,   tiles<T>,          short_rows<T>, flat_stats<T>, flat_write<T>, unit<T>,
+          backward_rows<T>, kLanes<typename Traits<T>::A>};
 }
 
 inline KernelSet kernel_set() {

@@ -133,6 +133,21 @@ def test_backward_in_place_and_special_values():
     assert_matches(dy[0], ref[0], "float32")
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_backward_of_any_y(dtype):
+    """The backward takes any y, not only log-softmax outputs: where exp(y) * sum(dy) passes the
+    largest finite value of the dtype the result is infinite, as the float64 reference rounded to
+    the dtype is (rows of 5 and of 70: the scalar tail and the vectors)."""
+    for n in (5, 70):
+        y = np.linspace(-800.0, 800.0, n).astype(dtype).reshape(1, n)
+        dy = np.linspace(-1.0, 1.0, n).astype(dtype).reshape(1, n)
+        dy[0, 0] = 2.0  # a sum away from 0
+        with np.errstate(over="ignore", invalid="ignore"):
+            ref = log_softmax_grad_ref(dy, y).astype(dtype).astype(np.float64)
+        got = softlight.log_softmax_backward(dy, y)
+        assert_matches(got, ref, dtype, f"n={n}")
+
+
 def test_backward_bfloat16_raw(rng):
     yb = to_bfloat16_bits(log_softmax_ref(rng.standard_normal((4, 300))))
     gb = to_bfloat16_bits(rng.standard_normal((4, 300)))
