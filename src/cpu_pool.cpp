@@ -15,7 +15,6 @@
 #include <mutex>
 #include <system_error>
 #include <thread>
-#include <vector>
 
 namespace softlight {
 namespace cpu {
@@ -26,8 +25,8 @@ class Pool {
   bool run(int64_t tasks, int64_t workers, void (*fn)(void*, int64_t), void* ctx) {
     std::unique_lock<std::mutex> use(in_use_, std::try_to_lock);
     if (!use.owns_lock() || tasks >= (int64_t{1} << 31)) return false;
-    grow(static_cast<size_t>(std::max<int64_t>(0, workers - 1)));
-    if (threads_.empty()) return false;
+    grow(std::max<int64_t>(0, workers - 1));
+    if (started_ == 0) return false;
     uint64_t gen;
     {
       Lock lock(&mu_);
@@ -46,14 +45,13 @@ class Pool {
   }
 
  private:
-  void grow(size_t want) {
-    while (threads_.size() < want) {
+  void grow(int64_t want) {
+    for (; started_ < want; ++started_) {
       try {
-        threads_.emplace_back([this] { loop(); });
+        std::thread([this] { loop(); }).detach();
       } catch (const std::system_error&) {  // no more threads: the ones there are do the work
         return;
       }
-      threads_.back().detach();
     }
   }
 
@@ -106,7 +104,7 @@ class Pool {
   std::mutex in_use_;  // held by the call using the pool
   pthread_mutex_t mu_ = PTHREAD_MUTEX_INITIALIZER;  // guards the job's fields and the waits
   pthread_cond_t wake_ = PTHREAD_COND_INITIALIZER, finished_ = PTHREAD_COND_INITIALIZER;
-  std::vector<std::thread> threads_;  // (detached; kept for their count)
+  int64_t started_ = 0;  // worker threads started (detached; they live as long as the process)
   uint64_t generation_ = 0;
   void (*fn_)(void*, int64_t) = nullptr;
   void* ctx_ = nullptr;

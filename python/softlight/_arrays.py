@@ -34,21 +34,19 @@ def _unsupported(what):
 # --- torch ---------------------------------------------------------------------------------------
 
 _torch_codes = {}
-_torch_strided = []
-_torch_raw_stream = []
-# What the API's torch fast path needs (_api.log_softmax), filled when the first tensor is read:
-# [torch.Tensor, dtype -> code, torch.strided, the current stream's handle of a device, torch.empty_like].
+# What reading a tensor needs (read_torch, and the API's fast path in _api.log_softmax), filled when
+# the first tensor is read: [torch.Tensor, dtype -> code, torch.strided, the current stream's handle
+# of a device, torch.empty_like].
 TORCH = [None, _torch_codes, None, None, None]
 
 
 def _torch_setup():
     torch = sys.modules["torch"]
     _torch_codes.update({torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float64: 3})
-    _torch_strided[:] = [torch.strided]
     # The current stream's handle alone, without a Stream object (several microseconds less).
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    _torch_raw_stream[:] = [raw or (lambda dev: torch.cuda.current_stream(dev).cuda_stream)]
-    TORCH[:] = [torch.Tensor, _torch_codes, torch.strided, _torch_raw_stream[0], torch.empty_like]
+    raw = raw or (lambda dev: torch.cuda.current_stream(dev).cuda_stream)
+    TORCH[:] = [torch.Tensor, _torch_codes, torch.strided, raw, torch.empty_like]
     return torch
 
 
@@ -60,13 +58,13 @@ def read_torch(a, stream):
             _torch_setup()
             return read_torch(a, stream)
         raise _unsupported(str(a.dtype).replace("torch.", ""))
-    if a.layout is not _torch_strided[0]:
+    if a.layout is not TORCH[2]:
         raise InvalidArgumentError(f"softlight: {a.layout} tensors are not supported (strided ones are)")
     if a.is_neg():
         raise InvalidArgumentError("softlight: a tensor with the negative bit set; call .resolve_neg() first")
     if a.is_cuda:
         dev = a.get_device()
-        current = _torch_raw_stream[0](dev)
+        current = TORCH[3](dev)
         if stream is not None and stream != current:
             # Another stream: the export has torch make that stream wait for the current one's work.
             return read_dlpack(a.detach(), stream, "torch")
