@@ -310,6 +310,62 @@ PyMethodDef kFastMethods[] = {
      "forward_rows(x, x_stride, y, y_stride, rows, cols, dtype, gpu, stream, temperature, lse, threads) -> status"},
 };
 
+// --- consumers of a row's log-sum-exp (CPU) ---------------------------------------------------
+// Pointers as ints; outputs and inputs in the C ABI's field order (0: none).
+
+using Ptrs = std::array<uintptr_t, 8>;
+
+softlight_tokens tokens(uintptr_t ids, int64_t count, int64_t row_stride, int64_t offset, bool shard) {
+  return {reinterpret_cast<const int64_t*>(ids), count, row_stride, offset, shard};
+}
+
+int row_stats(uintptr_t x, int64_t xs, int64_t rows, int64_t cols, int dtype, double temperature, uintptr_t index,
+              int64_t k, int64_t index_stride, int64_t offset, bool shard, const Ptrs& out, int threads) {
+  if (dtype < 0 || dtype > 3) return SOFTLIGHT_ERROR_UNSUPPORTED_DTYPE;
+  softlight_row_stats_options o{};
+  o.temperature = temperature;
+  o.index = tokens(index, k, index_stride, offset, shard);
+  void** fields[8] = {&o.lse, &o.entropy, &o.logprobs, &o.picked, &o.sum, &o.max, &o.sumexp, &o.moment};
+  for (int i = 0; i < 8; ++i) *fields[i] = mptr(out[i]);
+  py::gil_scoped_release nogil;
+  return softlight_row_stats_cpu(mptr(x), xs, rows, cols, static_cast<softlight_dtype>(dtype), &o, threads);
+}
+
+int row_stats_backward(uintptr_t x, int64_t xs, uintptr_t dx, int64_t dxs, int64_t rows, int64_t cols, int dtype,
+                       double temperature, uintptr_t index, int64_t k, int64_t index_stride, int64_t offset, bool shard,
+                       const std::array<uintptr_t, 7>& in, int threads) {
+  if (dtype < 0 || dtype > 3) return SOFTLIGHT_ERROR_UNSUPPORTED_DTYPE;
+  softlight_row_stats_grad g{};
+  g.temperature = temperature;
+  g.index = tokens(index, k, index_stride, offset, shard);
+  const void** fields[7] = {&g.lse, &g.entropy, &g.d_lse, &g.d_entropy, &g.d_logprobs, &g.d_picked, &g.d_sum};
+  for (int i = 0; i < 7; ++i) *fields[i] = mptr(in[i]);
+  py::gil_scoped_release nogil;
+  return softlight_row_stats_backward_cpu(mptr(x), xs, mptr(dx), dxs, rows, cols, static_cast<softlight_dtype>(dtype),
+                                          &g, threads);
+}
+
+int cross_entropy(uintptr_t x, int64_t xs, uintptr_t target, int64_t rows, int64_t cols, int dtype,
+                  double temperature, double label_smoothing, double z_loss, bool ignore, int64_t ignore_index,
+                  int reduction, uintptr_t loss, uintptr_t lse, uintptr_t grad, int64_t grad_stride, int threads) {
+  if (dtype < 0 || dtype > 3) return SOFTLIGHT_ERROR_UNSUPPORTED_DTYPE;
+  if (reduction < 0 || reduction > 2) return SOFTLIGHT_ERROR_INVALID_ARGUMENT;
+  softlight_cross_entropy_options o{};
+  o.temperature = temperature;
+  o.label_smoothing = label_smoothing;
+  o.z_loss = z_loss;
+  o.ignore = ignore;
+  o.ignore_index = ignore_index;
+  o.reduction = static_cast<softlight_reduction>(reduction);
+  o.loss = mptr(loss);
+  o.lse = mptr(lse);
+  o.grad = mptr(grad);
+  o.grad_row_stride = grad_stride;
+  py::gil_scoped_release nogil;
+  return softlight_cross_entropy_cpu(mptr(x), xs, reinterpret_cast<const int64_t*>(target), rows, cols,
+                                     static_cast<softlight_dtype>(dtype), &o, threads);
+}
+
 // --- planner queries (tests) -----------------------------------------------------------------
 
 template <class T> T get(const py::dict& d, const char* key, T fallback) {
@@ -462,6 +518,9 @@ PYBIND11_MODULE(_C, m) {
     return d < 0 ? kDimOutOfRange : strides.size() != shape.size() ? kShapeMismatch : layout3(shape, strides, d, n, s);
   });
   m.def("dlpack_view", &dlpack_view, py::arg("capsule"));
+  m.def("row_stats", &row_stats);
+  m.def("row_stats_backward", &row_stats_backward);
+  m.def("cross_entropy", &cross_entropy);
   m.def("plan_rows", &plan_rows, py::arg("problem"), py::arg("device") = py::dict(), py::arg("forced") = py::dict());
   m.def("plan_axis", &plan_axis, py::arg("problem"), py::arg("device") = py::dict(), py::arg("forced") = py::dict());
   m.def("tuning_valid", [](const py::dict& forced) { return softlight::tuning_valid(tuning_of(forced)); });

@@ -7,11 +7,10 @@
 #include <limits>
 #include <memory>
 #include <new>
-#include <thread>
 #include <type_traits>
 #include <vector>
 
-#include "cpu_pool.hpp"
+#include "cpu_parallel.hpp"
 #include "cpu_simd.hpp"
 #include "cpu_types.hpp"
 #include "softlight/softlight.h"
@@ -23,6 +22,10 @@ namespace {
 using cpu::BFloat16;
 using cpu::Half;
 using cpu::Traits;
+using cpu::hardware_threads;
+using cpu::kernels_for;
+using cpu::parallel_for;
+using cpu::with_cpu_type;
 
 // The sum of f(0) .. f(n - 1), in blocks with independent lanes (vectorizable, and short chains
 // keep rounding error near the GPU's tree reduction); block totals are carried in double.
@@ -92,54 +95,6 @@ void log_softmax_backward_row(const T* dy, int64_t dys, const T* y, int64_t ys, 
   const auto g = [&](int64_t j) { return tmp != nullptr ? tmp[j] : Traits<T>::load(dy[j * dys]); };
   const A total = static_cast<A>(row_sum<A>(n, g));
   for (int64_t j = 0; j < n; ++j) dx[j * dxs] = Traits<T>::store(g(j) - std::exp(Traits<T>::load(y[j * ys])) * total);
-}
-
-// The machine's thread count, asked once: each ask reads the system's CPU list (microseconds).
-unsigned hardware_threads() {
-  static const unsigned n = std::max(1u, std::thread::hardware_concurrency());
-  return n;
-}
-
-// Work over [0, n) positions split among threads; f(begin, end) does a range.
-template <class F> void parallel_for(int64_t n, int64_t elements_per_position, int num_threads, F f) {
-  constexpr int64_t kMinElementsPerThread = int64_t{1} << 16;
-  int64_t workers = num_threads > 0 ? num_threads : static_cast<int64_t>(hardware_threads());
-  workers = std::min({workers, n, std::max<int64_t>(1, n * elements_per_position / kMinElementsPerThread)});
-  if (workers <= 1) return f(int64_t{0}, n);
-  const int64_t per = (n + workers - 1) / workers;
-  // The kept worker threads (cpu_pool.cpp), a range a task; where another call holds them, threads
-  // of this call's own.
-  auto range = [&f, per, n](int64_t t) { f(t * per, std::min(n, (t + 1) * per)); };
-  using Range = decltype(range);
-  if (cpu::run_tasks((n + per - 1) / per, workers, [](void* c, int64_t t) { (*static_cast<Range*>(c))(t); }, &range))
-    return;
-  std::vector<std::thread> pool;
-  int64_t next = per;  // positions [0, per) stay on this thread
-  try {
-    for (; next < n; next += per) pool.emplace_back(f, next, std::min(n, next + per));
-  } catch (...) {  // no more threads: this thread takes the rest
-    f(next, n);
-  }
-  f(int64_t{0}, std::min(n, per));
-  for (auto& t : pool) t.join();
-}
-
-// The vector kernels of the widest instruction set this CPU has (asked once).
-const cpu::KernelSet& simd() {
-  static const cpu::KernelSet k = [] {
-#ifdef SOFTLIGHT_CPU_AVX2
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return cpu::kernels_avx2();
-#endif
-    return cpu::kernels_generic();
-  }();
-  return k;
-}
-template <class T> const auto& kernels_for() {
-  if constexpr (std::is_same_v<T, float>) return simd().f32;
-  else if constexpr (std::is_same_v<T, double>) return simd().f64;
-  else if constexpr (std::is_same_v<T, Half>) return simd().f16;
-  else return simd().bf16;
 }
 
 constexpr int64_t kPieceMin = int64_t{1} << 16;  // elements a piece of a span split among threads
@@ -318,16 +273,6 @@ template <class T> void run(const Call& c, int num_threads) {
       if (c.lse != nullptr) static_cast<A*>(c.lse)[p] = l;
     }
   });
-}
-
-template <class F> softlight_status with_cpu_type(softlight_dtype dtype, F&& f) {
-  switch (dtype) {
-    case SOFTLIGHT_FLOAT32: f(float{}); break;
-    case SOFTLIGHT_FLOAT64: f(double{}); break;
-    case SOFTLIGHT_FLOAT16: f(Half{}); break;
-    case SOFTLIGHT_BFLOAT16: f(BFloat16{}); break;
-  }
-  return SOFTLIGHT_SUCCESS;
 }
 
 // A checked call (validate.hpp) on the CPU.

@@ -36,6 +36,13 @@ template <class T, class A> struct Kernels {
   // rows its own stride apart; dx may be dy or y (each element read before it is written).
   void (*backward_rows)(const T* dy, int64_t dys, const T* y, int64_t ys, T* dx, int64_t dxs, int64_t count,
                         int64_t n);
+  // The statistics of a contiguous row of n elements (cpu_consumers.cpp): m = max of x, and in double
+  // s = sum of e_j = exp(d_j), t = sum of e_j d_j (0 where e_j is 0), d_j = (x_j - m) * scale, and
+  // sum = sum of x_j. x is read twice a block of kRowBlock, the second time from L1.
+  void (*row_stats)(const T* x, int64_t n, A scale, A* m, double* s, double* t, double* sum);
+  // dx = scale * (p * (a - e * (log p + h)) + c), log p = (x - m) * scale - log_sum, over n
+  // contiguous elements (dx may be x).
+  void (*stats_grad)(const T* x, T* dx, int64_t n, A scale, A m, A log_sum, A a, A e, A h, A c);
   int lanes;  // elements a vector holds
 };
 
@@ -497,9 +504,77 @@ void backward_rows(const T* dy, int64_t dys, const T* y, int64_t ys, T* dx, int6
   }
 }
 
+template <class T, class A = typename Traits<T>::A>
+void row_stats(const T* x, int64_t n, A scale, A* m_out, double* s_out, double* t_out, double* sum_out) {
+  constexpr int W = kLanes<A>;
+  const A ninf = -std::numeric_limits<A>::infinity();
+  const V<A> vc = splat(scale), zero = splat(A(0));
+  A m = ninf;
+  double s = 0, t = 0, sum = 0;
+  for (int64_t b = 0; b < n; b += kRowBlock) {
+    const int64_t len = std::min(kRowBlock, n - b);
+    const T* xb = x + b;
+    const A bm = max_of(xb, len);
+    if (bm > m) {  // the max rose (NaN never wins): the sums move onto it
+      if (m != ninf) {
+        const A delta = (m - bm) * scale;
+        const double f = static_cast<double>(sexp<A>(delta));
+        t = f * (t + s * static_cast<double>(delta));
+        s *= f;
+      }
+      m = bm;
+    }
+    const V<A> vs = splat(m == ninf ? A(0) : m);
+    V<A> vsum = zero, vt = zero, vx = zero;
+    int64_t j = 0;
+    for (; j + W <= len; j += W) {
+      const V<A> v = vload(xb + j);
+      const V<A> d = (v - vs) * vc;
+      const V<A> e = vexp(d);
+      vsum += e;
+      vt += e == zero ? zero : e * d;
+      vx += v;
+    }
+    for (int l = 0; l < W; ++l) {
+      s += vsum[l];
+      t += vt[l];
+      sum += vx[l];
+    }
+    for (; j < len; ++j) {
+      const A v = Traits<T>::load(xb[j]);
+      const A d = (v - vs[0]) * scale;
+      const A e = sexp<A>(d);
+      s += e;
+      t += e == A(0) ? A(0) : e * d;
+      sum += v;
+    }
+  }
+  *m_out = m;
+  *s_out = s;
+  *t_out = t;
+  *sum_out = sum;
+}
+
+template <class T, class A = typename Traits<T>::A>
+void stats_grad(const T* x, T* dx, int64_t n, A scale, A m, A log_sum, A a, A e, A h, A c) {
+  constexpr int W = kLanes<A>;
+  const V<A> vc = splat(scale), vm = splat(m), vl = splat(log_sum), va = splat(a), ve = splat(e), vh = splat(h),
+             vk = splat(c);
+  const auto grad = [&](V<A> v) {
+    const V<A> lp = (v - vm) * vc - vl;
+    const V<A> p = vexp_any<A>(lp);
+    // (p = 0 adds nothing: its log is -inf for an element of -inf)
+    const V<A> term = e == A(0) ? p * va : (p == splat(A(0)) ? splat(A(0)) : p * (va - ve * (lp + vh)));
+    return term * vc + vk * vc;
+  };
+  int64_t j = 0;
+  for (; j + W <= n; j += W) vstore(dx + j, grad(vload(x + j)));
+  for (; j < n; ++j) dx[j] = Traits<T>::store(grad(splat(Traits<T>::load(x[j])))[0]);
+}
+
 template <class T> Kernels<T, typename Traits<T>::A> kernels_of() {
-  return {rows<T>,   tiles<T>,          short_rows<T>, flat_stats<T>, flat_write<T>, unit<T>,
-          backward_rows<T>, kLanes<typename Traits<T>::A>};
+  return {rows<T>,          tiles<T>,     short_rows<T>, flat_stats<T>, flat_write<T>, unit<T>,
+          backward_rows<T>, row_stats<T>, stats_grad<T>, kLanes<typename Traits<T>::A>};
 }
 
 inline KernelSet kernel_set() {

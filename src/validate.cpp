@@ -132,6 +132,76 @@ softlight_status validate_call(const Call& c, bool* noop) {
 
 }  // namespace
 
+softlight_status check_consumer(const ConsumerCall& c, double temperature, bool* noop) {
+  *noop = false;
+  if (!c.known_dtype) return SOFTLIGHT_ERROR_UNSUPPORTED_DTYPE;
+  if (!temperature_in_range(temperature == 0.0 ? 1.0 : temperature, c.dtype)) return SOFTLIGHT_ERROR_INVALID_ARGUMENT;
+  if (c.rows < 0 || c.cols < 0 || c.index_count < 0) return SOFTLIGHT_ERROR_INVALID_SIZE;
+  if (c.index_offset < 0) return SOFTLIGHT_ERROR_INVALID_ARGUMENT;
+  if (c.rows == 0) {
+    *noop = true;
+    return SOFTLIGHT_SUCCESS;
+  }
+  const int elem = softlight_dtype_size(c.dtype), acc = elem == 8 ? 8 : 4;
+  const bool has_index = c.index_count > 0;
+  if ((c.cols > 0 && c.x == nullptr) || (has_index && c.index == nullptr)) return SOFTLIGHT_ERROR_NULL_POINTER;
+  for (int i = 0; i < c.n_outs + c.n_ins; ++i) {
+    const ConsumerCall::Small& a = i < c.n_outs ? c.outs[i] : c.ins[i - c.n_outs];
+    if (a.p != nullptr && a.count > std::numeric_limits<int64_t>::max() / 8) return SOFTLIGHT_ERROR_INVALID_SIZE;
+  }
+  const auto misaligned = [](const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes != 0; };
+  if (misaligned(c.x, elem) || misaligned(c.dx, elem) || misaligned(c.index, 8)) return SOFTLIGHT_ERROR_INVALID_ARGUMENT;
+  for (int i = 0; i < c.n_outs + c.n_ins; ++i) {
+    const ConsumerCall::Small& a = i < c.n_outs ? c.outs[i] : c.ins[i - c.n_outs];
+    if (misaligned(a.p, acc)) return SOFTLIGHT_ERROR_INVALID_ARGUMENT;
+  }
+  const bool steps = c.rows > 1;
+  if (steps && (c.x_stride < c.cols || (c.dx != nullptr && c.dx_stride < c.cols) ||
+                (has_index && c.index_stride < c.index_count)))
+    return SOFTLIGHT_ERROR_INVALID_STRIDE;
+  const int64_t n[3] = {c.rows, c.cols, 1};
+  const int64_t xs[3] = {steps ? c.x_stride : 0, 1, 0}, ds[3] = {steps ? c.dx_stride : 0, 1, 0};
+  const int64_t in[3] = {c.rows, std::max<int64_t>(c.index_count, 1), 1};
+  const int64_t is[3] = {steps ? c.index_stride : 0, 1, 0};
+  const int64_t xb = c.cols == 0 ? 0 : span_bytes(n, xs, elem);
+  const int64_t db = c.dx == nullptr || c.cols == 0 ? 0 : span_bytes(n, ds, elem);
+  const int64_t ib = has_index ? span_bytes(in, is, 8) : 0;
+  if (xb < 0 || db < 0 || ib < 0) return SOFTLIGHT_ERROR_INVALID_SIZE;
+  const auto x0 = reinterpret_cast<uintptr_t>(c.x), d0 = reinterpret_cast<uintptr_t>(c.dx),
+             i0 = reinterpret_cast<uintptr_t>(c.index);
+  if (c.dx != nullptr && (d0 == x0 ? c.dx_stride != c.x_stride && steps : ranges_overlap(d0, db, x0, xb)))
+    return SOFTLIGHT_ERROR_OVERLAP;
+  if (ranges_overlap(d0, db, i0, ib)) return SOFTLIGHT_ERROR_OVERLAP;
+  // Each small output clear of every other array; the small inputs clear of the outputs.
+  for (int i = 0; i < c.n_outs; ++i) {
+    const auto o = reinterpret_cast<uintptr_t>(c.outs[i].p);
+    const int64_t ob = c.outs[i].p == nullptr ? 0 : c.outs[i].count * acc;
+    if (ranges_overlap(o, ob, x0, xb) || ranges_overlap(o, ob, d0, db) || ranges_overlap(o, ob, i0, ib))
+      return SOFTLIGHT_ERROR_OVERLAP;
+    for (int j = 0; j < c.n_outs + c.n_ins; ++j) {
+      if (j == i) continue;
+      const ConsumerCall::Small& a = j < c.n_outs ? c.outs[j] : c.ins[j - c.n_outs];
+      if (a.p != nullptr && ranges_overlap(o, ob, reinterpret_cast<uintptr_t>(a.p), a.count * acc))
+        return SOFTLIGHT_ERROR_OVERLAP;
+    }
+  }
+  for (int i = 0; i < c.n_ins; ++i) {
+    const ConsumerCall::Small& a = c.ins[i];
+    if (a.p != nullptr && ranges_overlap(reinterpret_cast<uintptr_t>(a.p), a.count * acc, d0, db))
+      return SOFTLIGHT_ERROR_OVERLAP;
+  }
+  if (has_index && !c.shard) {
+    for (int64_t r = 0; r < c.rows; ++r)
+      for (int64_t k = 0; k < c.index_count; ++k) {
+        const int64_t t = c.index[r * c.index_stride + k];
+        if (c.ignore && t == c.ignore_index) continue;
+        // (t - offset without overflow)
+        if (t < c.index_offset || t - c.index_offset >= c.cols) return SOFTLIGHT_ERROR_INVALID_ARGUMENT;
+      }
+  }
+  return SOFTLIGHT_SUCCESS;
+}
+
 Call forward_call(const void* x, const int64_t* xs, void* y, const int64_t* ys, int64_t outer, int64_t dim,
                   int64_t inner, softlight_dtype dtype, const softlight_forward_options* options,
                   softlight_status* st, bool* noop) {

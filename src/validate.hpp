@@ -57,4 +57,39 @@ Call rows_forward_call(const void* x, int64_t x_stride, void* y, int64_t y_strid
                        softlight_dtype dtype, const softlight_forward_options* options, softlight_status* st,
                        bool* noop);
 
+// A consumer call (softlight_row_stats_cpu, softlight_row_stats_backward_cpu,
+// softlight_cross_entropy_cpu): rows of x, an optional row-sized output (dx or grad), token indices,
+// and small arrays of the accumulation type, those written (outs) and those read (ins).
+struct ConsumerCall {
+  softlight_dtype dtype;
+  bool known_dtype = true;
+  int64_t rows = 0, cols = 0;
+  const void* x = nullptr;
+  int64_t x_stride = 0;
+  void* dx = nullptr;  // optional: a rows x cols output, dx_stride apart; may be x with x's stride
+  int64_t dx_stride = 0;
+  double scale = 1.0;
+  const int64_t* index = nullptr;
+  int64_t index_count = 0, index_stride = 0, index_offset = 0;
+  bool shard = false;  // tokens outside the columns pick nothing (else they are refused)
+  bool ignore = false;  // cross-entropy's ignore_index applies
+  int64_t ignore_index = 0;
+  struct Small {
+    const void* p;
+    int64_t count;  // values of the accumulation type
+  };
+  Small outs[8] = {};
+  int n_outs = 0;
+  Small ins[8] = {};
+  int n_ins = 0;
+  void out(void* p, int64_t count) { outs[n_outs++] = {p, count}; }
+  void in(const void* p, int64_t count) { ins[n_ins++] = {p, count}; }
+};
+
+// The first problem of a consumer call, in the order of the forward entries' checks (dtype, the
+// temperature, sizes, pointers, alignment, strides, overlap), then the index values (host memory):
+// each in [0, cols) after index_offset, or ignore_index where it applies, unless shard. *noop: rows
+// is 0. Nothing is written either way.
+softlight_status check_consumer(const ConsumerCall& c, double temperature, bool* noop);
+
 }  // namespace softlight

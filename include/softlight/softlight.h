@@ -59,7 +59,7 @@ typedef enum softlight_status {
   SOFTLIGHT_ERROR_CUDA = 10,              /* GPU entry: the CUDA runtime reported an error */
   SOFTLIGHT_ERROR_INVALID_ARGUMENT = 11,  /* any other bad argument: a temperature out of its range, a
                                              pointer not aligned to its element size */
-  SOFTLIGHT_ERROR_OUT_OF_MEMORY = 12      /* GPU entry: a workspace could not be allocated */
+  SOFTLIGHT_ERROR_OUT_OF_MEMORY = 12      /* a workspace could not be allocated */
 } softlight_status;
 
 typedef enum softlight_dtype {
@@ -196,6 +196,125 @@ SOFTLIGHT_API softlight_status softlight_log_softmax_backward_3d_cpu(
     void* dx, const int64_t dx_strides[3],
     int64_t outer, int64_t dim, int64_t inner,
     softlight_dtype dtype, int num_threads);
+
+
+/*
+ * Consumers of a row's log-sum-exp: cross-entropy, the log-probabilities of chosen tokens, entropy
+ * and the log-sum-exp itself, from one read of each row and without a row-sized output
+ * (docs/consumers.md). Rows are contiguous, `x_row_stride` elements apart (at least cols where rows
+ * > 1); z = x / temperature. Statistics and losses are of the accumulation type (float32 for
+ * float32/float16/bfloat16, float64 for float64). Token indices are int64 in the memory x lives in.
+ * These entries run on the CPU; every check of the forward entries above applies, and an index
+ * outside the row (where the options do not allow it) is INVALID_ARGUMENT with nothing written.
+ */
+
+/*
+ * Chosen tokens of each row (optional: ids NULL and count 0 for none).
+ *   ids:        rows x count token ids, row r's at ids + r * row_stride (row_stride >= count where
+ *               rows > 1).
+ *   offset:     the token of column j is offset + j (a shard of a vocabulary split over devices
+ *               starts at its first token's id; 0 otherwise); not negative.
+ *   shard:      nonzero: a token outside [offset, offset + cols) picks nothing (another shard holds
+ *               it); zero: it is INVALID_ARGUMENT.
+ */
+typedef struct softlight_tokens {
+  const int64_t* ids;
+  int64_t count;
+  int64_t row_stride;
+  int64_t offset;
+  int shard;
+} softlight_tokens;
+
+/*
+ * What softlight_row_stats_cpu computes. Zero-initialise, then set what you need. Each output is
+ * NULL (not wanted) or `rows` values (picked and logprobs: rows * index.count, row-major),
+ * contiguous, overlapping neither x, the indices nor each other.
+ *   lse       log(sum_j exp(z_j)); -inf for a row of all -inf, NaN for a row holding NaN or +inf.
+ *   entropy   -sum_j p_j log p_j with p = softmax(z) (NaN where lse is not finite).
+ *   logprobs  z[token] - lse for each index (0 for a token outside a shard).
+ *   picked    z[token] for each index (0 for a token outside a shard).
+ *   sum       sum_j z_j (label smoothing's term).
+ *   max, sumexp, moment: m = max_j z_j, s = sum_j exp(z_j - m), t = sum_j exp(z_j - m) (z_j - m):
+ *             what merges the statistics of shards (lse = m + log s, entropy = log s - t / s).
+ */
+typedef struct softlight_row_stats_options {
+  double temperature;
+  softlight_tokens index;
+  void* lse;
+  void* entropy;
+  void* logprobs;
+  void* picked;
+  void* sum;
+  void* max;
+  void* sumexp;
+  void* moment;
+} softlight_row_stats_options;
+
+/* Row statistics of x in one read (`options` must not be NULL). */
+SOFTLIGHT_API softlight_status softlight_row_stats_cpu(
+    const void* x, int64_t x_row_stride, int64_t rows, int64_t cols,
+    softlight_dtype dtype, const softlight_row_stats_options* options, int num_threads);
+
+/*
+ * The gradient with respect to x of a loss that depends on x through row statistics, given the
+ * loss's gradient with respect to each statistic (d_* each NULL for zero, else `rows` values of
+ * the accumulation type; d_picked and d_logprobs rows * index.count), in one read of x and one
+ * write of dx. With p = softmax(z):
+ *   dz_j = p_j (d_lse - sum_k d_logprobs_k - d_entropy (log p_j + entropy)) + d_sum
+ *          + sum_k (d_picked_k + d_logprobs_k) [j == token_k],      dx = dz / temperature.
+ * lse (required) and entropy (required with d_entropy) are the forward's, over the whole row (for a
+ * shard: merged over all shards). dx
+ * may be x itself (same stride); any other overlap is refused.
+ */
+typedef struct softlight_row_stats_grad {
+  double temperature;
+  softlight_tokens index;
+  const void* lse;
+  const void* entropy;
+  const void* d_lse;
+  const void* d_entropy;
+  const void* d_logprobs;
+  const void* d_picked;
+  const void* d_sum;
+} softlight_row_stats_grad;
+
+SOFTLIGHT_API softlight_status softlight_row_stats_backward_cpu(
+    const void* x, int64_t x_row_stride, void* dx, int64_t dx_row_stride, int64_t rows, int64_t cols,
+    softlight_dtype dtype, const softlight_row_stats_grad* grad, int num_threads);
+
+typedef enum softlight_reduction {
+  SOFTLIGHT_REDUCTION_NONE = 0, /* one loss per row */
+  SOFTLIGHT_REDUCTION_SUM = 1,  /* their sum */
+  SOFTLIGHT_REDUCTION_MEAN = 2  /* their sum over the rows not ignored, divided by their count (NaN for none) */
+} softlight_reduction;
+
+/*
+ * Cross-entropy of each row against its target class, torch.nn.functional.cross_entropy's:
+ *   loss_r = (1 - eps) (lse - z[t]) + eps (lse - sum_j z_j / cols) + z_loss * lse^2
+ * (eps: label_smoothing in [0, 1]; z_loss >= 0), 0 for a row whose target is ignore_index (where
+ * `ignore` is nonzero), reduced as `reduction` says into `loss` (rows values for NONE, else one) of
+ * the accumulation type. A target outside [0, cols) other than ignore_index is INVALID_ARGUMENT.
+ * lse: optional, rows values. grad: optional, the gradient of the (reduced) loss with respect to x
+ * for an upstream gradient of 1, written in the same pass while each row is in cache (one read of
+ * x, one write of grad); it may be x itself (grad_row_stride equal to x_row_stride).
+ */
+typedef struct softlight_cross_entropy_options {
+  double temperature;
+  double label_smoothing;
+  double z_loss;
+  int ignore;
+  int64_t ignore_index;
+  softlight_reduction reduction;
+  void* loss;
+  void* lse;
+  void* grad;
+  int64_t grad_row_stride;
+} softlight_cross_entropy_options;
+
+/* target: `rows` int64 class indices, contiguous (`options` must not be NULL; options->loss neither). */
+SOFTLIGHT_API softlight_status softlight_cross_entropy_cpu(
+    const void* x, int64_t x_row_stride, const int64_t* target, int64_t rows, int64_t cols,
+    softlight_dtype dtype, const softlight_cross_entropy_options* options, int num_threads);
 
 #ifdef __cplusplus
 }

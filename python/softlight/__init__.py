@@ -3,11 +3,13 @@
     import softlight
     y = softlight.log_softmax(x)          # x: torch, CuPy, JAX or numpy; any dim (default -1)
     dx = softlight.log_softmax_backward(dy, y)
+    loss = softlight.cross_entropy(logits, target)   # and token_logprobs, entropy, logsumexp (CPU)
 """
 from pathlib import Path
 
 from . import _C
 from ._api import log_softmax, log_softmax_backward, log_softmax_raw
+from ._consumers import cross_entropy, entropy, logsumexp, row_stats, row_stats_backward, token_logprobs
 from ._errors import (ArgumentTypeError, AxisError, DeviceError, InvalidArgumentError, OutOfMemoryError,
                       SoftlightError, UnsupportedDTypeError)
 
@@ -38,6 +40,7 @@ def cmake_dir():
     return str(_HERE / "lib" / "cmake" / "softlight")
 
 
-__all__ = ["log_softmax", "log_softmax_backward", "log_softmax_raw", "SoftlightError", "InvalidArgumentError",
+__all__ = ["log_softmax", "log_softmax_backward", "log_softmax_raw", "cross_entropy", "token_logprobs", "entropy",
+           "logsumexp", "row_stats", "row_stats_backward", "SoftlightError", "InvalidArgumentError",
            "UnsupportedDTypeError", "DeviceError", "ArgumentTypeError", "AxisError", "OutOfMemoryError", "version", "include_dir", "library_path",
            "cmake_dir", "__version__"]

@@ -16,13 +16,17 @@ own, written in torch operations, so double backward works. Under autocast the o
 float32 inputs, as torch.log_softmax does, and return float32. Layouts softlight cannot read in place
 (axes that do not merge into one evenly strided axis) are made contiguous first.
 
+The consumers of the log-sum-exp (cross_entropy, token_logprobs, entropy, logsumexp, row_stats;
+docs/consumers.md) are the operators row_stats, row_stats_backward and cross_entropy, CPU only in
+this version.
+
 `log_softmax` calls softlight directly where no autograd or compiler is involved (a torch operator's
 dispatch costs several microseconds a call); both paths give the same results.
 """
 import torch
 
 from . import _C, _api
-from ._errors import AxisError, InvalidArgumentError, UnsupportedDTypeError
+from ._errors import AxisError, DeviceError, InvalidArgumentError, UnsupportedDTypeError, check
 
 _lib = torch.library.Library("softlight", "DEF")
 _lib.define("log_softmax(Tensor x, int dim, float temperature=1.0) -> Tensor")
@@ -62,12 +66,18 @@ def _backward_fake(grad, y, dim, temperature=1.0):
     return torch.empty_like(grad, memory_format=torch.contiguous_format)
 
 
+_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float64: 3}
+
+
 def _check(x, dim):
-    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+    """The C ABI's dtype code of x, or raise for its dtype or a dim out of range."""
+    code = _CODES.get(x.dtype)
+    if code is None:
         raise UnsupportedDTypeError(f"softlight: unsupported dtype {x.dtype}")
     n = max(x.dim(), 1)
     if not -n <= dim < n:
         raise AxisError(f"softlight: dim {dim} is out of range for a {x.dim()}-d tensor")
+    return code
 
 
 def _setup_forward(ctx, inputs, output):
@@ -132,3 +142,274 @@ class LogSoftmax(torch.nn.Module):
 
 
 __all__ = ["log_softmax", "LogSoftmax", "InvalidArgumentError"]
+
+
+# --- consumers of a row's log-sum-exp (docs/consumers.md) -------------------------------------------
+
+_lib.define("row_stats(Tensor logits, Tensor? index, float temperature=1.0, int index_offset=0, bool shard=False) -> "
+            "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
+_lib.define("row_stats_backward(Tensor logits, Tensor lse, Tensor entropy, Tensor? index, Tensor? d_lse, "
+            "Tensor? d_entropy, Tensor? d_logprobs, Tensor? d_picked, Tensor? d_sum, float temperature=1.0, "
+            "int index_offset=0, bool shard=False) -> Tensor")
+_lib.define("cross_entropy(Tensor logits, Tensor target, int ignore_index=-100, float label_smoothing=0.0, "
+            "float z_loss=0.0, float temperature=1.0, int reduction=2, bool with_grad=False) -> (Tensor, Tensor, Tensor)")
+
+_REDUCTIONS = {"none": 0, "sum": 1, "mean": 2}
+
+
+def _acc(x):
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _ptr(t):
+    return 0 if t is None else t.data_ptr()
+
+
+def _rows_ready(x):
+    """x (rows, V) with its last axis contiguous and its rows evenly spaced, as the C ABI reads it."""
+    return x if x.stride(-1) == 1 or x.shape[-1] <= 1 else x.contiguous()
+
+
+def _index_ready(index, rows, cols, shard, name="index", ignore=None):
+    if index is None:
+        return None, 0
+    if index.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
+        raise InvalidArgumentError(f"softlight: {name} must hold integers, got {index.dtype}")
+    index = index.to(torch.int64).contiguous()
+    if not shard and index.numel():
+        bad = (index < 0) | (index >= cols)
+        if ignore is not None:
+            bad &= index != ignore
+        if bool(bad.any()):
+            where = tuple(int(i) for i in bad.nonzero()[0])
+            raise InvalidArgumentError(f"softlight: {name}{list(where)} = {int(index[where])} is outside the "
+                                       f"vocabulary [0, {cols})")
+    return index, (1 if index.dim() == 1 else index.shape[1])
+
+
+def _on_cpu(x, op):
+    if x.device.type != "cpu":
+        raise DeviceError(f"softlight: {op} runs on the CPU in this version; the logits are on {x.device}")
+
+
+def _row_stats(logits, index, temperature=1.0, index_offset=0, shard=False):
+    _on_cpu(logits, "row_stats")
+    x = _rows_ready(logits)
+    rows, cols = x.shape
+    idx, k = _index_ready(index, rows, cols, shard)
+    acc = _acc(x)
+    outs = [torch.empty(rows, dtype=acc) for _ in range(8)]
+    pick_shape = (rows, 0) if idx is None else tuple(idx.shape)
+    outs[2] = torch.empty(pick_shape, dtype=acc)
+    outs[3] = torch.empty(pick_shape, dtype=acc)
+    code = _check(x, -1)
+    check(_C.row_stats(x.data_ptr(), x.stride(0) if rows > 1 else cols, rows, cols, code, temperature, _ptr(idx), k,
+                       k, index_offset, shard, [t.data_ptr() for t in outs], 0))
+    return tuple(outs)
+
+
+def _row_stats_backward(logits, lse, entropy, index, d_lse, d_entropy, d_logprobs, d_picked, d_sum, temperature=1.0,
+                        index_offset=0, shard=False):
+    _on_cpu(logits, "row_stats_backward")
+    x = _rows_ready(logits)
+    rows, cols = x.shape
+    idx, k = _index_ready(index, rows, cols, shard)
+    acc = _acc(x)
+    ready = [None if t is None else t.to(acc).contiguous()
+             for t in (lse, entropy, d_lse, d_entropy, d_logprobs, d_picked, d_sum)]
+    if d_entropy is None:
+        ready[1] = None
+    dx = torch.empty((rows, cols), dtype=x.dtype)
+    code = _check(x, -1)
+    check(_C.row_stats_backward(x.data_ptr(), x.stride(0) if rows > 1 else cols, dx.data_ptr(), cols, rows, cols,
+                                code, temperature, _ptr(idx), k, k, index_offset, shard, [_ptr(t) for t in ready], 0))
+    return dx
+
+
+def _cross_entropy(logits, target, ignore_index=-100, label_smoothing=0.0, z_loss=0.0, temperature=1.0,
+                   reduction=2, with_grad=False):
+    _on_cpu(logits, "cross_entropy")
+    x = _rows_ready(logits)
+    rows, cols = x.shape
+    idx, _ = _index_ready(target, rows, cols, False, "target", ignore_index)
+    acc = _acc(x)
+    loss = torch.empty(rows if reduction == 0 else (), dtype=acc)
+    lse = torch.empty(rows, dtype=acc)
+    grad = torch.empty((rows, cols), dtype=x.dtype) if with_grad else torch.empty(0, dtype=x.dtype)
+    code = _check(x, -1)
+    check(_C.cross_entropy(x.data_ptr(), x.stride(0) if rows > 1 else cols, idx.data_ptr(), rows, cols, code,
+                           temperature, label_smoothing, z_loss, True, ignore_index, reduction, loss.data_ptr(),
+                           lse.data_ptr(), grad.data_ptr() if with_grad else 0, cols, 0))
+    return loss, lse, grad
+
+
+for _key in ("CPU", "CUDA"):
+    _lib.impl("row_stats", _row_stats, _key)
+    _lib.impl("row_stats_backward", _row_stats_backward, _key)
+    _lib.impl("cross_entropy", _cross_entropy, _key)
+
+
+@torch.library.register_fake("softlight::row_stats")
+def _row_stats_fake(logits, index, temperature=1.0, index_offset=0, shard=False):
+    _check(logits, -1)
+    rows = logits.shape[0]
+    acc = _acc(logits)
+    pick = (rows, 0) if index is None else tuple(index.shape)
+    return tuple(logits.new_empty(pick if i in (2, 3) else (rows,), dtype=acc) for i in range(8))
+
+
+@torch.library.register_fake("softlight::row_stats_backward")
+def _row_stats_backward_fake(logits, lse, entropy, index, d_lse, d_entropy, d_logprobs, d_picked, d_sum,
+                             temperature=1.0, index_offset=0, shard=False):
+    _check(logits, -1)
+    return torch.empty_like(logits, memory_format=torch.contiguous_format)
+
+
+@torch.library.register_fake("softlight::cross_entropy")
+def _cross_entropy_fake(logits, target, ignore_index=-100, label_smoothing=0.0, z_loss=0.0, temperature=1.0,
+                        reduction=2, with_grad=False):
+    _check(logits, -1)
+    rows = logits.shape[0]
+    acc = _acc(logits)
+    loss = logits.new_empty((rows,) if reduction == 0 else (), dtype=acc)
+    grad = torch.empty_like(logits, memory_format=torch.contiguous_format) if with_grad else logits.new_empty(0)
+    return loss, logits.new_empty((rows,), dtype=acc), grad
+
+
+def _setup_stats(ctx, inputs, output):
+    logits, index, temperature, index_offset, shard = (tuple(inputs) + (1.0, 0, False))[:5]
+    ctx.args = (temperature, index_offset, shard)
+    ctx.set_materialize_grads(False)
+    ctx.mark_non_differentiable(output[5], output[6], output[7])
+    ctx.save_for_backward(logits, index, output[0], output[1])
+
+
+def _grad_stats(ctx, d_lse, d_entropy, d_logprobs, d_picked, d_sum, *_):
+    logits, index, lse, entropy = ctx.saved_tensors
+    dx = torch.ops.softlight.row_stats_backward(logits, lse, entropy, index, d_lse, d_entropy, d_logprobs, d_picked,
+                                                d_sum, *ctx.args)
+    return dx, None, None, None, None
+
+
+torch.library.register_autograd("softlight::row_stats", _grad_stats, setup_context=_setup_stats)
+
+
+def _no_double_backward(ctx, *grads):
+    raise InvalidArgumentError("softlight: the gradient of row statistics has no derivative of its own "
+                               "(double backward is not supported)")
+
+
+torch.library.register_autograd("softlight::row_stats_backward", _no_double_backward,
+                                setup_context=lambda ctx, inputs, output: None)
+
+
+def _setup_ce(ctx, inputs, output):
+    logits, target, ignore_index, label_smoothing, z_loss, temperature, reduction, with_grad = \
+        (tuple(inputs) + (-100, 0.0, 0.0, 1.0, 2, False))[:8]
+    ctx.with_grad, ctx.temperature = with_grad, temperature
+    ctx.set_materialize_grads(False)
+    ctx.mark_non_differentiable(output[2])
+    ctx.save_for_backward(logits, output[1], output[2])
+
+
+def _grad_ce(ctx, d_loss, d_lse, _):
+    logits, lse, grad = ctx.saved_tensors
+    if not ctx.with_grad:
+        raise InvalidArgumentError("softlight: cross_entropy was called with with_grad=False: no gradient was kept")
+    dx = None
+    if d_loss is not None:  # the gradient written in the forward, for an upstream gradient of 1
+        if d_loss.dim() == 0 and d_loss.device.type == "cpu" and not torch.compiler.is_compiling() \
+                and d_loss.item() == 1.0:
+            dx = grad  # loss.backward() of the loss itself: the forward's gradient as it is
+        else:
+            dx = grad * (d_loss.unsqueeze(-1) if d_loss.dim() else d_loss).to(grad.dtype)
+    if d_lse is not None:
+        extra = torch.ops.softlight.row_stats_backward(logits, lse, lse, None, d_lse, None, None, None, None,
+                                                       ctx.temperature)
+        dx = extra if dx is None else dx + extra
+    return dx, None, None, None, None, None, None, None
+
+
+torch.library.register_autograd("softlight::cross_entropy", _grad_ce, setup_context=_setup_ce)
+
+for _name in ("row_stats", "cross_entropy"):
+    for _device in ("cpu", "cuda"):
+        torch.library.register_autocast(f"softlight::{_name}", _device, torch.float32)
+
+
+def _as_rows(logits, dim=-1):
+    """logits with `dim` moved last, as (rows, V), and the leading shape."""
+    if logits.dim() == 0:
+        raise InvalidArgumentError("softlight: logits must have at least one axis")
+    x = logits if dim in (-1, logits.dim() - 1) else logits.movedim(dim, -1)
+    return x.reshape(-1, x.shape[-1]), tuple(x.shape[:-1])
+
+
+def row_stats(logits, index=None, *, temperature=1.0, dim=-1):
+    """softlight.row_stats for tensors, with autograd: a dict of lse, entropy, logprobs and picked (where
+    an index is given; shape (...) or (..., K)), sum, max, sumexp and moment (the last three without
+    gradients), over `dim` of logits / temperature, from one read."""
+    x, lead = _as_rows(logits, dim)
+    idx = None if index is None else (index.reshape(-1) if index.shape == lead else index.reshape(-1, index.shape[-1]))
+    if index is not None and index.shape != lead and tuple(index.shape[:-1]) != lead:
+        raise InvalidArgumentError(f"softlight: index has shape {tuple(index.shape)}; the logits' leading shape is "
+                                   f"{lead}")
+    out = torch.ops.softlight.row_stats(x, idx, float(temperature))
+    pick = () if index is None else tuple(index.shape)
+    names = ("lse", "entropy", "logprobs", "picked", "sum", "max", "sumexp", "moment")
+    return {n: (t.reshape(pick) if n in ("logprobs", "picked") else t.reshape(lead))
+            for n, t in zip(names, out) if index is not None or n not in ("logprobs", "picked")}
+
+
+def token_logprobs(logits, index, *, temperature=1.0):
+    """log_softmax(logits / temperature, -1) gathered at index ((...) or (..., K)), in float32 (float64 for
+    float64), without a vocabulary-sized output; its backward is one read and one write of the logits."""
+    return row_stats(logits, index, temperature=temperature)["logprobs"]
+
+
+def entropy(logits, *, temperature=1.0, dim=-1):
+    """The entropy of softmax(logits / temperature) along dim, from one read."""
+    return row_stats(logits, temperature=temperature, dim=dim)["entropy"]
+
+
+def logsumexp(logits, dim=-1):
+    """torch.logsumexp(logits, dim) in float32 (float64 for float64), from one read."""
+    return row_stats(logits, dim=dim)["lse"]
+
+
+def cross_entropy(logits, target, *, ignore_index=-100, label_smoothing=0.0, reduction="mean", z_loss=0.0,
+                  temperature=1.0, return_lse=False):
+    """torch.nn.functional.cross_entropy with class-index targets ((C,), (N, C) or (N, C, d1, ...) logits),
+    plus z_loss * lse^2 per row and a temperature. Where the logits need a gradient, it is written in
+    the forward's single pass over them and kept for the backward (one read and one write in all)."""
+    if reduction not in _REDUCTIONS:
+        raise InvalidArgumentError(f"softlight: reduction must be one of {', '.join(_REDUCTIONS)}, got {reduction!r}")
+    if target.is_floating_point():
+        raise InvalidArgumentError("softlight: cross_entropy takes class indices as targets, not probabilities")
+    x = logits.movedim(1, -1) if logits.dim() > 2 else logits
+    lead = tuple(x.shape[:-1])
+    if tuple(target.shape) != lead:
+        raise InvalidArgumentError(f"softlight: target has shape {tuple(target.shape)}, expected {lead}")
+    with_grad = logits.requires_grad and torch.is_grad_enabled()
+    loss, lse, _ = torch.ops.softlight.cross_entropy(x.reshape(-1, x.shape[-1]), target.reshape(-1), int(ignore_index),
+                                                     float(label_smoothing), float(z_loss), float(temperature),
+                                                     _REDUCTIONS[reduction], with_grad)
+    if reduction == "none":
+        loss = loss.reshape(lead)
+    return (loss, lse.reshape(lead)) if return_lse else loss
+
+
+class CrossEntropyLoss(torch.nn.Module):
+    """torch.nn.CrossEntropyLoss (class-index targets) through softlight, with z_loss and temperature."""
+
+    def __init__(self, ignore_index=-100, reduction="mean", label_smoothing=0.0, z_loss=0.0, temperature=1.0):
+        super().__init__()
+        self.ignore_index, self.reduction, self.label_smoothing = ignore_index, reduction, label_smoothing
+        self.z_loss, self.temperature = z_loss, temperature
+
+    def forward(self, logits, target):
+        return cross_entropy(logits, target, ignore_index=self.ignore_index, label_smoothing=self.label_smoothing,
+                             reduction=self.reduction, z_loss=self.z_loss, temperature=self.temperature)
+
+
+__all__ += ["cross_entropy", "CrossEntropyLoss", "token_logprobs", "entropy", "logsumexp", "row_stats"]

@@ -1,0 +1,318 @@
+// The consumers of a row's log-sum-exp on the CPU: row statistics, their gradient, and
+// cross-entropy with its gradient written in the same pass (docs/consumers.md). Rows run in
+// parallel; each row's statistics come from one read (cpu_simd.hpp, row_stats), and a gradient is
+// written while the row is still in cache.
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <new>
+
+#include "cpu_parallel.hpp"
+#include "softlight/softlight.h"
+#include "validate.hpp"
+
+namespace softlight {
+namespace {
+
+using cpu::Traits;
+
+// One row's statistics in z = x * scale units.
+template <class A> struct RowStats {
+  A mx;       // max x (-inf for an empty row)
+  A m;        // max z
+  A log_sum;  // log sum exp(z - m)
+  A lse;      // m + log_sum
+  double s, t, sum;
+};
+
+template <class T, class K, class A = typename Traits<T>::A> RowStats<A> stats_of(const K& k, const T* x, int64_t n, A scale) {
+  A m;
+  double s, t, sum;
+  k.row_stats(x, n, scale, &m, &s, &t, &sum);
+  RowStats<A> r;
+  r.mx = m;
+  r.m = m * scale;
+  r.log_sum = std::log(static_cast<A>(s));
+  r.lse = r.m + r.log_sum;
+  r.s = s;
+  r.t = t;
+  r.sum = sum * static_cast<double>(scale);
+  return r;
+}
+
+template <class A> A entropy_of(const RowStats<A>& r) {
+  return static_cast<A>(static_cast<double>(r.log_sum) - r.t / r.s);
+}
+
+// The column of a token, or -1 where it is not in this row's columns (checked: only shards have such).
+inline int64_t column_of(int64_t token, int64_t offset, int64_t cols) {
+  return token >= offset && token - offset < cols ? token - offset : -1;
+}
+
+template <class A> A* acc(void* p) { return static_cast<A*>(p); }
+template <class A> const A* acc(const void* p) { return static_cast<const A*>(p); }
+
+template <class T> void row_stats(const ConsumerCall& c, const softlight_row_stats_options& o, int num_threads) {
+  using A = typename Traits<T>::A;
+  const auto& k = cpu::kernels_for<T>();
+  const A scale = static_cast<A>(c.scale);
+  const T* x = static_cast<const T*>(c.x);
+  cpu::parallel_for(c.rows, c.cols + 1, num_threads, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* xr = x + r * c.x_stride;
+      const RowStats<A> st = stats_of(k, xr, c.cols, scale);
+      if (o.lse) acc<A>(o.lse)[r] = st.lse;
+      if (o.entropy) acc<A>(o.entropy)[r] = entropy_of(st);
+      if (o.sum) acc<A>(o.sum)[r] = static_cast<A>(st.sum);
+      if (o.max) acc<A>(o.max)[r] = st.m;
+      if (o.sumexp) acc<A>(o.sumexp)[r] = static_cast<A>(st.s);
+      if (o.moment) acc<A>(o.moment)[r] = static_cast<A>(st.t);
+      for (int64_t q = 0; q < c.index_count; ++q) {
+        const int64_t j = column_of(c.index[r * c.index_stride + q], c.index_offset, c.cols);
+        const A z = j < 0 ? A(0) : Traits<T>::load(xr[j]) * scale;
+        if (o.picked) acc<A>(o.picked)[r * c.index_count + q] = z;
+        if (o.logprobs) acc<A>(o.logprobs)[r * c.index_count + q] = j < 0 ? A(0) : z - st.lse;
+      }
+    }
+  });
+}
+
+// One row of a gradient dx = scale * (p (a - e (log p + h)) + cst) + scale * sum_q b_q [j == token_q],
+// log p = (x - m) * scale - log_sum: the row's vector pass, then each token's element again from x's
+// value kept in xv (`count` values of scratch) before the pass (dx may be x).
+template <class T, class K, class A = typename Traits<T>::A>
+void grad_row(const K& k, const T* x, T* dx, int64_t n, A scale, A m, A log_sum, A a, A e, A h, A cst,
+              const int64_t* cols_of, const A* b, int64_t count, A* xv) {
+  for (int64_t q = 0; q < count; ++q) xv[q] = cols_of[q] < 0 ? A(0) : Traits<T>::load(x[cols_of[q]]);
+  k.stats_grad(x, dx, n, scale, m, log_sum, a, e, h, cst);
+  for (int64_t q = 0; q < count; ++q) {
+    const int64_t j = cols_of[q];
+    if (j < 0) continue;
+    // Every index naming column j adds its b: the first to reach j writes the element whole.
+    bool first = true;
+    for (int64_t p = 0; p < q; ++p) first = first && cols_of[p] != j;
+    if (!first) continue;
+    A bsum = 0;
+    for (int64_t p = q; p < count; ++p)
+      if (cols_of[p] == j) bsum += b[p];
+    const A lp = (xv[q] - m) * scale - log_sum;
+    const A pj = lp == -std::numeric_limits<A>::infinity() ? A(0) : std::exp(lp);
+    const A term = pj == A(0) ? A(0) : (e == A(0) ? pj * a : pj * (a - e * (lp + h)));
+    dx[j] = Traits<T>::store(term * scale + cst * scale + bsum * scale);
+  }
+}
+
+// The backward's scratch: each (row, index) pair's column, coefficient and x value, allocated before
+// any work (a failed allocation is OUT_OF_MEMORY with nothing written).
+struct Scratch {
+  struct Free {
+    void operator()(void* p) const { std::free(p); }
+  };
+  std::unique_ptr<void, Free> owner[3];
+  int64_t* cols = nullptr;
+  void* b = nullptr;   // values of the accumulation type (storage for doubles)
+  void* xv = nullptr;
+  bool make(int64_t count) {
+    if (count == 0) return true;
+    for (auto& o : owner) o.reset(std::malloc(static_cast<size_t>(count) * 8));
+    cols = static_cast<int64_t*>(owner[0].get());
+    b = owner[1].get();
+    xv = owner[2].get();
+    return cols && b && xv;
+  }
+};
+
+template <class T>
+void row_stats_backward(const ConsumerCall& c, const softlight_row_stats_grad& g, const Scratch& scratch,
+                        int num_threads) {
+  using A = typename Traits<T>::A;
+  const auto& k = cpu::kernels_for<T>();
+  const A scale = static_cast<A>(c.scale);
+  const T* x = static_cast<const T*>(c.x);
+  T* dx = static_cast<T*>(c.dx);
+  const auto at = [](const void* p, int64_t i) { return p == nullptr ? A(0) : acc<A>(p)[i]; };
+  const int64_t kc = c.index_count;
+  cpu::parallel_for(c.rows, c.cols + 1, num_threads, [&](int64_t r0, int64_t r1) {
+    int64_t* cols = scratch.cols + r0 * kc;  // this range's part of the scratch
+    A* b = static_cast<A*>(scratch.b) + r0 * kc;
+    A* xv = static_cast<A*>(scratch.xv) + r0 * kc;
+    for (int64_t r = r0; r < r1; ++r, cols += kc, b += kc, xv += kc) {
+      A a = at(g.d_lse, r);
+      for (int64_t q = 0; q < kc; ++q) {
+        const int64_t i = r * kc + q;
+        cols[q] = column_of(c.index[r * c.index_stride + q], c.index_offset, c.cols);
+        b[q] = at(g.d_picked, i) + at(g.d_logprobs, i);
+        a -= at(g.d_logprobs, i);
+      }
+      // p = exp(z - lse): m = 0 and log_sum = lse in the kernel's terms.
+      grad_row(k, x + r * c.x_stride, dx + r * c.dx_stride, c.cols, scale, A(0), acc<A>(g.lse)[r], a,
+               at(g.d_entropy, r), g.d_entropy ? acc<A>(g.entropy)[r] : A(0), at(g.d_sum, r), cols, b, kc, xv);
+    }
+  });
+}
+
+template <class T>
+softlight_status cross_entropy(const ConsumerCall& c, const softlight_cross_entropy_options& o, int num_threads) {
+  using A = typename Traits<T>::A;
+  const auto& k = cpu::kernels_for<T>();
+  const A scale = static_cast<A>(c.scale);
+  const T* x = static_cast<const T*>(c.x);
+  T* grad = static_cast<T*>(c.dx);
+  const double eps = o.label_smoothing, zl = o.z_loss;
+  int64_t valid = 0;
+  for (int64_t r = 0; r < c.rows; ++r) valid += !(c.ignore && c.index[r] == c.ignore_index);
+  // The upstream gradient of each row's loss: 1 / count for the mean (no row counts where none does).
+  const double g = o.reduction == SOFTLIGHT_REDUCTION_MEAN ? (valid > 0 ? 1.0 / static_cast<double>(valid) : 0.0) : 1.0;
+  const bool reduce = o.reduction != SOFTLIGHT_REDUCTION_NONE;
+  std::unique_ptr<double[]> losses(reduce ? new (std::nothrow) double[static_cast<size_t>(c.rows)] : nullptr);
+  if (reduce && !losses) return SOFTLIGHT_ERROR_OUT_OF_MEMORY;
+  cpu::parallel_for(c.rows, c.cols + 1, num_threads, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* xr = x + r * c.x_stride;
+      const int64_t t = c.index[r];
+      double loss = 0;
+      if (c.ignore && t == c.ignore_index) {
+        if (o.lse) acc<A>(o.lse)[r] = stats_of(k, xr, c.cols, scale).lse;
+        if (grad != nullptr) {
+          T* gr = grad + r * c.dx_stride;
+          for (int64_t j = 0; j < c.cols; ++j) gr[j] = Traits<T>::store(A(0));
+        }
+      } else {
+        const RowStats<A> st = stats_of(k, xr, c.cols, scale);
+        const double lse = st.lse, zt = static_cast<double>(Traits<T>::load(xr[t]) * scale);
+        loss = (1.0 - eps) * (lse - zt) + (eps == 0.0 ? 0.0 : eps * (lse - st.sum / static_cast<double>(c.cols))) +
+               (zl == 0.0 ? 0.0 : zl * lse * lse);
+        if (o.lse) acc<A>(o.lse)[r] = st.lse;
+        if (grad != nullptr) {
+          const A a = static_cast<A>(g * (1.0 + 2.0 * zl * lse));
+          const A cst = static_cast<A>(-g * eps / static_cast<double>(c.cols));
+          const A b = static_cast<A>(-g * (1.0 - eps));
+          A xv;
+          grad_row(k, xr, grad + r * c.dx_stride, c.cols, scale, st.mx, st.log_sum, a, A(0), A(0), cst, &t, &b, 1, &xv);
+        }
+      }
+      if (reduce) losses[r] = loss;
+      else acc<A>(o.loss)[r] = static_cast<A>(loss);
+    }
+  });
+  if (reduce) {
+    double total = 0;
+    for (int64_t r = 0; r < c.rows; ++r) total += losses[r];
+    if (o.reduction == SOFTLIGHT_REDUCTION_MEAN) total = valid > 0 ? total / static_cast<double>(valid) : std::nan("");
+    acc<A>(o.loss)[0] = static_cast<A>(total);
+  }
+  return SOFTLIGHT_SUCCESS;
+}
+
+// The shared part of a consumer call's checks.
+ConsumerCall consumer_call(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, softlight_dtype dtype,
+                           double temperature) {
+  ConsumerCall c;
+  int v;
+  std::memcpy(&v, &dtype, sizeof v);
+  c.known_dtype = v >= 0 && v <= 3;
+  c.dtype = c.known_dtype ? dtype : SOFTLIGHT_FLOAT32;
+  c.rows = rows;
+  c.cols = cols;
+  c.x = x;
+  c.x_stride = x_row_stride;
+  c.scale = 1.0 / (temperature == 0.0 ? 1.0 : temperature);
+  return c;
+}
+
+// The tokens into the call; returns rows * count (INT64_MAX where that overflows the checks' bound).
+int64_t take_tokens(const softlight_tokens& t, ConsumerCall* c) {
+  c->index = t.ids;
+  c->index_count = t.count;
+  c->index_stride = t.row_stride;
+  c->index_offset = t.offset;
+  c->shard = t.shard != 0;
+  const int64_t rows = c->rows;
+  return rows >= 0 && t.count >= 0 && (t.count == 0 || rows <= INT64_MAX / 8 / t.count) ? rows * t.count : INT64_MAX;
+}
+
+}  // namespace
+}  // namespace softlight
+
+extern "C" softlight_status softlight_row_stats_cpu(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols,
+                                                    softlight_dtype dtype, const softlight_row_stats_options* options,
+                                                    int num_threads) {
+  using namespace softlight;
+  if (options == nullptr) return SOFTLIGHT_ERROR_NULL_POINTER;
+  const softlight_row_stats_options& o = *options;
+  ConsumerCall c = consumer_call(x, x_row_stride, rows, cols, dtype, o.temperature);
+  const int64_t picks = take_tokens(o.index, &c);
+  for (void* p : {o.lse, o.entropy, o.sum, o.max, o.sumexp, o.moment}) c.out(p, rows);
+  c.out(o.picked, picks);
+  c.out(o.logprobs, picks);
+  bool noop;
+  const softlight_status st = check_consumer(c, o.temperature, &noop);
+  if (st != SOFTLIGHT_SUCCESS || noop) return st;
+  return cpu::with_cpu_type(c.dtype, [&](auto tag) { row_stats<decltype(tag)>(c, o, num_threads); });
+}
+
+extern "C" softlight_status softlight_row_stats_backward_cpu(const void* x, int64_t x_row_stride, void* dx,
+                                                             int64_t dx_row_stride, int64_t rows, int64_t cols,
+                                                             softlight_dtype dtype, const softlight_row_stats_grad* grad,
+                                                             int num_threads) {
+  using namespace softlight;
+  if (grad == nullptr) return SOFTLIGHT_ERROR_NULL_POINTER;
+  const softlight_row_stats_grad& g = *grad;
+  ConsumerCall c = consumer_call(x, x_row_stride, rows, cols, dtype, g.temperature);
+  c.dx = dx;
+  c.dx_stride = dx_row_stride;
+  const int64_t picks = take_tokens(g.index, &c);
+  for (const void* p : {g.lse, g.entropy, g.d_lse, g.d_entropy, g.d_sum}) c.in(p, rows);
+  c.in(g.d_picked, picks);
+  c.in(g.d_logprobs, picks);
+  bool noop;
+  softlight_status st = check_consumer(c, g.temperature, &noop);
+  if (st == SOFTLIGHT_SUCCESS && !noop &&
+      ((dx == nullptr && cols > 0) || g.lse == nullptr || (g.d_entropy != nullptr && g.entropy == nullptr)))
+    st = SOFTLIGHT_ERROR_NULL_POINTER;
+  if (st != SOFTLIGHT_SUCCESS || noop || cols == 0) return st;
+  Scratch scratch;
+  if (!scratch.make(rows * g.index.count)) return SOFTLIGHT_ERROR_OUT_OF_MEMORY;
+  return cpu::with_cpu_type(c.dtype, [&](auto tag) { row_stats_backward<decltype(tag)>(c, g, scratch, num_threads); });
+}
+
+extern "C" softlight_status softlight_cross_entropy_cpu(const void* x, int64_t x_row_stride, const int64_t* target,
+                                                        int64_t rows, int64_t cols, softlight_dtype dtype,
+                                                        const softlight_cross_entropy_options* options,
+                                                        int num_threads) {
+  using namespace softlight;
+  if (options == nullptr || options->loss == nullptr) return SOFTLIGHT_ERROR_NULL_POINTER;
+  const softlight_cross_entropy_options& o = *options;
+  ConsumerCall c = consumer_call(x, x_row_stride, rows, cols, dtype, o.temperature);
+  c.dx = o.grad;
+  c.dx_stride = o.grad_row_stride;
+  c.index = target;
+  c.index_count = 1;
+  c.index_stride = 1;
+  c.ignore = o.ignore != 0;
+  c.ignore_index = o.ignore_index;
+  int red;
+  std::memcpy(&red, &o.reduction, sizeof red);
+  c.out(o.loss, red == SOFTLIGHT_REDUCTION_NONE ? rows : 1);
+  c.out(o.lse, rows);
+  bool noop;
+  softlight_status st = check_consumer(c, o.temperature, &noop);
+  if (st == SOFTLIGHT_SUCCESS && (red < 0 || red > 2 || !(o.label_smoothing >= 0.0 && o.label_smoothing <= 1.0) ||
+                                  !(o.z_loss >= 0.0 && std::isfinite(o.z_loss))))
+    st = SOFTLIGHT_ERROR_INVALID_ARGUMENT;
+  if (st != SOFTLIGHT_SUCCESS) return st;
+  if (noop) {  // no rows: the sum is 0, the mean NaN (torch's)
+    if (red != SOFTLIGHT_REDUCTION_NONE) {
+      const double v = red == SOFTLIGHT_REDUCTION_SUM ? 0.0 : std::nan("");
+      if (softlight_dtype_size(c.dtype) == 8) *static_cast<double*>(o.loss) = v;
+      else *static_cast<float*>(o.loss) = static_cast<float>(v);
+    }
+    return st;
+  }
+  softlight_status result = SOFTLIGHT_SUCCESS;
+  cpu::with_cpu_type(c.dtype, [&](auto tag) { result = cross_entropy<decltype(tag)>(c, o, num_threads); });
+  return result;
+}

@@ -1,0 +1,177 @@
+"""softlight.torch's consumers of the log-sum-exp (CPU): against torch in float64, gradcheck, opcheck,
+torch.compile without graph breaks, autocast, layouts."""
+import pytest
+
+torch = pytest.importorskip("torch")
+import softlight  # noqa: E402
+import softlight.torch as slt  # noqa: E402
+
+
+def _ref_ce(x, t, reduction="mean", eps=0.0, zl=0.0, temperature=1.0):
+    z = x / temperature
+    loss = torch.nn.functional.cross_entropy(z, t, reduction="none", label_smoothing=eps)
+    keep = t != -100
+    loss = torch.where(keep, loss + zl * torch.logsumexp(z, -1) ** 2, torch.zeros_like(loss))
+    return {"none": loss, "sum": loss.sum(), "mean": loss.sum() / keep.sum()}[reduction]
+
+
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+@pytest.mark.parametrize("eps,zl,temperature", [(0.0, 0.0, 1.0), (0.1, 1e-3, 0.7)])
+def test_cross_entropy_equals_torch_float64(reduction, eps, zl, temperature):
+    g = torch.Generator().manual_seed(1)
+    x = (torch.randn(29, 301, generator=g, dtype=torch.float64) * 3).requires_grad_()
+    t = torch.randint(0, 301, (29,), generator=g)
+    t[3] = -100
+    got = slt.cross_entropy(x, t, reduction=reduction, label_smoothing=eps, z_loss=zl, temperature=temperature)
+    want = _ref_ce(x, t, reduction, eps, zl, temperature)
+    assert torch.allclose(got, want, rtol=1e-12, atol=1e-12)
+    w = torch.randn(got.shape, generator=g, dtype=torch.float64)
+    gx, = torch.autograd.grad((got * w).sum(), x)
+    wx, = torch.autograd.grad((want * w).sum(), x)
+    assert torch.allclose(gx, wx, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_cross_entropy_low_precision_against_float64(dtype):
+    g = torch.Generator().manual_seed(2)
+    x = (torch.randn(64, 5000, generator=g) * 3).to(dtype).requires_grad_()
+    t = torch.randint(0, 5000, (64,), generator=g)
+    loss = slt.cross_entropy(x, t)
+    assert loss.dtype == torch.float32
+    x64 = x.detach().double().requires_grad_()
+    want = torch.nn.functional.cross_entropy(x64, t)
+    assert abs(loss.item() - want.item()) < 1e-5 * (1 + abs(want.item()))
+    gx, = torch.autograd.grad(loss, x)
+    wx, = torch.autograd.grad(want, x64)
+    assert gx.dtype == dtype
+    tol = {torch.float32: 1e-7, torch.bfloat16: 2e-6, torch.float16: 2e-7}[dtype]  # |g| < 1 / 64 here
+    assert (gx.double() - wx).abs().max() < tol + 8e-3 * wx.abs().max()
+
+
+def test_cross_entropy_torch_shapes():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 11, 3, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    t = torch.randint(0, 11, (2, 3, 4), generator=g)
+    for red in ("none", "mean"):
+        got = slt.cross_entropy(x, t, reduction=red)
+        want = torch.nn.functional.cross_entropy(x, t, reduction=red)
+        assert got.shape == want.shape and torch.allclose(got, want, rtol=1e-12, atol=1e-12)
+    one = torch.randn(7, dtype=torch.float64)
+    assert torch.allclose(slt.cross_entropy(one, torch.tensor(3)), torch.nn.functional.cross_entropy(one, torch.tensor(3)))
+    loss_fn = slt.CrossEntropyLoss(label_smoothing=0.2)
+    y = torch.randn(5, 9, dtype=torch.float64)
+    tt = torch.randint(0, 9, (5,))
+    assert torch.allclose(loss_fn(y, tt), torch.nn.CrossEntropyLoss(label_smoothing=0.2)(y, tt))
+
+
+def test_token_logprobs_entropy_logsumexp_equal_torch():
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(3, 5, 200, generator=g, dtype=torch.float64, requires_grad=True)
+    idx = torch.randint(0, 200, (3, 5, 4), generator=g)
+    checks = [
+        (slt.token_logprobs(x, idx, temperature=1.3), torch.log_softmax(x / 1.3, -1).gather(-1, idx)),
+        (slt.token_logprobs(x, idx[..., 0]), torch.log_softmax(x, -1).gather(-1, idx[..., :1])[..., 0]),
+        (slt.entropy(x, temperature=0.5),
+         -(torch.softmax(x / 0.5, -1) * torch.log_softmax(x / 0.5, -1)).sum(-1)),
+        (slt.entropy(x, dim=1), -(torch.softmax(x, 1) * torch.log_softmax(x, 1)).sum(1)),
+        (slt.logsumexp(x, 0), torch.logsumexp(x, 0)),
+    ]
+    for got, want in checks:
+        assert got.shape == want.shape and torch.allclose(got, want, rtol=1e-12, atol=1e-12)
+        w = torch.randn(got.shape, generator=g, dtype=torch.float64)
+        gx, = torch.autograd.grad((got * w).sum(), x)
+        wx, = torch.autograd.grad((want * w).sum(), x)
+        assert torch.allclose(gx, wx, rtol=1e-10, atol=1e-12)
+
+
+def test_gradcheck_and_opcheck():
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(6, 30, generator=g, dtype=torch.float64, requires_grad=True)
+    idx = torch.randint(0, 30, (6, 3), generator=g)
+    t = torch.randint(0, 30, (6,), generator=g)
+    t[2] = -100
+    fns = [lambda a: slt.token_logprobs(a, idx, temperature=0.9), lambda a: slt.entropy(a, temperature=1.7),
+           lambda a: slt.logsumexp(a), lambda a: slt.cross_entropy(a, t, label_smoothing=0.3, z_loss=0.01),
+           lambda a: slt.cross_entropy(a, t, reduction="none", temperature=0.8),
+           lambda a: slt.cross_entropy(a, t, return_lse=True)[1]]
+    for f in fns:
+        assert torch.autograd.gradcheck(f, (x,))
+    xd = x.detach()
+    torch.library.opcheck(torch.ops.softlight.row_stats.default, (xd, idx, 0.9))
+    torch.library.opcheck(torch.ops.softlight.row_stats.default, (xd, None))
+    torch.library.opcheck(torch.ops.softlight.row_stats.default, (xd, t.clamp(min=0) + 30, 1.0, 30, True))
+    torch.library.opcheck(torch.ops.softlight.cross_entropy.default, (xd, t, -100, 0.1, 0.0, 1.0, 2, True))
+    torch.library.opcheck(torch.ops.softlight.cross_entropy.default, (xd, t, -100, 0.0, 0.0, 1.0, 0, False))
+    lse = torch.logsumexp(xd, -1)
+    ent = -(torch.softmax(xd, -1) * torch.log_softmax(xd, -1)).sum(-1)
+    d = torch.randn(6, dtype=torch.float64)
+    torch.library.opcheck(torch.ops.softlight.row_stats_backward.default,
+                          (xd, lse, ent, idx, d, d, torch.randn(6, 3, dtype=torch.float64), None, d))
+    # Double backward: a clear error.
+    y = slt.entropy(x).sum()
+    gx, = torch.autograd.grad(y, x, create_graph=True)
+    with pytest.raises(softlight.InvalidArgumentError, match="double backward"):
+        gx.sum().backward()
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_compile_fullgraph_without_graph_breaks(dynamic):
+    g = torch.Generator().manual_seed(6)
+
+    def step(logits, target, idx):
+        return (slt.cross_entropy(logits, target, z_loss=1e-4) + slt.entropy(logits).mean()
+                - slt.token_logprobs(logits, idx).mean() + slt.logsumexp(logits).mean())
+
+    explained = torch._dynamo.explain(step)(torch.randn(8, 100), torch.randint(0, 100, (8,)),
+                                            torch.randint(0, 100, (8, 2)))
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    compiled = torch.compile(step, fullgraph=True, dynamic=dynamic, backend="aot_eager")
+    for rows in (8, 13):
+        x = torch.randn(rows, 100, generator=g, requires_grad=True)
+        t = torch.randint(0, 100, (rows,), generator=g)
+        i = torch.randint(0, 100, (rows, 2), generator=g)
+        got = compiled(x, t, i)
+        want = step(x, t, i)
+        assert torch.allclose(got, want, rtol=1e-6, atol=1e-6)
+        gx, = torch.autograd.grad(got, x)
+        wx, = torch.autograd.grad(want, x)
+        assert torch.allclose(gx, wx, rtol=1e-6, atol=1e-7)
+
+
+def test_autocast_gives_float32():
+    x = torch.randn(4, 50)
+    t = torch.randint(0, 50, (4,))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert slt.cross_entropy(x.bfloat16(), t).dtype == torch.float32
+        assert slt.entropy(x.bfloat16()).dtype == torch.float32
+
+
+def test_layouts_and_refusals():
+    x = torch.randn(50, 8, dtype=torch.float64)
+    v = x.t()  # the vocabulary axis strided: made contiguous
+    t = torch.randint(0, 50, (8,))
+    assert torch.allclose(slt.cross_entropy(v, t), torch.nn.functional.cross_entropy(v, t))
+    assert torch.allclose(slt.entropy(x[::2]), -(torch.softmax(x[::2], -1) * torch.log_softmax(x[::2], -1)).sum(-1))
+    with pytest.raises(softlight.InvalidArgumentError, match="outside the vocabulary"):
+        slt.cross_entropy(v, torch.full((8,), 50))
+    with pytest.raises(softlight.InvalidArgumentError, match="probabilities"):
+        slt.cross_entropy(v, torch.rand(8, 50, dtype=torch.float64))
+    with pytest.raises(softlight.UnsupportedDTypeError):
+        slt.entropy(torch.zeros(3, 4, dtype=torch.int32))
+    if torch.cuda.is_available():
+        with pytest.raises(softlight.DeviceError, match="CPU"):
+            slt.entropy(torch.zeros(3, 4, device="cuda"))
+
+
+def test_one_pass_gradient_accumulates():
+    """The forward's gradient handed back as it is for loss.backward() must still accumulate."""
+    x = torch.randn(4, 10, dtype=torch.float64, requires_grad=True)
+    t = torch.randint(0, 10, (4,))
+    want, = torch.autograd.grad(torch.nn.functional.cross_entropy(x, t), x)
+    loss = slt.cross_entropy(x, t)
+    loss.backward(retain_graph=True)
+    loss.backward()
+    assert torch.allclose(x.grad, 2 * want, rtol=1e-12, atol=1e-15)
+    x.grad = None
+    (slt.cross_entropy(x, t) * 3).backward()
+    assert torch.allclose(x.grad, 3 * want, rtol=1e-12, atol=1e-15)
