@@ -1,0 +1,129 @@
+"""softlight.vocab_parallel over two gloo ranks on the CPU: the results and gradients equal the
+single-process functions on the concatenated logits, and a float64 reference."""
+import os
+import tempfile
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+RANKS = 2
+
+
+def _cases():
+    """(name, shape of the full logits, dtype, special values) of each check."""
+    return [("fp64", (13, 1002), torch.float64, False), ("fp32", (9, 32000), torch.float32, True),
+            ("bf16", (7, 514), torch.bfloat16, False), ("3d", (2, 3, 64), torch.float32, True)]
+
+
+def _full_inputs(shape, dtype, special, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(shape, generator=g, dtype=torch.float64) * 4).to(dtype)
+    lead, vocab = shape[:-1], shape[-1]
+    target = torch.randint(0, vocab, lead, generator=g)
+    index = torch.randint(0, vocab, lead + (3,), generator=g)
+    flat = target.reshape(-1)
+    flat[0] = -100
+    if special:
+        xf = x.reshape(-1, vocab)
+        xf[1, 5] = float("-inf")  # a -inf entry among finite ones
+        xf[2, : vocab // 2] = float("-inf")  # the first shard of a row all -inf
+    return x, target, index
+
+
+def _worker(rank, path, results):
+    dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=RANKS)
+    import softlight.torch as slt
+    import softlight.vocab_parallel as vp
+    out = {}
+    for seed, (name, shape, dtype, special) in enumerate(_cases()):
+        x, target, index = _full_inputs(shape, dtype, special, seed)
+        width = shape[-1] // RANKS
+        shard = x[..., rank * width:(rank + 1) * width].clone().requires_grad_()
+        full = x.clone().requires_grad_()
+        for T in (1.0, 0.7):
+            got = {
+                "ce": vp.cross_entropy(shard.reshape(-1, width), target.reshape(-1), label_smoothing=0.1,
+                                       z_loss=1e-3, temperature=T),
+                "ce_none": vp.cross_entropy(shard.reshape(-1, width), target.reshape(-1), reduction="none",
+                                            temperature=T),
+                "lp": vp.token_logprobs(shard, index, temperature=T),
+                "lp1": vp.token_logprobs(shard, target.clamp(min=0), temperature=T),
+                "h": vp.entropy(shard, temperature=T),
+                "lse": vp.logsumexp(shard, temperature=T),
+                "ls": vp.log_softmax(shard, temperature=T),
+            }
+            want = {
+                "ce": slt.cross_entropy(full.reshape(-1, shape[-1]), target.reshape(-1), label_smoothing=0.1,
+                                        z_loss=1e-3, temperature=T),
+                "ce_none": slt.cross_entropy(full.reshape(-1, shape[-1]), target.reshape(-1), reduction="none",
+                                             temperature=T),
+                "lp": slt.token_logprobs(full, index, temperature=T),
+                "lp1": slt.token_logprobs(full, target.clamp(min=0), temperature=T),
+                "h": slt.entropy(full, temperature=T),
+                "lse": slt.logsumexp(full / T) if T != 1.0 else slt.logsumexp(full),
+                "ls": slt.log_softmax(full, temperature=T)[..., rank * width:(rank + 1) * width],
+            }
+            for key in got:
+                w = torch.randn(got[key].shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+                finite = torch.isfinite(want[key].detach().double()) & torch.isfinite(got[key].detach().double())
+                gs, = torch.autograd.grad((got[key].double() * w)[finite].sum(), shard)
+                if key == "ls":
+                    # Each rank's loss is its own shard's; the gradient is that of their sum, the
+                    # full output against the weights of every rank (the same on each) side by side.
+                    whole = slt.log_softmax(full, temperature=T).double()
+                    wf = torch.cat([w] * RANKS, -1)
+                    gf, = torch.autograd.grad((whole * wf)[torch.isfinite(whole)].sum(), full)
+                else:
+                    gf, = torch.autograd.grad((want[key].double() * w)[finite].sum(), full)
+                gf = gf[..., rank * width:(rank + 1) * width]
+                out[(name, T, key)] = (got[key].detach().double(), want[key].detach().double(), gs.double(),
+                                       gf.double())
+    results[rank] = out
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def ranks_results():
+    with tempfile.TemporaryDirectory() as tmp:
+        manager = mp.Manager()
+        results = manager.dict()
+        mp.spawn(_worker, args=(os.path.join(tmp, "store"), results), nprocs=RANKS, join=True)
+        return dict(results)
+
+
+# Rounding of the merged statistics against one pass over the whole row (accumulation type).
+TOL = {torch.float64: 1e-10, torch.float32: 2e-5, torch.bfloat16: 2e-2}
+
+
+@pytest.mark.parametrize("case", _cases(), ids=lambda c: c[0])
+def test_vocab_parallel_equals_one_process(ranks_results, case):
+    name, _, dtype, _ = case
+    tol = TOL[dtype]
+    checked = 0
+    for rank in range(RANKS):
+        for (n, T, key), (got, want, gs, gf) in ranks_results[rank].items():
+            if n != name:
+                continue
+            # Same special values (NaN where one has NaN, the same infinities), then close values.
+            assert torch.equal(torch.isnan(got), torch.isnan(want)), (n, T, key)
+            fin = torch.isfinite(want)
+            assert torch.equal(got[~fin & ~torch.isnan(want)], want[~fin & ~torch.isnan(want)]), (n, T, key)
+            assert torch.allclose(got[fin], want[fin], rtol=tol, atol=tol), (n, T, key, (got - want)[fin].abs().max())
+            assert not torch.isnan(gf).any() and not torch.isnan(gs).any(), (n, T, key)
+            assert torch.allclose(gs, gf, rtol=tol, atol=tol), (n, T, key, (gs - gf).abs().max())
+            checked += 1
+    assert checked == RANKS * 2 * 7
+
+
+def test_vocab_parallel_matches_float64_reference(ranks_results):
+    """The single-process side itself against float64 torch, for the float64 case."""
+    x, target, index = _full_inputs((13, 1002), torch.float64, False, 0)
+    lse = torch.logsumexp(x, -1)
+    for rank in range(RANKS):
+        got, want, _, _ = ranks_results[rank][("fp64", 1.0, "lse")]
+        assert torch.allclose(got, lse, rtol=1e-12, atol=1e-12)
+        got, _, _, _ = ranks_results[rank][("fp64", 1.0, "lp")]
+        assert torch.allclose(got, torch.log_softmax(x, -1).gather(-1, index), rtol=1e-12, atol=1e-12)
