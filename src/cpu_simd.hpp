@@ -70,6 +70,9 @@ KernelSet kernels_avx2();  // x86-64 only
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 namespace softlight {
 namespace cpu {
@@ -107,6 +110,12 @@ template <class T> inline V<typename Traits<T>::A> vload(const T* p) {
     std::memcpy(&v, p, sizeof v);  // (p need not be aligned to the vector)
     return v;
   } else if constexpr (std::is_same_v<T, BFloat16>) {
+#if defined(__AVX2__)
+    if constexpr (kBytes == 32) {  // one widening load (GCC splits the generic form in two halves)
+      const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+      return as<V<float>>(as<VB<float>>(w) << 16);
+    }
+#endif
     typename Vec<float>::half_bits h;
     std::memcpy(&h, p, sizeof h);
     return as<V<float>>(__builtin_convertvector(h, VB<float>) << 16);
@@ -132,9 +141,10 @@ template <class T> inline void vstore(T* p, V<typename Traits<T>::A> v) {
   }
 }
 
-// max where NaN never wins: b replaces a where b is larger or a is NaN.
-template <class A> inline V<A> vmax(V<A> a, V<A> b) { return b > a || a != a ? b : a; }
-template <class A> inline A smax(A a, A b) { return b > a || a != a ? b : a; }
+// The running max a and a value b: b where it is larger, so a NaN b never wins (one maxps). Every
+// running max starts at -inf and is never NaN.
+template <class A> inline V<A> vmax(V<A> a, V<A> b) { return b > a ? b : a; }
+template <class A> inline A smax(A a, A b) { return b > a ? b : a; }
 
 // exp(t) for t <= 0 or NaN (shifted, scaled inputs): 2^n p(r), t = n ln2 + r, |r| <= ln2 / 2.
 inline V<float> vexp(V<float> t) {
@@ -153,8 +163,8 @@ inline V<float> vexp(V<float> t) {
   p = p * r + splat(0.5f);
   p = p * r + splat(1.0f);
   p = p * r + splat(1.0f);
-  const V<float> res = p * as<V<float>>((ni + 127) << 23);
-  return t != t ? t : (tc < splat(-87.33654475f) ? splat(0.0f) : res);
+  const V<float> res = p * as<V<float>>((ni + 127) << 23);  // (NaN for a NaN t: p is)
+  return tc < splat(-87.33654475f) ? splat(0.0f) : res;
 }
 inline V<double> vexp(V<double> t) {
   const V<double> tc = t < splat(-709.0) ? splat(-709.0) : t;
@@ -168,8 +178,8 @@ inline V<double> vexp(V<double> t) {
   for (const double c : {1.0 / 39916800.0, 1.0 / 3628800.0, 1.0 / 362880.0, 1.0 / 40320.0, 1.0 / 5040.0,
                          1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0})
     p = p * r + splat(c);
-  const V<double> res = p * as<V<double>>((ni + 1023) << 52);
-  return t != t ? t : (tc < splat(-708.3964185322641) ? splat(0.0) : res);
+  const V<double> res = p * as<V<double>>((ni + 1023) << 52);  // (NaN for a NaN t: p is)
+  return tc < splat(-708.3964185322641) ? splat(0.0) : res;
 }
 template <class A> inline A sexp(A t) { return vexp(splat(t))[0]; }  // one value, the same results
 
@@ -214,15 +224,30 @@ template <class T, class A = typename Traits<T>::A> A max_of(const T* x, int64_t
   return m;
 }
 
+// f(std::true_type) where scale is not 1, f(std::false_type) where it is: (x - m) * 1 is x - m, so
+// the kernels' loops below leave the multiply out then, with the same results.
+template <class A, class F> inline auto with_scale(A scale, F&& f) {
+  return scale == A(1) ? f(std::false_type{}) : f(std::true_type{});
+}
+// (v - s) * c, or v - s where c is 1 (Scaled false).
+template <class Scaled, class VA> inline VA shifted(VA v, VA s, VA c) {
+  if constexpr (Scaled::value) return (v - s) * c;
+  else return v - s;
+}
+
 template <class T, class A = typename Traits<T>::A> double sumexp(const T* x, int64_t n, A shift, A scale) {
   constexpr int W = kLanes<A>;
   const V<A> vs = splat(shift), vc = splat(scale);
   V<A> s0 = splat(A(0)), s1 = s0;
   int64_t j = 0;
-  for (; j + 2 * W <= n; j += 2 * W) {
-    s0 += vexp((vload(x + j) - vs) * vc);
-    s1 += vexp((vload(x + j + W) - vs) * vc);
-  }
+  with_scale(scale, [&](auto scaled) {
+    using S = decltype(scaled);
+    for (; j + 2 * W <= n; j += 2 * W) {
+      s0 += vexp(shifted<S>(vload(x + j), vs, vc));
+      s1 += vexp(shifted<S>(vload(x + j + W), vs, vc));
+    }
+    return 0;
+  });
   const V<A> s2 = s0 + s1;
   double s = 0;
   for (int l = 0; l < W; ++l) s += s2[l];
@@ -235,7 +260,11 @@ void write(const T* x, T* y, int64_t n, A m, A scale, A log_sum) {
   constexpr int W = kLanes<A>;
   const V<A> vm = splat(m), vc = splat(scale), vl = splat(log_sum);
   int64_t j = 0;
-  for (; j + W <= n; j += W) vstore(y + j, (vload(x + j) - vm) * vc - vl);
+  with_scale(scale, [&](auto scaled) {
+    using S = decltype(scaled);
+    for (; j + W <= n; j += W) vstore(y + j, shifted<S>(vload(x + j), vm, vc) - vl);
+    return 0;
+  });
   for (; j < n; ++j) y[j] = Traits<T>::store((Traits<T>::load(x[j]) - m) * scale - log_sum);
 }
 
@@ -310,8 +339,11 @@ void tiles(const T* x, int64_t xs, T* y, int64_t ys, int64_t width, int64_t n, A
         shift[g] = raise_max<A>(m[g], s[g], bm[g], vc);
         bs[g] = zero;
       }
-      for (int64_t d = b; d < e; ++d)
-        for (int g = 0; g < g_count; ++g) bs[g] += vexp((get(d, g) - shift[g]) * vc);
+      with_scale(scale, [&](auto scaled) {
+        for (int64_t d = b; d < e; ++d)
+          for (int g = 0; g < g_count; ++g) bs[g] += vexp(shifted<decltype(scaled)>(get(d, g), shift[g], vc));
+        return 0;
+      });
       for (int g = 0; g < g_count; ++g)
         for (int l = 0; l < W; ++l) s[g][l] += bs[g][l];
     }
@@ -321,18 +353,21 @@ void tiles(const T* x, int64_t xs, T* y, int64_t ys, int64_t width, int64_t n, A
       for (int l = 0; l < W; ++l) sum[l] = static_cast<A>(s[g][l]);
       log_sum[g] = vlog<A>(sum);
     }
-    for (int64_t d = 0; d < n; ++d) {
-      for (int g = 0; g < g_count; ++g) {
-        const V<A> out = (get(d, g) - m[g]) * vc - log_sum[g];
-        T* yp = y + d * ys + i0 + g * W;
-        const int64_t have = lanes - g * W;
-        if (have >= W) {
-          vstore(yp, out);
-        } else {
-          for (int64_t l = 0; l < have; ++l) yp[l] = Traits<T>::store(out[l]);
+    with_scale(scale, [&](auto scaled) {
+      for (int64_t d = 0; d < n; ++d) {
+        for (int g = 0; g < g_count; ++g) {
+          const V<A> out = shifted<decltype(scaled)>(get(d, g), m[g], vc) - log_sum[g];
+          T* yp = y + d * ys + i0 + g * W;
+          const int64_t have = lanes - g * W;
+          if (have >= W) {
+            vstore(yp, out);
+          } else {
+            for (int64_t l = 0; l < have; ++l) yp[l] = Traits<T>::store(out[l]);
+          }
         }
       }
-    }
+      return 0;
+    });
     if (lse != nullptr)
       for (int64_t l = 0; l < lanes; ++l) lse[i0 + l] = m[l / W][l % W] * scale + log_sum[l / W][l % W];
   }
@@ -396,8 +431,11 @@ void flat_stats(const T* x, int64_t n, int p, A scale, A* m_out, double* s_out) 
       shift[g] = raise_max<A>(m[g], s[g], bm[g], vc);
       bs[g] = zero;
     }
-    for (int64_t j = b, g = 0; j < e; j += W, g = g + 1 == groups ? 0 : g + 1)
-      bs[g] += vexp((span_at(x, j, n) - shift[g]) * vc);
+    with_scale(scale, [&](auto scaled) {
+      for (int64_t j = b, g = 0; j < e; j += W, g = g + 1 == groups ? 0 : g + 1)
+        bs[g] += vexp(shifted<decltype(scaled)>(span_at(x, j, n), shift[g], vc));
+      return 0;
+    });
     for (int g = 0; g < groups; ++g)
       for (int l = 0; l < W; ++l) s[g][l] += bs[g][l];
   }
@@ -442,8 +480,11 @@ void flat_write(const T* x, T* y, int64_t n, int p, const A* m, const A* log_sum
   }
   const V<A> vc = splat(scale);
   int64_t j = 0;
-  for (int g = 0; j + W <= n; j += W, g = g + 1 == groups ? 0 : g + 1)
-    vstore(y + j, (vload(x + j) - vm[g]) * vc - vl[g]);
+  with_scale(scale, [&](auto scaled) {
+    for (int g = 0; j + W <= n; j += W, g = g + 1 == groups ? 0 : g + 1)
+      vstore(y + j, shifted<decltype(scaled)>(vload(x + j), vm[g], vc) - vl[g]);
+    return 0;
+  });
   for (; j < n; ++j) y[j] = Traits<T>::store((Traits<T>::load(x[j]) - m[j % p]) * scale - log_sum[j % p]);
 }
 
@@ -527,14 +568,17 @@ void row_stats(const T* x, int64_t n, A scale, A* m_out, double* s_out, double* 
     const V<A> vs = splat(m == ninf ? A(0) : m);
     V<A> vsum = zero, vt = zero, vx = zero;
     int64_t j = 0;
-    for (; j + W <= len; j += W) {
-      const V<A> v = vload(xb + j);
-      const V<A> d = (v - vs) * vc;
-      const V<A> e = vexp(d);
-      vsum += e;
-      vt += e == zero ? zero : e * d;
-      vx += v;
-    }
+    with_scale(scale, [&](auto scaled) {
+      for (; j + W <= len; j += W) {
+        const V<A> v = vload(xb + j);
+        const V<A> d = shifted<decltype(scaled)>(v, vs, vc);
+        const V<A> e = vexp(d);
+        vsum += e;
+        vt += e == zero ? zero : e * d;
+        vx += v;
+      }
+      return 0;
+    });
     for (int l = 0; l < W; ++l) {
       s += vsum[l];
       t += vt[l];
