@@ -3,8 +3,9 @@ torch's CPU log_softmax, side by side in one run, over row lengths 1 to 16 M, fl
 bfloat16, along the last axis and a middle one.
 
 Every provider is called as its users call it, returning a new array, and checked against float64
-before it is timed; the floor is a copy of the same bytes into a new array (np.copy). Each case holds
-about CPU_ELEMENTS elements. Results: docs/perf/cpu.json and cpu.png.
+before it is timed; the floor is a copy of the same bytes into a new array (np.copy). The providers take
+turns, each timed call right after an untimed one of its own. Each case holds about CPU_ELEMENTS
+elements. Results: docs/perf/cpu.json and cpu.png.
 """
 import datetime
 import math
@@ -113,6 +114,9 @@ def run(args, torch):
             for row, fn in case:
                 if fn is None:
                     continue
+                # An untimed call first: the threads a provider leaves behind (torch's OpenMP workers
+                # spin for milliseconds after a call) then slow that call, not the next provider's.
+                fn(x, xt, dim)
                 t0 = time.perf_counter()
                 fn(x, xt, dim)
                 times[id(row)].append((time.perf_counter() - t0) * 1e3)
