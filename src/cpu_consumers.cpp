@@ -19,13 +19,18 @@ namespace {
 
 using cpu::Traits;
 
-// One row's statistics in z = x * scale units.
+// One row's statistics, in z = x * scale units where not said.
 template <class A> struct RowStats {
   A mx;       // max x (-inf for an empty row)
   A m;        // max z
   A log_sum;  // log sum exp(z - m)
   A lse;      // m + log_sum
   double s, t, sum;
+  double sum_x;  // sum x
+
+  // z[j] - lse from x[j]'s value v, as log_softmax writes it: the shift taken before the scale, so
+  // that no temperature makes a row's own values overflow.
+  A logprob(A v, A scale) const { return (v - mx) * scale - log_sum; }
 };
 
 template <class T, class K, class A = typename Traits<T>::A> RowStats<A> stats_of(const K& k, const T* x, int64_t n, A scale) {
@@ -40,6 +45,7 @@ template <class T, class K, class A = typename Traits<T>::A> RowStats<A> stats_o
   r.s = s;
   r.t = t;
   r.sum = sum * static_cast<double>(scale);
+  r.sum_x = sum;
   return r;
 }
 
@@ -74,7 +80,7 @@ template <class T> void row_stats(const ConsumerCall& c, const softlight_row_sta
         const int64_t j = column_of(c.index[r * c.index_stride + q], c.index_offset, c.cols);
         const A z = j < 0 ? A(0) : Traits<T>::load(xr[j]) * scale;
         if (o.picked) acc<A>(o.picked)[r * c.index_count + q] = z;
-        if (o.logprobs) acc<A>(o.logprobs)[r * c.index_count + q] = j < 0 ? A(0) : z - st.lse;
+        if (o.logprobs) acc<A>(o.logprobs)[r * c.index_count + q] = j < 0 ? A(0) : st.logprob(Traits<T>::load(xr[j]), scale);
       }
     }
   });
@@ -147,9 +153,15 @@ void row_stats_backward(const ConsumerCall& c, const softlight_row_stats_grad& g
         b[q] = at(g.d_picked, i) + at(g.d_logprobs, i);
         a -= at(g.d_logprobs, i);
       }
-      // p = exp(z - lse): m = 0 and log_sum = lse in the kernel's terms.
-      grad_row(k, x + r * c.x_stride, dx + r * c.dx_stride, c.cols, scale, A(0), acc<A>(g.lse)[r], a,
-               at(g.d_entropy, r), g.d_entropy ? acc<A>(g.entropy)[r] : A(0), at(g.d_sum, r), cols, b, kc, xv);
+      // p = exp(z - lse) = exp((x - m) * scale - (lse - m * scale)) with the row's max m found again
+      // (a pass over the row, which then stays in cache): no temperature overflows x * scale.
+      const T* xr = x + r * c.x_stride;
+      // (A shard's row of all -inf shifts by 0: its p are 0 where the whole row's lse is finite.)
+      const A m_row = k.row_max(xr, c.cols);
+      const A m = m_row == -std::numeric_limits<A>::infinity() ? A(0) : m_row;
+      const A log_sum = static_cast<A>(static_cast<double>(acc<A>(g.lse)[r]) - static_cast<double>(m) * c.scale);
+      grad_row(k, xr, dx + r * c.dx_stride, c.cols, scale, m, log_sum, a, at(g.d_entropy, r),
+               g.d_entropy ? acc<A>(g.entropy)[r] : A(0), at(g.d_sum, r), cols, b, kc, xv);
     }
   });
 }
@@ -182,9 +194,13 @@ softlight_status cross_entropy(const ConsumerCall& c, const softlight_cross_entr
         }
       } else {
         const RowStats<A> st = stats_of(k, xr, c.cols, scale);
-        const double lse = st.lse, zt = static_cast<double>(Traits<T>::load(xr[t]) * scale);
-        loss = (1.0 - eps) * (lse - zt) + (eps == 0.0 ? 0.0 : eps * (lse - st.sum / static_cast<double>(c.cols))) +
-               (zl == 0.0 ? 0.0 : zl * lse * lse);
+        // Each term against the row's max (in double), so that no temperature overflows a term whose
+        // value is finite: lse - z[t] = log_sum - (x[t] - max) * scale, and the same for the mean z.
+        const double sc = c.scale, mx = st.mx, log_sum = st.log_sum;
+        const double lse = mx * sc + log_sum;
+        const double nll = log_sum - (static_cast<double>(Traits<T>::load(xr[t])) - mx) * sc;
+        const double smooth = eps == 0.0 ? 0.0 : eps * (log_sum - (st.sum_x / static_cast<double>(c.cols) - mx) * sc);
+        loss = (1.0 - eps) * nll + smooth + (zl == 0.0 ? 0.0 : zl * lse * lse);
         if (o.lse) acc<A>(o.lse)[r] = st.lse;
         if (grad != nullptr) {
           const A a = static_cast<A>(g * (1.0 + 2.0 * zl * lse));

@@ -43,6 +43,7 @@ template <class T, class A> struct Kernels {
   // dx = scale * (p * (a - e * (log p + h)) + c), log p = (x - m) * scale - log_sum, over n
   // contiguous elements (dx may be x).
   void (*stats_grad)(const T* x, T* dx, int64_t n, A scale, A m, A log_sum, A a, A e, A h, A c);
+  A (*row_max)(const T* x, int64_t n);  // the max of n contiguous elements (NaN never wins; -inf for none)
   int lanes;  // elements a vector holds
 };
 
@@ -618,7 +619,7 @@ void stats_grad(const T* x, T* dx, int64_t n, A scale, A m, A log_sum, A a, A e,
 
 template <class T> Kernels<T, typename Traits<T>::A> kernels_of() {
   return {rows<T>,          tiles<T>,     short_rows<T>, flat_stats<T>, flat_write<T>, unit<T>,
-          backward_rows<T>, row_stats<T>, stats_grad<T>, kLanes<typename Traits<T>::A>};
+          backward_rows<T>, row_stats<T>, stats_grad<T>, max_of<T>, kLanes<typename Traits<T>::A>};
 }
 
 inline KernelSet kernel_set() {

@@ -60,7 +60,8 @@ def stats_ref(z, index):
         if index is not None:
             picked = np.take_along_axis(z, index, -1)
             out["picked"] = picked
-            out["logprobs"] = picked - lse[:, None]
+            # (z - m) - log s, not z - lse: at |z| ~ 1e30 float64's lse has lost log s.
+            out["logprobs"] = np.where(bad[:, None], np.nan, (picked - shift[:, None]) - np.log(s)[:, None])
     return out
 
 

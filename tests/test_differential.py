@@ -1,7 +1,8 @@
 """Differential tests on the CPU, driven by hypothesis: random arrays of 0 to 6 axes, strided views,
 every dtype, any dim, temperatures over their whole accepted range (and past its ends), the
 log-sum-exp output, the backward, and special values, against a float64 reference with torch's
-special-value rules. Seeded (derandomized): every run draws the same cases. The GPU suite runs the
+special-value rules; and the consumers of the log-sum-exp (row statistics, cross-entropy and
+their gradient) over the same ranges. Seeded (derandomized): every run draws the same cases. The GPU suite runs the
 same generator against the GPU (tests/test_gpu_differential.py)."""
 import math
 
@@ -131,3 +132,139 @@ def test_forward_backward_and_lse_against_float64(case):
             ref_dx = dy64 - np.exp(y64) * dy64.sum(axis=d, keepdims=True)
         held_dx = ref_dx.astype(x.dtype).astype(np.float64)
         assert_matches(dx, np.where(np.isinf(held_dx), held_dx, ref_dx), dtype, "backward " + what)
+
+
+# --- the consumers of the log-sum-exp ------------------------------------------------------------
+
+def consumer_reference(x64, index, t):
+    """Float64 statistics of each row of x / t (rows on the last axis), each against the row's max
+    (as softlight computes them), with torch's special-value rules."""
+    sc = 1.0 / t
+    with np.errstate(all="ignore"):
+        m = np.where(np.isnan(x64), -np.inf, x64).max(-1, keepdims=True, initial=-np.inf)
+        bad = (np.isnan(x64).any(-1) | (x64 == np.inf).any(-1))[..., None]
+        shift = np.where(np.isfinite(m), m, 0.0)
+        d = (x64 - shift) * sc
+        e = np.exp(d)
+        s = e.sum(-1, keepdims=True)
+        log_s = np.log(s)
+        tt = np.where(e > 0, e * d, 0.0).sum(-1, keepdims=True)
+        lse = np.where(bad, np.nan, shift * sc + log_s)[..., 0]
+        ent = np.where(bad | (m == -np.inf), np.nan, log_s - tt / s)[..., 0]
+        out = {"lse": lse, "entropy": ent, "log_s": np.where(bad, np.nan, log_s)[..., 0],
+               "shift_z": (shift * sc)[..., 0]}
+        if index is not None:
+            idx = index if index.ndim == x64.ndim else index[..., None]
+            lp = (np.take_along_axis(x64, idx, -1) - shift) * sc - log_s
+            lp = np.where(bad, np.nan, lp)
+            out["logprobs"] = lp if index.ndim == x64.ndim else lp[..., 0]
+    return out
+
+
+# The backward's tolerance: the storage type's rounding of dx, plus float32 arithmetic on terms as
+# large as |lse| p (the entropy's log p + H).
+TOL_GRAD = {"float64": (1e-11, 1e-11), "float32": (1e-5, 2e-6), "float16": (1e-3, 1e-3), "bfloat16": (8e-3, 8e-3)}
+
+
+def _held(ref, acc):
+    """The reference as the accumulation type holds it: its infinity past the type's range."""
+    with np.errstate(all="ignore"):
+        held = ref.astype(acc).astype(np.float64)
+    return np.where(np.isinf(held), held, ref)
+
+
+@st.composite
+def consumer_problems(draw):
+    lead = tuple(draw(st.lists(st.sampled_from([1, 2, 3, 5]), min_size=0, max_size=2)))
+    vocab = draw(st.sampled_from([1, 2, 3, 7, 17, 64, 300, 2100]))
+    dtype = draw(st.sampled_from(sorted(DTYPES)))
+    k = draw(st.sampled_from([None, 1, 3]))
+    kind = draw(st.sampled_from(["one", "one", "log", "edge"]))
+    if kind == "one":
+        t = 1.0
+    elif kind == "log":
+        t = 10.0 ** draw(st.floats(-30, 30))
+    else:
+        lo, hi = T_RANGE["float64" if dtype == "float64" else "other"]
+        t = draw(st.sampled_from([lo * 0.5, lo * 1.0000001, hi * 0.9999999, hi * 2]))
+    return lead, vocab, dtype, k, t, draw(st.integers(0, 3)), draw(st.integers(0, 2**32 - 1))
+
+
+@settings(max_examples=max(1, CASES // 2), deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck))
+@given(consumer_problems())
+def test_consumers_against_float64(case):
+    """row_stats (lse, entropy, log-probs), cross_entropy and row_stats_backward, against float64."""
+    lead, vocab, dtype, k, t, specials, seed = case
+    rng = np.random.default_rng(seed)
+    x = np.asarray(rng.standard_normal(lead + (vocab,)) * 3).astype(DTYPES[dtype])
+    for _ in range(specials):
+        x[tuple(int(rng.integers(0, n)) for n in x.shape)] = rng.choice([np.inf, -np.inf, np.nan, -np.inf])
+    index = None if k is None else rng.integers(0, vocab, lead + ((k,) if k > 1 else ()))
+    lo, hi = T_RANGE["float64" if dtype == "float64" else "other"]
+    acc = np.float64 if dtype == "float64" else np.float32
+    tol = "float64" if dtype == "float64" else "float32"
+    what = f"{x.shape} {dtype} T={t!r} K={k}"
+    if not lo <= t <= hi:
+        with pytest.raises(softlight.InvalidArgumentError):
+            softlight.row_stats(x, index, stats=("lse",), temperature=t)
+        return
+    x64 = x.astype(np.float64)
+    ref = consumer_reference(x64, index, t)
+    stats = ("lse", "entropy") + (("logprobs",) if index is not None else ())
+    got = softlight.row_stats(x, index, stats=stats, temperature=t)
+    for name in stats:
+        assert got[name].dtype == acc and got[name].shape == ref[name].shape, (name, what)
+        # The entropy is a difference of terms up to |lse|: its error scales with 1 + |lse|.
+        r = _held(ref[name], acc)
+        if name == "entropy":
+            fin = np.isfinite(r)
+            err = np.abs(got[name][fin] - r[fin])
+            atol, rtol = (1e-12, 1e-12) if tol == "float64" else (1e-5, 1e-5)
+            assert (err <= atol + rtol * (1 + np.abs(ref["lse"][fin]))).all(), (what, err.max())
+            assert np.array_equal(np.isnan(got[name]), np.isnan(r)), what
+        else:
+            assert_matches(got[name], r, tol, f"{name} {what}")
+    if index is not None and 1e-3 <= t <= 1e3:
+        # The gradient of a random combination of the statistics, where they are finite.
+        d_lse, d_ent = rng.standard_normal(lead).astype(acc), rng.standard_normal(lead).astype(acc)
+        d_lp = rng.standard_normal(got["logprobs"].shape).astype(acc)
+        dx = softlight.row_stats_backward(x, got["lse"], entropy=got["entropy"], d_lse=d_lse, d_entropy=d_ent,
+                                          d_logprobs=d_lp, index=index, temperature=t)
+        with np.errstate(all="ignore"):
+            log_p = (x64 - ref["shift_z"][..., None] * t) / t - ref["log_s"][..., None]
+            p = np.exp(log_p)
+            kk = 1 if index.ndim == len(lead) else index.shape[-1]
+            idx = index.reshape(lead + (kk,))
+            glp = d_lp.astype(np.float64).reshape(lead + (kk,))
+            a = d_lse - glp.sum(-1)
+            dz = np.where(p > 0, p * (a[..., None] - d_ent[..., None] * (log_p + ref["entropy"][..., None])), 0.0)
+            hot = np.zeros_like(dz)
+            for q in range(kk):
+                np.put_along_axis(hot, idx[..., q:q + 1],
+                                  np.take_along_axis(hot, idx[..., q:q + 1], -1) + glp[..., q:q + 1], -1)
+            want = (dz + hot) / t
+        fine = np.isfinite(ref["lse"]) & np.isfinite(ref["entropy"])
+        if fine.any():
+            w, g = want[fine], dx.astype(np.float64)[fine]
+            atol, rtol = TOL_GRAD[dtype]
+            scale = 1.0 + np.abs(w) + np.abs(ref["lse"][fine])[..., None] * np.abs(p[fine]) / t
+            assert (np.abs(g - w) <= atol + rtol * scale).all(), (what, np.abs(g - w).max())
+    if index is None or index.ndim != len(lead):
+        return
+    # Cross-entropy of the same rows, every row kept but one (where there are two or more).
+    target = index.copy()
+    if target.size > 1:
+        target.reshape(-1)[0] = -100
+    rows = int(np.prod(lead)) if lead else 1
+    x2, t2 = x.reshape(rows, vocab), target.reshape(rows)
+    loss, g = softlight.cross_entropy(x2, t2, reduction="none", temperature=t, grad=True, label_smoothing=0.1)
+    lp = ref["logprobs"].reshape(rows)
+    with np.errstate(all="ignore"):
+        sc = 1.0 / t
+        m = np.where(np.isnan(x2.astype(np.float64)), -np.inf, x2.astype(np.float64)).max(-1, initial=-np.inf)
+        shift = np.where(np.isfinite(m), m, 0.0)
+        lse_minus_mean = ref["log_s"].reshape(rows) - (x2.astype(np.float64).mean(-1) - shift) * sc
+        want = np.where(t2 == -100, 0.0, 0.9 * -lp + 0.1 * lse_minus_mean)
+    assert_matches(loss, _held(want, acc), tol, f"cross_entropy {what}")
+    assert g.shape == x2.shape and (g[t2 == -100] == 0).all()

@@ -59,7 +59,7 @@ def _indices(index, lead, name):
         raise ArgumentTypeError(f"softlight: {name} must be an integer array on the CPU: {e}") from e
     if arr.dtype.kind not in "iu":
         raise ArgumentTypeError(f"softlight: {name} must hold integers, got {arr.dtype}")
-    arr = np.ascontiguousarray(arr, dtype=np.int64)
+    arr = np.ascontiguousarray(arr, dtype=np.int64).reshape(np.shape(arr))  # (0-d stays 0-d)
     if arr.shape == lead:
         return arr, None
     if arr.shape[:-1] == lead:
@@ -141,7 +141,8 @@ def row_stats_backward(logits, lse, *, entropy=None, d_lse=None, d_entropy=None,
         if a is None:
             return 0
         want = lead + ((() if k is None else (k,)) if per_index else ())
-        v = np.ascontiguousarray(np.from_dlpack(a) if not isinstance(a, np.ndarray) else a, dtype=acc)
+        v = np.from_dlpack(a) if not isinstance(a, np.ndarray) else a
+        v = np.ascontiguousarray(v, dtype=acc).reshape(np.shape(v))
         if v.shape != want:
             raise InvalidArgumentError(f"softlight: {name} has shape {v.shape}, expected {want}")
         keep.append(v)
