@@ -8,7 +8,7 @@ import pytest
 
 import softlight
 from softlight import _C
-from reference import TOL, from_bfloat16_bits, to_bfloat16_bits
+from reference import TOL, from_bfloat16_bits, in_threads, to_bfloat16_bits
 
 CODES = {"float32": 0, "float16": 1, "bfloat16": 2, "float64": 3}
 STATS = ("lse", "entropy", "logprobs", "picked", "sum", "max", "sumexp", "moment")
@@ -315,3 +315,22 @@ def test_c_abi_statuses_and_nothing_written(rng):
     assert ce(grad=x.ctypes.data + 4, gs=10) == 5  # a gradient over x, shifted
     assert (loss == POISON).all()
     assert ce(grad=x.ctypes.data, gs=10) == 0  # over x exactly: allowed
+
+
+def test_sixteen_host_threads_give_exact_results(rng):
+    """16 Python threads (the bindings release the GIL) on arrays of their own, each result equal to
+    the same call made alone; the library's worker pool is shared among them."""
+    xs = [(rng.standard_normal((64, 3000 + 7 * i)) * 3).astype(np.float32) for i in range(16)]
+    ts = [rng.integers(0, x.shape[1], 64) for x in xs]
+
+    def work(i):
+        loss, g = softlight.cross_entropy(xs[i], ts[i], reduction="none", grad=True, label_smoothing=0.05)
+        st = softlight.row_stats(xs[i], ts[i], stats=("lse", "entropy", "logprobs"))
+        return loss, g, st
+
+    alone = [work(i) for i in range(16)]
+    for _ in range(3):
+        together = in_threads(16, work)
+        for (l0, g0, s0), (l1, g1, s1) in zip(alone, together):
+            assert np.array_equal(l0, l1) and np.array_equal(g0, g1)
+            assert all(np.array_equal(s0[k], s1[k]) for k in s0)
