@@ -25,8 +25,8 @@ template <class A> struct RowStats {
   A m;        // max z
   A log_sum;  // log sum exp(z - m)
   A lse;      // m + log_sum
-  double s, t, sum;
-  double sum_x;  // sum x
+  double s, t;
+  double sum_x;  // sum x (not scaled)
 
   // z[j] - lse from x[j]'s value v, as log_softmax writes it: the shift taken before the scale, so
   // that no temperature makes a row's own values overflow.
@@ -44,7 +44,6 @@ template <class T, class K, class A = typename Traits<T>::A> RowStats<A> stats_o
   r.lse = r.m + r.log_sum;
   r.s = s;
   r.t = t;
-  r.sum = sum * static_cast<double>(scale);
   r.sum_x = sum;
   return r;
 }
@@ -72,7 +71,7 @@ template <class T> void row_stats(const ConsumerCall& c, const softlight_row_sta
       const RowStats<A> st = stats_of(k, xr, c.cols, scale);
       if (o.lse) acc<A>(o.lse)[r] = st.lse;
       if (o.entropy) acc<A>(o.entropy)[r] = entropy_of(st);
-      if (o.sum) acc<A>(o.sum)[r] = static_cast<A>(st.sum);
+      if (o.sum) acc<A>(o.sum)[r] = static_cast<A>(st.sum_x * c.scale);
       if (o.max) acc<A>(o.max)[r] = st.m;
       if (o.sumexp) acc<A>(o.sumexp)[r] = static_cast<A>(st.s);
       if (o.moment) acc<A>(o.moment)[r] = static_cast<A>(st.t);
