@@ -172,10 +172,11 @@ def test_committed_results_follow_the_schema(path):
             assert r["op"] == "host" and r["shape"] == [8, 1000] and r["dtype"] == "float32" and r["us"] > 0
             assert r["provider"] in ("softlight", "softlight_out", "softlight_raw", "softlight_cupy", "torch")
         return
+    consumer = doc["rows"][0]["op"] in ("cross_entropy", "token_logprobs", "entropy")
     for r in doc["rows"]:
-        assert r["op"] in ("forward", "backward")
+        assert r["op"] == doc["rows"][0]["op"] if consumer else r["op"] in ("forward", "backward")
         assert r["provider"] in ("softlight", "copy", "torch", "torch.compile", "quack", "liger") or \
-            ("cpu" in doc["meta"] and r["provider"] == "numpy")
+            ("cpu" in doc["meta"] and r["provider"] == "numpy") or (consumer and r["provider"] == "gather-lse")
         assert r["dtype"] in ("float32", "float16", "bfloat16", "float64")
         assert all(isinstance(v, int) and v > 0 for v in r["shape"])
         assert "copy_ms" in r and "status" in r
@@ -218,3 +219,19 @@ def test_cpu_numpy_anchor_is_the_three_line_form():
     ref -= np.log(np.exp(ref).sum(1, keepdims=True))
     assert bench_cpu.check(bench_cpu.numpy_log_softmax(x, 1), ref, "float32") is None
     assert bench_cpu.check(ref + 1e-3, ref, "float32").startswith("wrong")
+
+
+def test_consumer_bench_runs_checks_and_writes_its_results(tmp_path):
+    """bench --op on the CPU, small: every provider checked against float64 and timed beside the copy;
+    the files follow the results' schema."""
+    pytest.importorskip("torch")
+    for op in ("cross_entropy", "token_logprobs", "entropy"):
+        code = bench.main(["--device", "cpu", "--op", op, "--vocabs", "1000", "--dtypes", "float32,bfloat16",
+                           "--sweep-gb", "0.0005", "--reps", "1", "--no-compile", "--out-dir", str(tmp_path),
+                           "--commit", "test"])
+        assert code == 0
+        doc = json.loads((tmp_path / f"{op}-cpu.json").read_text())
+        assert {r["provider"] for r in doc["rows"]} >= {"copy", "softlight", "torch"}
+        assert all(r["status"] == "ok" and r["ms"] > 0 and r["copy_ms"] > 0 for r in doc["rows"])
+        assert (tmp_path / f"{op}-cpu.png").exists()
+        test_committed_results_follow_the_schema(tmp_path / f"{op}-cpu.json")

@@ -342,7 +342,12 @@ def main(argv=None):
                                                    "float32,float64,bfloat16)")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                     help="cpu: the CPU backend's sweep against numpy and torch's CPU kernel (bench_cpu.py)")
-    ap.add_argument("--op", default="forward", choices=["forward", "backward"])
+    ap.add_argument("--op", default="forward",
+                    choices=["forward", "backward", "cross_entropy", "token_logprobs", "entropy"],
+                    help="cross_entropy, token_logprobs, entropy: the consumers of the log-sum-exp against their "
+                         "anchors over vocabularies (bench_consumers.py), on --device cuda or cpu")
+    ap.add_argument("--vocabs", default="", help="with a consumer --op: comma-separated vocabulary sizes (default: "
+                                                 "32000,50257,128256,151936,262144)")
     ap.add_argument("--sweep", action="store_true",
                     help=f"instead of --shapes: rows x cols for cols in {SWEEP_COLS}, each tensor about "
                          f"--sweep-gb GB")
@@ -365,7 +370,9 @@ def main(argv=None):
                                                "host, sweep, backward or forward, by what is measured)")
     ap.add_argument("--commit", default=None, help="commit to record (default: git rev-parse HEAD)")
     args = ap.parse_args(argv)
-    args.name = args.name or ("cpu" if args.device == "cpu" else "host" if args.host else "sweep" if args.sweep
+    consumer = args.op in ("cross_entropy", "token_logprobs", "entropy")
+    args.name = args.name or (f"{args.op}-cpu" if consumer and args.device == "cpu" else args.op if consumer
+                              else "cpu" if args.device == "cpu" else "host" if args.host else "sweep" if args.sweep
                               else args.op)
     args.reps = args.reps if args.reps is not None else 5 if args.device == "cpu" else 30
     if args.passes < 1 or args.reps < 1 or args.warmup < 0:
@@ -377,6 +384,13 @@ def main(argv=None):
             import torch
         except ImportError:
             print("# torch not installed: timing softlight and the copy only", file=sys.stderr)
+    if consumer:
+        if torch is None:
+            raise SystemExit(f"softlight bench --op {args.op}: needs torch (the anchors and the arrays)")
+        if args.device == "cuda" and not torch.cuda.is_available():
+            raise SystemExit("softlight bench: no CUDA GPU is visible; pass --device cpu")
+        from . import bench_consumers
+        return bench_consumers.run(args, argv, torch, args.commit or _git_commit())
     if args.device == "cpu":
         from . import bench_cpu
         return bench_cpu.main(args, argv, torch, args.commit or _git_commit())

@@ -1,0 +1,226 @@
+"""`python -m softlight bench --op cross_entropy | token_logprobs | entropy`: the consumers of the
+log-sum-exp (docs/consumers.md) against torch, torch.compile and, on the GPU, Liger and Quack where
+they are installed, side by side in one run, over vocabularies of 32000 to 262144 tokens.
+
+- cross_entropy times the forward and the backward together: `loss.backward()` of each provider's mean
+  loss. Its floor is one read and one write of the logits.
+- token_logprobs times the log-probabilities of one chosen token a row: torch's
+  `log_softmax(x.float()).gather` and the memory-saving `x.gather - logsumexp(x)` that RL libraries
+  use. Its floor is one read.
+- entropy times `-(softmax * log_softmax).sum(-1)`. Its floor is one read.
+
+"copy" (x.clone(): one read and one write) is the yardstick. Every provider is checked against
+float64 before it is timed (the loss, or the values, and for cross_entropy the gradient too); a wrong
+or failing one is recorded as such. The GPU is timed with CUDA events, the CPU with perf_counter,
+each timed call right after an untimed one of its own.
+"""
+import datetime
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+OPS = ("cross_entropy", "token_logprobs", "entropy")
+VOCABS = (32000, 50257, 128256, 151936, 262144)
+TOL = {"float32": 1e-4, "bfloat16": 2e-2, "float64": 1e-10}
+
+
+def cases(args, device):
+    """(rows, vocab, dtype): rows chosen so that the logits hold about --sweep-gb GB (at most 64 MB on
+    the CPU)."""
+    gb = args.sweep_gb if device == "cuda" else min(args.sweep_gb, 0.0625)
+    dtypes = (args.dtypes or "bfloat16,float32").split(",")
+    vocabs = [int(v) for v in args.vocabs.split(",")] if args.vocabs else VOCABS
+    for dtype in dtypes:
+        item = {"float32": 4, "bfloat16": 2, "float64": 8, "float16": 2}[dtype]
+        for v in vocabs:
+            yield max(1, int(gb * 1e9 / (v * item))), v, dtype
+
+
+def providers(torch, op, device, no_compile):
+    """name -> fn(x, t, idx) giving the output that the check reads (for cross_entropy, after its
+    backward: (loss, grad))."""
+    import softlight.torch as slt
+    F = torch.nn.functional
+
+    def backward(loss_fn):
+        def run(x, t, idx):
+            loss = loss_fn(x, t)
+            loss.backward()
+            g, x.grad = x.grad, None
+            return loss, g
+        return run
+
+    p = {}
+    if op == "cross_entropy":
+        p["softlight"] = backward(lambda x, t: slt.cross_entropy(x, t))
+        p["torch"] = backward(lambda x, t: F.cross_entropy(x, t))
+        if not no_compile:
+            p["torch.compile"] = backward(torch.compile(lambda x, t: F.cross_entropy(x, t)))
+        if device == "cuda":
+            try:
+                from liger_kernel.transformers import LigerCrossEntropyLoss
+                liger = LigerCrossEntropyLoss()
+                p["liger"] = backward(lambda x, t: liger(x, t))
+            except Exception as e:  # noqa: BLE001 - an anchor that is not installed is skipped, and said so
+                print(f"# liger not available: {type(e).__name__}: {e}", file=sys.stderr)
+            try:
+                from quack.cross_entropy import cross_entropy as quack_ce
+                p["quack"] = backward(lambda x, t: quack_ce(x, t).mean())
+            except Exception as e:  # noqa: BLE001
+                print(f"# quack not available: {type(e).__name__}: {e}", file=sys.stderr)
+    elif op == "token_logprobs":
+        p["softlight"] = lambda x, t, idx: slt.token_logprobs(x, idx)
+        p["torch"] = lambda x, t, idx: torch.log_softmax(x.float(), -1).gather(-1, idx[:, None])[:, 0]
+        p["gather-lse"] = lambda x, t, idx: x.gather(-1, idx[:, None])[:, 0].float() - torch.logsumexp(x.float(), -1)
+        if not no_compile:
+            p["torch.compile"] = torch.compile(p["torch"])
+    else:
+        p["softlight"] = lambda x, t, idx: slt.entropy(x)
+        p["torch"] = lambda x, t, idx: -(torch.softmax(x.float(), -1) * torch.log_softmax(x.float(), -1)).sum(-1)
+        if not no_compile:
+            p["torch.compile"] = torch.compile(p["torch"])
+    return p
+
+
+def reference(torch, op, x, t, idx):
+    """The float64 result (and gradient) the providers are checked against, in chunks of rows."""
+    outs, grads = [], []
+    for lo in range(0, x.shape[0], 1024):
+        xd = x[lo:lo + 1024].double()
+        if op == "cross_entropy":
+            xd.requires_grad_()
+            loss = torch.nn.functional.cross_entropy(xd, t[lo:lo + 1024], reduction="sum") / x.shape[0]
+            loss.backward()
+            outs.append(loss.detach())
+            grads.append(xd.grad.to(x.dtype) if x.dtype != torch.float32 else xd.grad)
+        elif op == "token_logprobs":
+            outs.append(torch.log_softmax(xd, -1).gather(-1, idx[lo:lo + 1024, None])[:, 0])
+        else:
+            outs.append(-(torch.softmax(xd, -1) * torch.log_softmax(xd, -1)).sum(-1))
+    if op == "cross_entropy":
+        return torch.stack(outs).sum(), torch.cat(grads)
+    return torch.cat(outs), None
+
+
+def check(torch, op, got, want, want_grad, dtype):
+    """None, or what is wrong."""
+    tol = TOL[dtype]
+    if op == "cross_entropy":
+        loss, g = got
+        loss = loss.detach()
+        if not math.isclose(float(loss), float(want), rel_tol=tol, abs_tol=tol):
+            return f"wrong loss ({float(loss):.6g} against {float(want):.6g})"
+        err = (g.double() - want_grad.double()).abs().max().item()
+        scale = want_grad.double().abs().max().item()
+        return None if err <= tol * scale + 1e-12 else f"wrong gradient (max |error| {err:.3g})"
+    err = (got.double() - want).abs()
+    lim = tol * (1 + want.abs())
+    return None if bool((err <= lim).all()) else f"wrong (max |error| {err.max().item():.3g})"
+
+
+def time_ms(torch, fn, device, reps):
+    """Median of reps calls, each right after an untimed one."""
+    times = []
+    for _ in range(reps):
+        fn()
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return float(np.median(times))
+
+
+def run(args, argv, torch, commit):
+    device = args.device
+    op = args.op
+    provs = providers(torch, op, device, args.no_compile)
+    if args.providers:
+        provs = {k: v for k, v in provs.items() if k in args.providers.split(",")}
+    gen = torch.Generator(device=device).manual_seed(0)
+    rows_out = []
+    for rows, vocab, dtype in cases(args, device):
+        x = (torch.randn(rows, vocab, device=device, generator=gen) * 3).to(getattr(torch, dtype))
+        t = torch.randint(0, vocab, (rows,), device=device, generator=gen)
+        want, want_grad = reference(torch, op, x, t, t)
+        xg = x.detach().clone().requires_grad_(op == "cross_entropy")
+        case = []
+        row = {"op": op, "device": device, "provider": "copy", "shape": [rows, vocab], "dtype": dtype,
+               "status": "ok", "ms": time_ms(torch, lambda: x.clone(), device, args.reps)}
+        case.append(row)
+        for name, fn in provs.items():
+            row = {"op": op, "device": device, "provider": name, "shape": [rows, vocab], "dtype": dtype,
+                   "status": "ok", "ms": None}
+            try:
+                wrong = check(torch, op, fn(xg, t, t), want, want_grad, dtype)
+                row["status"] = wrong or "ok"
+                row["ms"] = time_ms(torch, lambda: fn(xg, t, t), device, args.reps)
+            except Exception as e:  # noqa: BLE001 - a provider that fails is reported, not fatal
+                row["status"] = f"failed: {type(e).__name__}: {str(e)[:160]}"
+            case.append(row)
+        copy_ms = case[0]["ms"]
+        for r in case:
+            r["copy_ms"] = copy_ms
+        line = "  ".join(f"{r['provider']} {r['ms']:.3f}" if r["ms"] else f"{r['provider']} -" for r in case)
+        print(f"{rows}x{vocab} {dtype:9s} ms: {line}", flush=True)
+        rows_out += case
+        del x, xg, want, want_grad
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    meta = {("gpu" if device == "cuda" else "cpu"): _device_name(torch, device), "commit": commit,
+            "command": "python -m softlight bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "softlight_version": __import__("softlight").__version__, "torch": torch.__version__,
+            "date": datetime.date.today().isoformat(), "op": op}
+    if args.out_dir:
+        path = Path(args.out_dir) / f"{args.name}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"meta": meta, "rows": rows_out}, indent=1) + "\n")
+        print(f"# wrote {path}")
+        try:
+            print(f"# wrote {plot(meta, rows_out, path.with_suffix('.png'))}")
+        except ImportError as e:
+            print(f"# no plot ({e})", file=sys.stderr)
+    return 0 if all(r["status"] == "ok" for r in rows_out if r["provider"] in ("copy", "softlight")) else 1
+
+
+def _device_name(torch, device):
+    if device == "cuda":
+        return torch.cuda.get_device_name(0)
+    from .bench_cpu import cpu_name
+    import os
+    return f"{cpu_name()}, {os.cpu_count()} threads"
+
+
+def plot(meta, rows, path):
+    """Time over the copy's against the vocabulary: a panel per dtype, a line per provider."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    dtypes = sorted({r["dtype"] for r in rows})
+    fig, axes = plt.subplots(1, len(dtypes), figsize=(4.6 * len(dtypes), 3.6), squeeze=False, sharey=True)
+    for ax, dtype in zip(axes[0], dtypes):
+        for prov in dict.fromkeys(r["provider"] for r in rows if r["provider"] != "copy"):
+            pts = sorted((r["shape"][1], r["ms"] / r["copy_ms"]) for r in rows
+                         if r["provider"] == prov and r["dtype"] == dtype and r["status"] == "ok" and r["ms"])
+            if pts:
+                ax.plot([p for p, _ in pts], [q for _, q in pts], marker="o", ms=3, lw=1.2, label=prov)
+        ax.axhline(1.0, color="black", lw=0.8, ls="--")
+        ax.set_xscale("log", base=2)
+        ax.set_title(dtype, fontsize=9)
+        ax.set_xlabel("vocabulary")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("time / copy of the logits")
+    axes[0][-1].legend(fontsize=7)
+    from .bench import save_figure
+    where = meta.get("gpu") or meta.get("cpu")
+    return save_figure(fig, f"{meta['op']}, {where}, {meta['date']}, commit {meta['commit']}", path)
