@@ -28,6 +28,20 @@ T_RANGE = {"float64": (1 / float(np.finfo(np.float64).max), 1 / float(np.finfo(n
 CASES = int(__import__("os").environ.get("SOFTLIGHT_TEST_CASES", "5000"))
 
 
+def draw_temperature(draw, dtype, kinds):
+    """A temperature of one of `kinds`: 1, 10^u for u in [-30, 30], just inside and just past the ends
+    of the accepted range (edge), or far past them (huge)."""
+    kind = draw(st.sampled_from(kinds))
+    if kind == "one":
+        return 1.0
+    if kind == "log":
+        return 10.0 ** draw(st.floats(-30, 30))
+    if kind == "edge":
+        lo, hi = T_RANGE["float64" if dtype == "float64" else "other"]
+        return draw(st.sampled_from([lo * 0.5, lo * 1.0000001, hi * 0.9999999, hi * 2]))
+    return draw(st.sampled_from([1e-300, 1e300, 1e-39, 1e38]))
+
+
 @st.composite
 def problems(draw):
     ndim = draw(st.integers(0, 6))
@@ -38,15 +52,7 @@ def problems(draw):
     dtype = draw(st.sampled_from(sorted(DTYPES)))
     dim = draw(st.integers(-max(ndim, 1), max(ndim, 1) - 1))
     steps = tuple(draw(st.sampled_from([1, 1, 1, 2, -1])) for _ in shape)
-    kind = draw(st.sampled_from(["one", "one", "tiny", "huge", "log"]))
-    if kind == "one":
-        t = 1.0
-    elif kind == "log":
-        t = 10.0 ** draw(st.floats(-30, 30))
-    else:
-        lo, hi = T_RANGE["float64" if dtype == "float64" else "other"]
-        t = draw(st.sampled_from([lo * 0.5, lo * 1.0000001, hi * 0.9999999, hi * 2])) if kind == "tiny" else \
-            draw(st.sampled_from([1e-300, 1e300, 1e-39, 1e38]))
+    t = draw_temperature(draw, dtype, ["one", "one", "edge", "huge", "log"])
     specials = draw(st.integers(0, 3))
     seed = draw(st.integers(0, 2**32 - 1))
     return shape, dtype, dim, steps, t, specials, seed, draw(st.booleans()), draw(st.booleans())
@@ -179,14 +185,7 @@ def consumer_problems(draw):
     vocab = draw(st.sampled_from([1, 2, 3, 7, 17, 64, 300, 2100]))
     dtype = draw(st.sampled_from(sorted(DTYPES)))
     k = draw(st.sampled_from([None, 1, 3]))
-    kind = draw(st.sampled_from(["one", "one", "log", "edge"]))
-    if kind == "one":
-        t = 1.0
-    elif kind == "log":
-        t = 10.0 ** draw(st.floats(-30, 30))
-    else:
-        lo, hi = T_RANGE["float64" if dtype == "float64" else "other"]
-        t = draw(st.sampled_from([lo * 0.5, lo * 1.0000001, hi * 0.9999999, hi * 2]))
+    t = draw_temperature(draw, dtype, ["one", "one", "log", "edge"])
     return lead, vocab, dtype, k, t, draw(st.integers(0, 3)), draw(st.integers(0, 2**32 - 1))
 
 
