@@ -538,7 +538,9 @@ def print_table(rows):
               f"{tm / sl:.2f}x faster than Model (torch.log_softmax)")
 
 
-def write_results(meta, rows, out_dir, name=""):
+def write_results(meta, rows, out_dir, name="", plot_fn=None):
+    """<out_dir>/<name>.json and its PNG, drawn by plot_fn(meta, rows, path) (default: the GPU sweep's
+    plot, or the CPU sweep's for CPU results)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     # One file per benchmark, overwritten when it is measured again (the GPU and date are in meta).
     stem = name or "results"
@@ -546,7 +548,9 @@ def write_results(meta, rows, out_dir, name=""):
     path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
     print(f"# wrote {path}")
     try:
-        if "cpu" in meta:
+        if plot_fn is not None:
+            png = plot_fn(meta, rows, out_dir / f"{stem}.png")
+        elif "cpu" in meta:
             from . import bench_cpu
             png = bench_cpu.plot(meta, rows, out_dir / f"{stem}.png")
         else:

@@ -15,7 +15,6 @@ or failing one is recorded as such. The GPU is timed with CUDA events, the CPU w
 each timed call right after an untimed one of its own.
 """
 import datetime
-import json
 import math
 import sys
 import time
@@ -182,14 +181,8 @@ def run(args, argv, torch, commit):
             "softlight_version": __import__("softlight").__version__, "torch": torch.__version__,
             "date": datetime.date.today().isoformat(), "op": op}
     if args.out_dir:
-        path = Path(args.out_dir) / f"{args.name}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"meta": meta, "rows": rows_out}, indent=1) + "\n")
-        print(f"# wrote {path}")
-        try:
-            print(f"# wrote {plot(meta, rows_out, path.with_suffix('.png'))}")
-        except ImportError as e:
-            print(f"# no plot ({e})", file=sys.stderr)
+        from .bench import write_results
+        write_results(meta, rows_out, Path(args.out_dir), args.name, plot_fn=plot)
     return 0 if all(r["status"] == "ok" for r in rows_out if r["provider"] in ("copy", "softlight")) else 1
 
 
