@@ -26,16 +26,17 @@ template <class A> struct RowStats {
   A log_sum;  // log sum exp(z - m)
   A lse;      // m + log_sum
   double s, t;
-  double sum_x;  // sum x (not scaled)
+  long double sum_x;  // sum x (not scaled)
 
   // z[j] - lse from x[j]'s value v, as log_softmax writes it: the shift taken before the scale, so
   // that no temperature makes a row's own values overflow.
-  A logprob(A v, A scale) const { return (v - mx) * scale - log_sum; }
+  A logprob(A v, A scale) const { return cpu::Scaling<A>(scale)(v, mx) - log_sum; }
 };
 
 template <class T, class K, class A = typename Traits<T>::A> RowStats<A> stats_of(const K& k, const T* x, int64_t n, A scale) {
   A m;
-  double s, t, sum;
+  double s, t;
+  long double sum;
   k.row_stats(x, n, scale, &m, &s, &t, &sum);
   RowStats<A> r;
   r.mx = m;
@@ -103,7 +104,7 @@ void grad_row(const K& k, const T* x, T* dx, int64_t n, A scale, A m, A log_sum,
     A bsum = 0;
     for (int64_t p = q; p < count; ++p)
       if (cols_of[p] == j) bsum += b[p];
-    const A lp = (xv[q] - m) * scale - log_sum;
+    const A lp = cpu::Scaling<A>(scale)(xv[q], m) - log_sum;
     const A pj = lp == -std::numeric_limits<A>::infinity() ? A(0) : std::exp(lp);
     const A term = pj == A(0) ? A(0) : (e == A(0) ? pj * a : pj * (a - e * (lp + h)));
     dx[j] = Traits<T>::store(term * scale + cst * scale + bsum * scale);
@@ -158,7 +159,13 @@ void row_stats_backward(const ConsumerCall& c, const softlight_row_stats_grad& g
       // (A shard's row of all -inf shifts by 0: its p are 0 where the whole row's lse is finite.)
       const A m_row = k.row_max(xr, c.cols);
       const A m = m_row == -std::numeric_limits<A>::infinity() ? A(0) : m_row;
-      const A log_sum = static_cast<A>(static_cast<double>(acc<A>(g.lse)[r]) - static_cast<double>(m) * c.scale);
+      // lse - m * scale with m * scale rounded as the forward rounded it (RowStats::lse): for the
+      // forward's own lse the difference is its log_sum, however large m * scale is.
+      // An lse of +inf (overflowed: a row with +inf has NaN) says nothing of p: the row is NaN.
+      const A lse = acc<A>(g.lse)[r];
+      const A log_sum = lse == std::numeric_limits<A>::infinity()
+                            ? std::numeric_limits<A>::quiet_NaN()
+                            : static_cast<A>(static_cast<double>(lse) - static_cast<double>(m * scale));
       grad_row(k, xr, dx + r * c.dx_stride, c.cols, scale, m, log_sum, a, at(g.d_entropy, r),
                g.d_entropy ? acc<A>(g.entropy)[r] : A(0), at(g.d_sum, r), cols, b, kc, xv);
     }
@@ -197,8 +204,9 @@ softlight_status cross_entropy(const ConsumerCall& c, const softlight_cross_entr
         // value is finite: lse - z[t] = log_sum - (x[t] - max) * scale, and the same for the mean z.
         const double sc = c.scale, mx = st.mx, log_sum = st.log_sum;
         const double lse = mx * sc + log_sum;
-        const double nll = log_sum - (static_cast<double>(Traits<T>::load(xr[t])) - mx) * sc;
-        const double smooth = eps == 0.0 ? 0.0 : eps * (log_sum - (st.sum_x / static_cast<double>(c.cols) - mx) * sc);
+        const cpu::Scaling<double> shift(sc);
+        const double nll = log_sum - shift(static_cast<double>(Traits<T>::load(xr[t])), mx);
+        const double smooth = eps == 0.0 ? 0.0 : eps * (log_sum - shift(static_cast<double>(st.sum_x / c.cols), mx));
         loss = (1.0 - eps) * nll + smooth + (zl == 0.0 ? 0.0 : zl * lse * lse);
         if (o.lse) acc<A>(o.lse)[r] = st.lse;
         if (grad != nullptr) {

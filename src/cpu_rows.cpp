@@ -79,9 +79,10 @@ typename Traits<T>::A log_softmax_row(const T* x, int64_t xs, T* y, int64_t ys, 
     m = v > m ? v : m;  // NaN never wins the max
   }
   const A shift = m == neg_inf ? A(0) : m;  // see the (max, sum) notes in numerics.cuh
-  const double total = row_sum<A>(n, [&](int64_t j) { return std::exp((at(j) - shift) * scale); });
+  const cpu::Scaling<A> k(scale);
+  const double total = row_sum<A>(n, [&](int64_t j) { return std::exp(k(at(j), shift)); });
   const A log_sum = std::log(static_cast<A>(total));
-  for (int64_t j = 0; j < n; ++j) y[j * ys] = Traits<T>::store((at(j) - m) * scale - log_sum);
+  for (int64_t j = 0; j < n; ++j) y[j * ys] = Traits<T>::store(k(at(j), m) - log_sum);
   return m * scale + log_sum;
 }
 
@@ -115,7 +116,7 @@ void merge_pieces(const A* m, const double* s, int64_t pieces, int p, A scale, A
     for (int64_t c = 0; c < pieces; ++c) mq = m[c * p + q] > mq ? m[c * p + q] : mq;
     double sq = 0;  // a piece whose max is -inf counts 0 (times its sum: NaN stays NaN)
     for (int64_t c = 0; c < pieces; ++c)
-      sq += s[c * p + q] * (m[c * p + q] == ninf ? 0.0 : std::exp(static_cast<double>((m[c * p + q] - mq) * scale)));
+      sq += s[c * p + q] * (m[c * p + q] == ninf ? 0.0 : std::exp(static_cast<double>(cpu::Scaling<A>(scale)(m[c * p + q], mq))));
     m_out[q] = mq;
     log_sum[q] = std::log(static_cast<A>(sq));
   }

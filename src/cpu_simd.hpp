@@ -38,8 +38,9 @@ template <class T, class A> struct Kernels {
                         int64_t n);
   // The statistics of a contiguous row of n elements (cpu_consumers.cpp): m = max of x, and in double
   // s = sum of e_j = exp(d_j), t = sum of e_j d_j (0 where e_j is 0), d_j = (x_j - m) * scale, and
-  // sum = sum of x_j. x is read twice a block of kRowBlock, the second time from L1.
-  void (*row_stats)(const T* x, int64_t n, A scale, A* m, double* s, double* t, double* sum);
+  // sum = sum of x_j (in long double: the sum of a row of the largest finite values is finite, and so
+  // its mean). x is read twice a block of kRowBlock, the second time from L1.
+  void (*row_stats)(const T* x, int64_t n, A scale, A* m, double* s, double* t, long double* sum);
   // dx = scale * (p * (a - e * (log p + h)) + c), log p = (x - m) * scale - log_sum, over n
   // contiguous elements (dx may be x).
   void (*stats_grad)(const T* x, T* dx, int64_t n, A scale, A m, A log_sum, A a, A e, A h, A c);
@@ -230,43 +231,45 @@ template <class T, class A = typename Traits<T>::A> A max_of(const T* x, int64_t
 template <class A, class F> inline auto with_scale(A scale, F&& f) {
   return scale == A(1) ? f(std::false_type{}) : f(std::true_type{});
 }
-// (v - s) * c, or v - s where c is 1 (Scaled false).
-template <class Scaled, class VA> inline VA shifted(VA v, VA s, VA c) {
-  if constexpr (Scaled::value) return (v - s) * c;
+// (v - s) * c (Scaling, cpu_types.hpp), or v - s where c is 1 (Scaled false).
+template <class Scaled, class VA, class A> inline VA shifted(VA v, VA s, Scaling<A> k) {
+  if constexpr (Scaled::value) return k(v, s);
   else return v - s;
 }
 
 template <class T, class A = typename Traits<T>::A> double sumexp(const T* x, int64_t n, A shift, A scale) {
   constexpr int W = kLanes<A>;
-  const V<A> vs = splat(shift), vc = splat(scale);
+  const V<A> vs = splat(shift);
+  const Scaling<A> k(scale);
   V<A> s0 = splat(A(0)), s1 = s0;
   int64_t j = 0;
   with_scale(scale, [&](auto scaled) {
     using S = decltype(scaled);
     for (; j + 2 * W <= n; j += 2 * W) {
-      s0 += vexp(shifted<S>(vload(x + j), vs, vc));
-      s1 += vexp(shifted<S>(vload(x + j + W), vs, vc));
+      s0 += vexp(shifted<S>(vload(x + j), vs, k));
+      s1 += vexp(shifted<S>(vload(x + j + W), vs, k));
     }
     return 0;
   });
   const V<A> s2 = s0 + s1;
   double s = 0;
   for (int l = 0; l < W; ++l) s += s2[l];
-  for (; j < n; ++j) s += sexp<A>((Traits<T>::load(x[j]) - shift) * scale);
+  for (; j < n; ++j) s += sexp<A>(k(Traits<T>::load(x[j]), shift));
   return s;
 }
 
 template <class T, class A = typename Traits<T>::A>
 void write(const T* x, T* y, int64_t n, A m, A scale, A log_sum) {
   constexpr int W = kLanes<A>;
-  const V<A> vm = splat(m), vc = splat(scale), vl = splat(log_sum);
+  const V<A> vm = splat(m), vl = splat(log_sum);
+  const Scaling<A> k(scale);
   int64_t j = 0;
   with_scale(scale, [&](auto scaled) {
     using S = decltype(scaled);
-    for (; j + W <= n; j += W) vstore(y + j, shifted<S>(vload(x + j), vm, vc) - vl);
+    for (; j + W <= n; j += W) vstore(y + j, shifted<S>(vload(x + j), vm, k) - vl);
     return 0;
   });
-  for (; j < n; ++j) y[j] = Traits<T>::store((Traits<T>::load(x[j]) - m) * scale - log_sum);
+  for (; j < n; ++j) y[j] = Traits<T>::store(k(Traits<T>::load(x[j]), m) - log_sum);
 }
 
 constexpr int64_t kRowBlock = 2048;  // elements a block of a long row: read twice while in L1
@@ -276,6 +279,7 @@ constexpr int64_t kRowBlock = 2048;  // elements a block of a long row: read twi
 template <class T, class A = typename Traits<T>::A>
 void rows(const T* x, int64_t xs, T* y, int64_t ys, int64_t count, int64_t n, A scale, A* lse) {
   const A ninf = -std::numeric_limits<A>::infinity();
+  const Scaling<A> k(scale);
   for (int64_t r = 0; r < count; ++r) {
     const T* xr = x + r * xs;
     A m = ninf;
@@ -284,7 +288,7 @@ void rows(const T* x, int64_t xs, T* y, int64_t ys, int64_t count, int64_t n, A 
       const int64_t len = std::min(kRowBlock, n - b);
       const A bm = max_of(xr + b, len);
       if (bm > m) {  // (NaN never wins the max)
-        if (m != ninf) s *= static_cast<double>(sexp<A>((m - bm) * scale));
+        if (m != ninf) s *= static_cast<double>(sexp<A>(k(m, bm)));
         m = bm;
       }
       s += sumexp(xr + b, len, m == ninf ? A(0) : m, scale);
@@ -298,10 +302,10 @@ void rows(const T* x, int64_t xs, T* y, int64_t ys, int64_t count, int64_t n, A 
 // Lanes' running (max, sum), the sum's blocks added in double: a block's max raises the max, and the
 // sums of lanes whose max rose move onto it (not those whose max was -inf: numerics.cuh). Returns the
 // shift of the block's exponents (0 where the max is still -inf).
-template <class A> inline V<A> raise_max(V<A>& m, double (&s)[kLanes<A>], V<A> bm, V<A> vc) {
+template <class A> inline V<A> raise_max(V<A>& m, double (&s)[kLanes<A>], V<A> bm, Scaling<A> k) {
   const V<A> vninf = splat(-std::numeric_limits<A>::infinity());
   const V<A> nm = vmax<A>(m, bm);
-  const V<A> factor = vexp((m - nm) * vc);
+  const V<A> factor = vexp(k(m, nm));
   for (int l = 0; l < kLanes<A>; ++l)
     if (m[l] != vninf[l] && nm[l] != m[l]) s[l] *= static_cast<double>(factor[l]);
   m = nm;
@@ -315,7 +319,8 @@ template <class T, class A = typename Traits<T>::A>
 void tiles(const T* x, int64_t xs, T* y, int64_t ys, int64_t width, int64_t n, A scale, A* lse) {
   constexpr int W = kLanes<A>, G = kTileVectors;
   const A ninf = -std::numeric_limits<A>::infinity();
-  const V<A> vc = splat(scale), vninf = splat(ninf), zero = splat(A(0));
+  const V<A> vninf = splat(ninf), zero = splat(A(0));
+  const Scaling<A> k(scale);
   for (int64_t i0 = 0; i0 < width; i0 += G * W) {
     const int64_t lanes = std::min<int64_t>(G * W, width - i0);
     const int g_count = static_cast<int>((lanes + W - 1) / W);
@@ -337,12 +342,12 @@ void tiles(const T* x, int64_t xs, T* y, int64_t ys, int64_t width, int64_t n, A
       for (int64_t d = b; d < e; ++d)
         for (int g = 0; g < g_count; ++g) bm[g] = vmax<A>(bm[g], get(d, g));
       for (int g = 0; g < g_count; ++g) {
-        shift[g] = raise_max<A>(m[g], s[g], bm[g], vc);
+        shift[g] = raise_max<A>(m[g], s[g], bm[g], k);
         bs[g] = zero;
       }
       with_scale(scale, [&](auto scaled) {
         for (int64_t d = b; d < e; ++d)
-          for (int g = 0; g < g_count; ++g) bs[g] += vexp(shifted<decltype(scaled)>(get(d, g), shift[g], vc));
+          for (int g = 0; g < g_count; ++g) bs[g] += vexp(shifted<decltype(scaled)>(get(d, g), shift[g], k));
         return 0;
       });
       for (int g = 0; g < g_count; ++g)
@@ -357,7 +362,7 @@ void tiles(const T* x, int64_t xs, T* y, int64_t ys, int64_t width, int64_t n, A
     with_scale(scale, [&](auto scaled) {
       for (int64_t d = 0; d < n; ++d) {
         for (int g = 0; g < g_count; ++g) {
-          const V<A> out = shifted<decltype(scaled)>(get(d, g), m[g], vc) - log_sum[g];
+          const V<A> out = shifted<decltype(scaled)>(get(d, g), m[g], k) - log_sum[g];
           T* yp = y + d * ys + i0 + g * W;
           const int64_t have = lanes - g * W;
           if (have >= W) {
@@ -378,7 +383,8 @@ void tiles(const T* x, int64_t xs, T* y, int64_t ys, int64_t width, int64_t n, A
 template <class T, class A = typename Traits<T>::A>
 void short_rows(const T* x, int64_t xs, T* y, int64_t ys, int64_t count, int64_t n, A scale, A* lse) {
   constexpr int W = kLanes<A>;
-  const V<A> vc = splat(scale), vninf = splat(-std::numeric_limits<A>::infinity()), zero = splat(A(0));
+  const V<A> vninf = splat(-std::numeric_limits<A>::infinity()), zero = splat(A(0));
+  const Scaling<A> k(scale);
   V<A> v[kShortRow];
   for (int64_t r0 = 0; r0 < count; r0 += W) {
     const int64_t lanes = std::min<int64_t>(W, count - r0);
@@ -390,10 +396,10 @@ void short_rows(const T* x, int64_t xs, T* y, int64_t ys, int64_t count, int64_t
     }
     const V<A> shift = m == vninf ? zero : m;
     V<A> s = zero;
-    for (int64_t d = 0; d < n; ++d) s += vexp((v[d] - shift) * vc);
+    for (int64_t d = 0; d < n; ++d) s += vexp(k(v[d], shift));
     const V<A> log_sum = vlog<A>(s);
     for (int64_t d = 0; d < n; ++d) {
-      const V<A> out = (v[d] - m) * vc - log_sum;
+      const V<A> out = k(v[d], m) - log_sum;
       for (int64_t l = 0; l < lanes; ++l) y[(r0 + l) * ys + d] = Traits<T>::store(out[l]);
     }
     if (lse != nullptr)
@@ -419,7 +425,8 @@ void flat_stats(const T* x, int64_t n, int p, A scale, A* m_out, double* s_out) 
   constexpr int W = kLanes<A>;
   const int groups = flat_groups<A>(p);
   const A ninf = -std::numeric_limits<A>::infinity();
-  const V<A> vc = splat(scale), vninf = splat(ninf), zero = splat(A(0));
+  const V<A> vninf = splat(ninf), zero = splat(A(0));
+  const Scaling<A> k(scale);
   V<A> m[kFlatGroups];
   double s[kFlatGroups][W] = {};  // per lane: blocks' sums in A, their total in double
   for (int g = 0; g < groups; ++g) m[g] = vninf;
@@ -429,12 +436,12 @@ void flat_stats(const T* x, int64_t n, int p, A scale, A* m_out, double* s_out) 
     for (int g = 0; g < groups; ++g) bm[g] = vninf;
     for (int64_t j = b, g = 0; j < e; j += W, g = g + 1 == groups ? 0 : g + 1) bm[g] = vmax<A>(bm[g], span_at(x, j, n));
     for (int g = 0; g < groups; ++g) {
-      shift[g] = raise_max<A>(m[g], s[g], bm[g], vc);
+      shift[g] = raise_max<A>(m[g], s[g], bm[g], k);
       bs[g] = zero;
     }
     with_scale(scale, [&](auto scaled) {
       for (int64_t j = b, g = 0; j < e; j += W, g = g + 1 == groups ? 0 : g + 1)
-        bs[g] += vexp(shifted<decltype(scaled)>(span_at(x, j, n), shift[g], vc));
+        bs[g] += vexp(shifted<decltype(scaled)>(span_at(x, j, n), shift[g], k));
       return 0;
     });
     for (int g = 0; g < groups; ++g)
@@ -457,7 +464,7 @@ void flat_stats(const T* x, int64_t n, int p, A scale, A* m_out, double* s_out) 
     for (int l = q; l < W; l += p)
       sq += s[0][l] * (m[0][l] == ninf  ? 0.0
                        : m[0][l] == mq ? 1.0
-                                       : std::exp(static_cast<double>((m[0][l] - mq) * scale)));
+                                       : std::exp(static_cast<double>(k(m[0][l], mq))));
     m_out[q] = mq;
     s_out[q] = sq;
   }
@@ -479,14 +486,14 @@ void flat_write(const T* x, T* y, int64_t n, int p, const A* m, const A* log_sum
       vl[g][l] = log_sum[l % p];
     }
   }
-  const V<A> vc = splat(scale);
+  const Scaling<A> k(scale);
   int64_t j = 0;
   with_scale(scale, [&](auto scaled) {
     for (int g = 0; j + W <= n; j += W, g = g + 1 == groups ? 0 : g + 1)
-      vstore(y + j, shifted<decltype(scaled)>(vload(x + j), vm[g], vc) - vl[g]);
+      vstore(y + j, shifted<decltype(scaled)>(vload(x + j), vm[g], k) - vl[g]);
     return 0;
   });
-  for (; j < n; ++j) y[j] = Traits<T>::store((Traits<T>::load(x[j]) - m[j % p]) * scale - log_sum[j % p]);
+  for (; j < n; ++j) y[j] = Traits<T>::store(k(Traits<T>::load(x[j]), m[j % p]) - log_sum[j % p]);
 }
 
 template <class T, class A = typename Traits<T>::A> void unit(const T* x, T* y, int64_t n, A scale, A* lse) {
@@ -547,21 +554,24 @@ void backward_rows(const T* dy, int64_t dys, const T* y, int64_t ys, T* dx, int6
 }
 
 template <class T, class A = typename Traits<T>::A>
-void row_stats(const T* x, int64_t n, A scale, A* m_out, double* s_out, double* t_out, double* sum_out) {
+void row_stats(const T* x, int64_t n, A scale, A* m_out, double* s_out, double* t_out, long double* sum_out) {
   constexpr int W = kLanes<A>;
   const A ninf = -std::numeric_limits<A>::infinity();
-  const V<A> vc = splat(scale), zero = splat(A(0));
+  const V<A> zero = splat(A(0));
+  const Scaling<A> k(scale);
   A m = ninf;
-  double s = 0, t = 0, sum = 0;
+  double s = 0, t = 0;
+  long double sum = 0;
   for (int64_t b = 0; b < n; b += kRowBlock) {
     const int64_t len = std::min(kRowBlock, n - b);
     const T* xb = x + b;
     const A bm = max_of(xb, len);
     if (bm > m) {  // the max rose (NaN never wins): the sums move onto it
       if (m != ninf) {
-        const A delta = (m - bm) * scale;
+        const A delta = k(m, bm);
         const double f = static_cast<double>(sexp<A>(delta));
-        t = f * (t + s * static_cast<double>(delta));
+        // (f = 0: every earlier e_j is 0 on the new max, and so is its term, whatever delta is)
+        t = f == 0.0 ? 0.0 : f * (t + s * static_cast<double>(delta));
         s *= f;
       }
       m = bm;
@@ -572,7 +582,7 @@ void row_stats(const T* x, int64_t n, A scale, A* m_out, double* s_out, double* 
     with_scale(scale, [&](auto scaled) {
       for (; j + W <= len; j += W) {
         const V<A> v = vload(xb + j);
-        const V<A> d = shifted<decltype(scaled)>(v, vs, vc);
+        const V<A> d = shifted<decltype(scaled)>(v, vs, k);
         const V<A> e = vexp(d);
         vsum += e;
         vt += e == zero ? zero : e * d;
@@ -580,19 +590,25 @@ void row_stats(const T* x, int64_t n, A scale, A* m_out, double* s_out, double* 
       }
       return 0;
     });
+    long double bx = 0;  // the block's sum of x
     for (int l = 0; l < W; ++l) {
       s += vsum[l];
       t += vt[l];
-      sum += vx[l];
+      bx += vx[l];
     }
     for (; j < len; ++j) {
       const A v = Traits<T>::load(xb[j]);
-      const A d = (v - vs[0]) * scale;
+      const A d = k(v, vs[0]);
       const A e = sexp<A>(d);
       s += e;
       t += e == A(0) ? A(0) : e * d;
-      sum += v;
+      bx += v;
     }
+    if (!std::isfinite(bx)) {  // a lane's sum overflowed A (or the block holds inf or NaN): again, wide
+      bx = 0;
+      for (int64_t i = 0; i < len; ++i) bx += Traits<T>::load(xb[i]);
+    }
+    sum += bx;
   }
   *m_out = m;
   *s_out = s;
@@ -605,8 +621,9 @@ void stats_grad(const T* x, T* dx, int64_t n, A scale, A m, A log_sum, A a, A e,
   constexpr int W = kLanes<A>;
   const V<A> vc = splat(scale), vm = splat(m), vl = splat(log_sum), va = splat(a), ve = splat(e), vh = splat(h),
              vk = splat(c);
+  const Scaling<A> k(scale);
   const auto grad = [&](V<A> v) {
-    const V<A> lp = (v - vm) * vc - vl;
+    const V<A> lp = k(v, vm) - vl;
     const V<A> p = vexp_any<A>(lp);
     // (p = 0 adds nothing: its log is -inf for an element of -inf)
     const V<A> term = e == A(0) ? p * va : (p == splat(A(0)) ? splat(A(0)) : p * (va - ve * (lp + vh)));

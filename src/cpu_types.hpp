@@ -80,6 +80,18 @@ template <> struct Traits<BFloat16> {
   static inline BFloat16 store(A v) { return to_bfloat16(v); }
 };
 
+// (v - s) * c for a row's value v <= s (its max, or a shift below it) and c = 1/T. Where c < 1 the
+// difference can overflow while the scaled one is finite ([3e38, -1e38] at T = 1e38 in float32): the
+// halves are subtracted then, (v/2 - s/2) * 2c, which rounds as (v - s) * c does wherever v - s is
+// finite (a power of two moves no rounding; a subnormal half may lose its last bit, far below the
+// row's log-sum). Where c >= 1 a difference that overflows overflows scaled as well: -inf is right.
+// X: A, or a vector of A (cpu_simd.hpp).
+template <class A> struct Scaling {
+  A half, c;
+  explicit Scaling(A scale) : half(scale < A(1) ? A(0.5) : A(1)), c(scale < A(1) ? scale + scale : scale) {}
+  template <class X> X operator()(X v, X s) const { return (v * half - s * half) * c; }
+};
+
 }  // namespace
 }  // namespace cpu
 }  // namespace softlight

@@ -154,6 +154,31 @@ def test_rows_of_large_finite_max(rng, dtype, temperature):
     assert_matches(lse, logsumexp_ref(x64 / temperature), "float64" if dtype == "float64" else "float32")
 
 
+@pytest.mark.parametrize("shape,dim", [((3, 2), 1), ((3, 5000), 1), ((2, 300_000), 1), ((3, 40, 33), 1),
+                                       ((4, 7, 2), 1), ((40, 3), 0), ((2, 9), 0)])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_difference_from_the_max_past_the_type(rng, dtype, shape, dim):
+    """Rows whose x - max overflows the type ([3e38, -1e38] in float32) at a temperature that brings
+    (x - max) / T back in range: y, the lse and the consumers' statistics are finite (each kernel
+    family: short and long rows, a middle axis, the first axis, a row split among threads)."""
+    big = float(np.finfo(NP_DTYPES[dtype]).max)
+    t = big / 20
+    x = (rng.uniform(-0.9, 0.9, shape) * big).astype(NP_DTYPES[dtype])
+    y, lse = softlight.log_softmax(x, dim=dim, temperature=t, return_lse=True)
+    z = (x.astype(np.longdouble) / t).astype(np.float64)
+    assert_matches(y, np.moveaxis(log_softmax_ref(np.moveaxis(z, dim, -1)), -1, dim), dtype)
+    assert_matches(lse, logsumexp_ref(np.moveaxis(z, dim, -1)), dtype)
+    if dim != x.ndim - 1 or x.ndim != 2:
+        return
+    target = rng.integers(0, shape[1], shape[0])
+    ref = log_softmax_ref(z)
+    lp = np.take_along_axis(ref, target[:, None], 1)[:, 0]
+    assert_matches(softlight.token_logprobs(x, target, temperature=t), lp, dtype)
+    assert_matches(softlight.entropy(x, temperature=t), -(np.exp(ref) * ref).sum(1), dtype)
+    loss = softlight.cross_entropy(x, target, temperature=t, reduction="none", label_smoothing=0.25)
+    assert_matches(loss, 0.75 * -lp - 0.25 * ref.mean(1), dtype)
+
+
 def test_lse_special_values_and_empty_rows(rng):
     x = special_matrix(rng, 333, np.float32)
     y, lse = softlight.log_softmax(x, return_lse=True)

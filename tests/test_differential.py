@@ -1,9 +1,10 @@
 """Differential tests on the CPU, driven by hypothesis: random arrays of 0 to 6 axes, strided views,
-every dtype, any dim, temperatures over their whole accepted range (and past its ends), the
-log-sum-exp output, the backward, and special values, against a float64 reference with torch's
-special-value rules; and the consumers of the log-sum-exp (row statistics, cross-entropy and
-their gradient) over the same ranges. Seeded (derandomized): every run draws the same cases. The GPU suite runs the
-same generator against the GPU (tests/test_gpu_differential.py)."""
+every dtype, values of ordinary size or near the dtype's largest, any dim, temperatures over their
+whole accepted range (and past its ends), the log-sum-exp output, the backward, and special values,
+against a float64 reference with torch's special-value rules; and the consumers of the log-sum-exp
+(row statistics, cross-entropy and their gradient) over the same ranges. Seeded (derandomized):
+every run draws the same cases. The GPU suite runs the same generator against the GPU
+(tests/test_gpu_differential.py)."""
 import math
 
 import numpy as np
@@ -55,25 +56,43 @@ def problems(draw):
     t = draw_temperature(draw, dtype, ["one", "one", "edge", "huge", "log"])
     specials = draw(st.integers(0, 3))
     seed = draw(st.integers(0, 2**32 - 1))
-    return shape, dtype, dim, steps, t, specials, seed, draw(st.booleans()), draw(st.booleans())
+    huge = draw(st.sampled_from([False, False, False, True]))
+    return shape, dtype, dim, steps, t, specials, seed, draw(st.booleans()), draw(st.booleans()), huge
 
 
-def view_of(rng, shape, steps, dtype):
+def values(rng, shape, dtype, huge):
+    """Normal values times 3, or (huge) times a quarter of the dtype's largest finite value, clipped to
+    it: rows whose x - max overflows the dtype, which a temperature above 1 brings back in range."""
+    if not huge:
+        return rng.standard_normal(shape) * 3
+    big = float(np.finfo(DTYPES[dtype]).max)
+    return np.clip(rng.standard_normal(shape) * (big / 4), -big, big)
+
+
+def view_of(rng, shape, steps, dtype, huge=False):
     """An array of `shape`, as a view with the given steps (negative: reversed) into a larger one."""
     base_shape = tuple(n * abs(s) for n, s in zip(shape, steps))
-    base = np.asarray(rng.standard_normal(base_shape) * 3, dtype=np.float64)
+    base = np.asarray(values(rng, base_shape, dtype, huge), dtype=np.float64)
     idx = tuple(slice(None, None, s) if s > 0 else slice(None, None, -1) for s in steps)
     full = np.asarray(base.astype(DTYPES[dtype]))
     return full[idx] if full.ndim else full
 
 
+def shifted(x64, shift, t):
+    """(x - shift) / T in float64, the difference taken in long double (past float64's range on the
+    machines the suite runs on, which the first line checks)."""
+    assert np.finfo(np.longdouble).maxexp > np.finfo(np.float64).maxexp, "long double is not wider than double here"
+    return ((x64.astype(np.longdouble) - shift) * np.longdouble(1.0 / t)).astype(np.float64)
+
+
 def reference(x64, d, t):
     """y and the log-sum-exp along axis d in float64, in softlight's order: the temperature scales
-    x - max (docs/semantics.md), so a row's own values never overflow before the shift."""
+    x - max (docs/semantics.md), so a row's own values never overflow before the shift. x - max is
+    taken in long double: float64's x - max overflows where (x - max) / T may not."""
     moved = np.moveaxis(x64.reshape(x64.shape or (1,)), d, -1)
     m = np.where(np.isnan(moved), -np.inf, moved).max(axis=-1, keepdims=True, initial=-np.inf)
     shift = np.where(np.isfinite(m), m, 0.0)
-    z = (moved - shift) * (1.0 / t)
+    z = shifted(moved, shift, t)
     y = np.moveaxis(log_softmax_ref(z), -1, d).reshape(x64.shape)
     lse = (shift[..., 0] * (1.0 / t) + logsumexp_ref(z)) if moved.shape[-1] else np.full(moved.shape[:-1], -np.inf)
     return y, lse.reshape(tuple(np.delete(np.array(x64.shape or (1,)), d))) if x64.ndim else lse.reshape(())
@@ -103,9 +122,9 @@ def expect_accepted(x, d, t, dtype):
           suppress_health_check=list(HealthCheck))
 @given(problems())
 def test_forward_backward_and_lse_against_float64(case):
-    shape, dtype, dim, steps, t, specials, seed, want_lse, backward = case
+    shape, dtype, dim, steps, t, specials, seed, want_lse, backward, huge = case
     rng = np.random.default_rng(seed)
-    x = view_of(rng, shape, steps, dtype)
+    x = view_of(rng, shape, steps, dtype, huge)
     if x.size and specials:
         for _ in range(specials):
             where = tuple(int(rng.integers(0, n)) for n in x.shape)
@@ -150,18 +169,17 @@ def consumer_reference(x64, index, t):
         m = np.where(np.isnan(x64), -np.inf, x64).max(-1, keepdims=True, initial=-np.inf)
         bad = (np.isnan(x64).any(-1) | (x64 == np.inf).any(-1))[..., None]
         shift = np.where(np.isfinite(m), m, 0.0)
-        d = (x64 - shift) * sc
+        d = shifted(x64, shift, t)
         e = np.exp(d)
         s = e.sum(-1, keepdims=True)
         log_s = np.log(s)
         tt = np.where(e > 0, e * d, 0.0).sum(-1, keepdims=True)
         lse = np.where(bad, np.nan, shift * sc + log_s)[..., 0]
         ent = np.where(bad | (m == -np.inf), np.nan, log_s - tt / s)[..., 0]
-        out = {"lse": lse, "entropy": ent, "log_s": np.where(bad, np.nan, log_s)[..., 0],
-               "shift_z": (shift * sc)[..., 0]}
+        out = {"lse": lse, "entropy": ent, "log_s": np.where(bad, np.nan, log_s)[..., 0], "log_p": d - log_s}
         if index is not None:
             idx = index if index.ndim == x64.ndim else index[..., None]
-            lp = (np.take_along_axis(x64, idx, -1) - shift) * sc - log_s
+            lp = shifted(np.take_along_axis(x64, idx, -1), shift, t) - log_s
             lp = np.where(bad, np.nan, lp)
             out["logprobs"] = lp if index.ndim == x64.ndim else lp[..., 0]
     return out
@@ -186,7 +204,8 @@ def consumer_problems(draw):
     dtype = draw(st.sampled_from(sorted(DTYPES)))
     k = draw(st.sampled_from([None, 1, 3]))
     t = draw_temperature(draw, dtype, ["one", "one", "log", "edge"])
-    return lead, vocab, dtype, k, t, draw(st.integers(0, 3)), draw(st.integers(0, 2**32 - 1))
+    huge = draw(st.sampled_from([False, False, False, True]))
+    return lead, vocab, dtype, k, t, draw(st.integers(0, 3)), draw(st.integers(0, 2**32 - 1)), huge
 
 
 @settings(max_examples=max(1, CASES // 2), deadline=None, derandomize=True, database=None,
@@ -194,16 +213,16 @@ def consumer_problems(draw):
 @given(consumer_problems())
 def test_consumers_against_float64(case):
     """row_stats (lse, entropy, log-probs), cross_entropy and row_stats_backward, against float64."""
-    lead, vocab, dtype, k, t, specials, seed = case
+    lead, vocab, dtype, k, t, specials, seed, huge = case
     rng = np.random.default_rng(seed)
-    x = np.asarray(rng.standard_normal(lead + (vocab,)) * 3).astype(DTYPES[dtype])
+    x = np.asarray(values(rng, lead + (vocab,), dtype, huge)).astype(DTYPES[dtype])
     for _ in range(specials):
         x[tuple(int(rng.integers(0, n)) for n in x.shape)] = rng.choice([np.inf, -np.inf, np.nan, -np.inf])
     index = None if k is None else rng.integers(0, vocab, lead + ((k,) if k > 1 else ()))
     lo, hi = T_RANGE["float64" if dtype == "float64" else "other"]
     acc = np.float64 if dtype == "float64" else np.float32
     tol = "float64" if dtype == "float64" else "float32"
-    what = f"{x.shape} {dtype} T={t!r} K={k}"
+    what = f"{x.shape} {dtype} T={t!r} K={k} huge={huge}"
     if not lo <= t <= hi:
         with pytest.raises(softlight.InvalidArgumentError):
             softlight.row_stats(x, index, stats=("lse",), temperature=t)
@@ -231,7 +250,7 @@ def test_consumers_against_float64(case):
         dx = softlight.row_stats_backward(x, got["lse"], entropy=got["entropy"], d_lse=d_lse, d_entropy=d_ent,
                                           d_logprobs=d_lp, index=index, temperature=t)
         with np.errstate(all="ignore"):
-            log_p = (x64 - ref["shift_z"][..., None] * t) / t - ref["log_s"][..., None]
+            log_p = ref["log_p"]
             p = np.exp(log_p)
             kk = 1 if index.ndim == len(lead) else index.shape[-1]
             idx = index.reshape(lead + (kk,))
@@ -243,7 +262,11 @@ def test_consumers_against_float64(case):
                 np.put_along_axis(hot, idx[..., q:q + 1],
                                   np.take_along_axis(hot, idx[..., q:q + 1], -1) + glp[..., q:q + 1], -1)
             want = (dz + hot) / t
-        fine = np.isfinite(ref["lse"]) & np.isfinite(ref["entropy"])
+        # (where the lse, an input of the backward, overflowed its type, the row's gradient is NaN:
+        # docs/consumers.md)
+        fine = np.isfinite(_held(ref["lse"], acc)) & np.isfinite(ref["entropy"])
+        over = np.isfinite(ref["lse"]) & ~np.isfinite(_held(ref["lse"], acc))
+        assert np.isnan(dx.astype(np.float64)[over]).all(), what
         if fine.any():
             w, g = want[fine], dx.astype(np.float64)[fine]
             atol, rtol = TOL_GRAD[dtype]
@@ -260,10 +283,9 @@ def test_consumers_against_float64(case):
     loss, g = softlight.cross_entropy(x2, t2, reduction="none", temperature=t, grad=True, label_smoothing=0.1)
     lp = ref["logprobs"].reshape(rows)
     with np.errstate(all="ignore"):
-        sc = 1.0 / t
         m = np.where(np.isnan(x2.astype(np.float64)), -np.inf, x2.astype(np.float64)).max(-1, initial=-np.inf)
         shift = np.where(np.isfinite(m), m, 0.0)
-        lse_minus_mean = ref["log_s"].reshape(rows) - (x2.astype(np.float64).mean(-1) - shift) * sc
+        lse_minus_mean = ref["log_s"].reshape(rows) - shifted(x2.astype(np.longdouble).mean(-1), shift, t)
         want = np.where(t2 == -100, 0.0, 0.9 * -lp + 0.1 * lse_minus_mean)
     assert_matches(loss, _held(want, acc), tol, f"cross_entropy {what}")
     assert g.shape == x2.shape and (g[t2 == -100] == 0).all()
