@@ -272,6 +272,21 @@ def test_refusals(rng):
         softlight.entropy(np.zeros((2, 3), np.int32))
 
 
+def test_backward_takes_scalars_and_refuses_non_arrays(rng):
+    """The gradients of one row may be numpy or Python scalars (as the forward returns them); an
+    object that is no array is refused with a SoftlightError, not an AttributeError."""
+    x = rng.standard_normal(50).astype(np.float32)
+    got = softlight.row_stats(x, np.array(3), stats=("lse", "entropy", "logprobs"))
+    kw = dict(entropy=got["entropy"], index=np.array(3), temperature=1.5)
+    want = softlight.row_stats_backward(x, got["lse"], d_lse=np.array(0.5, np.float32),
+                                        d_entropy=np.array(-0.25, np.float32), d_logprobs=np.array(2.0, np.float32), **kw)
+    for d_lse, d_ent, d_lp in ((np.float32(0.5), np.float64(-0.25), 2.0), (0.5, -0.25, np.float32(2.0))):
+        dx = softlight.row_stats_backward(x, got["lse"][()], d_lse=d_lse, d_entropy=d_ent, d_logprobs=d_lp, **kw)
+        assert np.array_equal(dx, want)
+    with pytest.raises(softlight.InvalidArgumentError, match="d_lse is not an array"):
+        softlight.row_stats_backward(x, got["lse"], d_lse=object(), **kw)
+
+
 def test_c_abi_statuses_and_nothing_written(rng):
     """Each refusal returns its status with every output as it was."""
     lib = ctypes.CDLL(softlight.library_path())

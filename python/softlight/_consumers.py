@@ -141,7 +141,13 @@ def row_stats_backward(logits, lse, *, entropy=None, d_lse=None, d_entropy=None,
         if a is None:
             return 0
         want = lead + ((() if k is None else (k,)) if per_index else ())
-        v = np.from_dlpack(a) if not isinstance(a, np.ndarray) else a
+        if isinstance(a, (np.ndarray, np.generic, int, float)):  # (numpy scalars have no __dlpack__)
+            v = np.asarray(a)
+        else:
+            try:
+                v = np.from_dlpack(a)
+            except (AttributeError, TypeError, BufferError, RuntimeError) as e:
+                raise InvalidArgumentError(f"softlight: {name} is not an array on the host ({e})") from None
         v = np.ascontiguousarray(v, dtype=acc).reshape(np.shape(v))
         if v.shape != want:
             raise InvalidArgumentError(f"softlight: {name} has shape {v.shape}, expected {want}")
