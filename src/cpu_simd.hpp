@@ -430,8 +430,11 @@ void flat_stats(const T* x, int64_t n, int p, A scale, A* m_out, double* s_out) 
   V<A> m[kFlatGroups];
   double s[kFlatGroups][W] = {};  // per lane: blocks' sums in A, their total in double
   for (int g = 0; g < groups; ++g) m[g] = vninf;
-  for (int64_t b = 0; b < n; b += kRowBlock) {  // (kRowBlock: a multiple of kLanes * kFlatGroups)
-    const int64_t e = std::min(n, b + kRowBlock);
+  // Blocks of whole rounds of the groups, so that each block starts at group 0 (p = 24 is 3 groups
+  // of 8 lanes, and 2048 is no multiple of 24).
+  const int64_t block = kRowBlock / (W * groups) * (W * groups);
+  for (int64_t b = 0; b < n; b += block) {
+    const int64_t e = std::min(n, b + block);
     V<A> bm[kFlatGroups], shift[kFlatGroups], bs[kFlatGroups];
     for (int g = 0; g < groups; ++g) bm[g] = vninf;
     for (int64_t j = b, g = 0; j < e; j += W, g = g + 1 == groups ? 0 : g + 1) bm[g] = vmax<A>(bm[g], span_at(x, j, n));

@@ -31,6 +31,21 @@ def test_every_axis_matches_float64(rng, shape, dtype):
         assert_matches(out, log_softmax_ref_axis(x, d), dtype, f"{shape} dim={d}")
 
 
+@pytest.mark.parametrize("inner", [3, 8, 12, 16, 20, 24, 28, 40, 48, 56, 64])
+@pytest.mark.parametrize("dtype", list(NP_DTYPES))
+def test_middle_axis_over_a_few_inner_positions(rng, inner, dtype):
+    """A middle axis over `inner` contiguous positions, in few outer blocks: each block is one span
+    of interleaved positions (cpu_simd.hpp, flat_stats), read in blocks of whole rounds of its
+    vectors, and split among threads where it is long (6000 x 24 is three blocks of 2048 and more)."""
+    for outer, dim in ((1, 6000), (3, 300)):
+        x = (rng.standard_normal((outer, dim, inner)) * 4).astype(NP_DTYPES[dtype])
+        y, lse = softlight.log_softmax(x, dim=1, return_lse=True, temperature=1.5)
+        z = np.moveaxis(x.astype(np.float64) / 1.5, 1, -1)
+        what = f"{(outer, dim, inner)} {dtype}"
+        assert_matches(np.moveaxis(y, 1, -1), log_softmax_ref(z), dtype, what)
+        assert_matches(lse, logsumexp_ref(z), "float64" if dtype == "float64" else "float32", what)
+
+
 VIEWS = {
     "step2-last": (lambda a: a[:, :, ::2], -1),
     "step2-middle": (lambda a: a[:, ::2, :], 1),

@@ -46,7 +46,7 @@ def draw_temperature(draw, dtype, kinds):
 @st.composite
 def problems(draw):
     ndim = draw(st.integers(0, 6))
-    shape = tuple(draw(st.lists(st.sampled_from([1, 1, 2, 3, 5, 8, 17, 64]), min_size=ndim, max_size=ndim)))
+    shape = tuple(draw(st.lists(st.sampled_from([1, 1, 2, 3, 5, 8, 17, 24, 64, 96]), min_size=ndim, max_size=ndim)))
     while math.prod(shape) > 4096:  # halve the largest axis
         i = shape.index(max(shape))
         shape = shape[:i] + (shape[i] // 2,) + shape[i + 1:]
