@@ -122,6 +122,38 @@ def expect_accepted(x, d, t, dtype):
           suppress_health_check=list(HealthCheck))
 @given(problems())
 def test_forward_backward_and_lse_against_float64(case):
+    check_forward(case, long_axes=False)
+
+
+# Axis and inner sizes on each side of the CPU kernels' boundaries: 16-element short rows, 2048-element
+# blocks, 65536-element pieces split among threads, 32-step tiles of 8 vectors.
+LONG_SIZES = [1, 3, 8, 16, 17, 24, 31, 33, 40, 56, 64, 65, 96, 129, 2047, 2048, 2049, 4097, 65537, 140000]
+
+
+@st.composite
+def long_problems(draw):
+    ndim = draw(st.integers(1, 3))
+    shape = list(draw(st.lists(st.sampled_from(LONG_SIZES), min_size=ndim, max_size=ndim)))
+    while math.prod(shape) > 1_500_000:
+        i = shape.index(max(shape))
+        shape[i] = max(1, shape[i] // 3)
+    dtype = draw(st.sampled_from(sorted(DTYPES)))
+    dim = draw(st.integers(0, ndim - 1))
+    steps = tuple(draw(st.sampled_from([1, 1, 1, 2])) for _ in shape)
+    t = draw_temperature(draw, dtype, ["one", "one", "log"])
+    return (tuple(shape), dtype, dim, steps, t, draw(st.integers(0, 3)), draw(st.integers(0, 2**32 - 1)),
+            draw(st.booleans()), draw(st.booleans()), draw(st.sampled_from([False, False, False, True])))
+
+
+@settings(max_examples=max(1, CASES // 25), deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck))
+@given(long_problems())
+def test_long_axes_against_float64(case):
+    """The same checks on arrays of up to 1.5M elements, whose axes cross the kernels' blocks."""
+    check_forward(case, long_axes=True)
+
+
+def check_forward(case, long_axes):
     shape, dtype, dim, steps, t, specials, seed, want_lse, backward, huge = case
     rng = np.random.default_rng(seed)
     x = view_of(rng, shape, steps, dtype, huge)
@@ -156,7 +188,19 @@ def test_forward_backward_and_lse_against_float64(case):
             dy64, y64 = dy.astype(np.float64), y.astype(np.float64)
             ref_dx = dy64 - np.exp(y64) * dy64.sum(axis=d, keepdims=True)
         held_dx = ref_dx.astype(x.dtype).astype(np.float64)
-        assert_matches(dx, np.where(np.isinf(held_dx), held_dx, ref_dx), dtype, "backward " + what)
+        ref_dx = np.where(np.isinf(held_dx), held_dx, ref_dx)
+        if not long_axes:
+            assert_matches(dx, ref_dx, dtype, "backward " + what)
+            return
+        # Over a long axis, dx carries the accumulation type's rounding of sum(dy), |sum(dy)| up to
+        # sum(|dy|), times exp(y).
+        atol, rtol = TOL_GRAD[dtype]
+        with np.errstate(all="ignore"):
+            bound = atol + rtol * (1 + np.abs(ref_dx) + np.exp(y64) * np.abs(dy64).sum(axis=d, keepdims=True))
+            err = np.abs(dx.astype(np.float64) - ref_dx)
+        fin = np.isfinite(ref_dx)
+        assert np.array_equal(np.isnan(dx.astype(np.float64)), np.isnan(ref_dx)), "backward NaN " + what
+        assert (err[fin] <= bound[fin]).all(), ("backward " + what, err[fin].max())
 
 
 # --- the consumers of the log-sum-exp ------------------------------------------------------------
