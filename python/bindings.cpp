@@ -366,6 +366,14 @@ int cross_entropy(uintptr_t x, int64_t xs, uintptr_t target, int64_t rows, int64
                                      static_cast<softlight_dtype>(dtype), &o, threads);
 }
 
+int cross_entropy_grad_scale(uintptr_t grad, int64_t stride, int64_t rows, int64_t cols, int dtype, uintptr_t d_loss,
+                             int64_t d_loss_count, int threads) {
+  if (dtype < 0 || dtype > 3) return SOFTLIGHT_ERROR_UNSUPPORTED_DTYPE;
+  py::gil_scoped_release nogil;
+  return softlight_cross_entropy_grad_scale_cpu(mptr(grad), stride, rows, cols, static_cast<softlight_dtype>(dtype),
+                                                mptr(d_loss), d_loss_count, threads);
+}
+
 // --- planner queries (tests) -----------------------------------------------------------------
 
 template <class T> T get(const py::dict& d, const char* key, T fallback) {
@@ -521,6 +529,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("row_stats", &row_stats);
   m.def("row_stats_backward", &row_stats_backward);
   m.def("cross_entropy", &cross_entropy);
+  m.def("cross_entropy_grad_scale", &cross_entropy_grad_scale);
   m.def("plan_rows", &plan_rows, py::arg("problem"), py::arg("device") = py::dict(), py::arg("forced") = py::dict());
   m.def("plan_axis", &plan_axis, py::arg("problem"), py::arg("device") = py::dict(), py::arg("forced") = py::dict());
   m.def("tuning_valid", [](const py::dict& forced) { return softlight::tuning_valid(tuning_of(forced)); });

@@ -302,6 +302,35 @@ extern "C" softlight_status softlight_row_stats_backward_cpu(const void* x, int6
   return cpu::with_cpu_type(c.dtype, [&](auto tag) { row_stats_backward<decltype(tag)>(c, g, scratch, num_threads); });
 }
 
+extern "C" softlight_status softlight_cross_entropy_grad_scale_cpu(void* grad, int64_t grad_row_stride, int64_t rows,
+                                                                   int64_t cols, softlight_dtype dtype, const void* d_loss,
+                                                                   int64_t d_loss_count, int num_threads) {
+  using namespace softlight;
+  ConsumerCall c = consumer_call(grad, grad_row_stride, rows, cols, dtype, 1.0);
+  c.dx = grad;  // read and written in place
+  c.dx_stride = grad_row_stride;
+  const bool count_ok = d_loss_count == 1 || d_loss_count == rows;
+  c.in(d_loss, count_ok ? d_loss_count : 0);
+  bool noop;
+  softlight_status st = check_consumer(c, 1.0, &noop);
+  if (st == SOFTLIGHT_SUCCESS && !count_ok) st = SOFTLIGHT_ERROR_INVALID_ARGUMENT;
+  if (st == SOFTLIGHT_SUCCESS && !noop && d_loss == nullptr) st = SOFTLIGHT_ERROR_NULL_POINTER;
+  if (st != SOFTLIGHT_SUCCESS || noop || cols == 0) return st;
+  return cpu::with_cpu_type(c.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    using A = typename Traits<T>::A;
+    const auto& k = cpu::kernels_for<T>();
+    const A* f = static_cast<const A*>(d_loss);
+    T* g = static_cast<T*>(grad);
+    cpu::parallel_for(rows, cols, num_threads, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const A factor = f[d_loss_count == 1 ? 0 : r];
+        if (factor != A(1)) k.scale(g + r * c.dx_stride, cols, factor);  // (1: the row as written)
+      }
+    });
+  });
+}
+
 extern "C" softlight_status softlight_cross_entropy_cpu(const void* x, int64_t x_row_stride, const int64_t* target,
                                                         int64_t rows, int64_t cols, softlight_dtype dtype,
                                                         const softlight_cross_entropy_options* options,

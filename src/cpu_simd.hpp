@@ -45,6 +45,7 @@ template <class T, class A> struct Kernels {
   // contiguous elements (dx may be x).
   void (*stats_grad)(const T* x, T* dx, int64_t n, A scale, A m, A log_sum, A a, A e, A h, A c);
   A (*row_max)(const T* x, int64_t n);  // the max of n contiguous elements (NaN never wins; -inf for none)
+  void (*scale)(T* x, int64_t n, A k);  // x *= k over n contiguous elements, rounded once
   int lanes;  // elements a vector holds
 };
 
@@ -637,9 +638,17 @@ void stats_grad(const T* x, T* dx, int64_t n, A scale, A m, A log_sum, A a, A e,
   for (; j < n; ++j) dx[j] = Traits<T>::store(grad(splat(Traits<T>::load(x[j])))[0]);
 }
 
+template <class T, class A = typename Traits<T>::A> void scale(T* x, int64_t n, A k) {
+  constexpr int W = kLanes<A>;
+  const V<A> vk = splat(k);
+  int64_t j = 0;
+  for (; j + W <= n; j += W) vstore(x + j, vload(x + j) * vk);
+  for (; j < n; ++j) x[j] = Traits<T>::store(Traits<T>::load(x[j]) * k);
+}
+
 template <class T> Kernels<T, typename Traits<T>::A> kernels_of() {
-  return {rows<T>,          tiles<T>,     short_rows<T>, flat_stats<T>, flat_write<T>, unit<T>,
-          backward_rows<T>, row_stats<T>, stats_grad<T>, max_of<T>, kLanes<typename Traits<T>::A>};
+  return {rows<T>,      tiles<T>,     short_rows<T>, flat_stats<T>, flat_write<T>, unit<T>, backward_rows<T>,
+          row_stats<T>, stats_grad<T>, max_of<T>,    scale<T>,      kLanes<typename Traits<T>::A>};
 }
 
 inline KernelSet kernel_set() {

@@ -287,6 +287,39 @@ def test_backward_takes_scalars_and_refuses_non_arrays(rng):
         softlight.row_stats_backward(x, got["lse"], d_lse=object(), **kw)
 
 
+@pytest.mark.parametrize("dtype", list(CODES))
+def test_grad_scale_in_place(rng, dtype):
+    """softlight_cross_entropy_grad_scale_cpu: each row times its factor (or the one factor), rounded
+    once; a row whose factor is 1 left as it is (NaN there stays NaN, unread); refusals write nothing."""
+    rows, cols, stride = 9, 1000, 1003
+    g, gv = _storage(rng.standard_normal((rows, stride)), dtype)
+    g[4, :cols] = g[4, 0] * np.nan if dtype != "bfloat16" else 0x7fc0  # a NaN row whose factor is 1
+    gv = _values(g, dtype)
+    acc = _acc(dtype)
+    f = np.array([2.0, 1.0, -0.5, 256.0, 1.0, 0.0, 1.0, 3.0, 1e-3], acc)
+    lib = ctypes.CDLL(softlight.library_path())
+    before = g.copy()
+    for bad in (dict(count=5), dict(count=0), dict(f=0)):
+        kw = dict(f=f.ctypes.data, count=rows)
+        kw.update(bad)
+        assert _C.cross_entropy_grad_scale(g.ctypes.data, stride, rows, cols, CODES[dtype], kw["f"], kw["count"], 2) != 0
+    assert _C.cross_entropy_grad_scale(g.ctypes.data, stride, rows, cols, CODES[dtype], g.ctypes.data, rows, 2) == 5
+    assert _C.cross_entropy_grad_scale(g.ctypes.data + 1, stride, rows, cols, CODES[dtype], f.ctypes.data, rows, 2) == 11
+    assert np.array_equal(g.view(np.uint8), before.view(np.uint8))  # nothing written
+    assert _C.cross_entropy_grad_scale(g.ctypes.data, stride, rows, cols, CODES[dtype], f.ctypes.data, rows, 2) == 0
+    got = _values(g, dtype)
+    with np.errstate(invalid="ignore"):
+        want = gv[:, :cols] * f[:, None].astype(np.float64)
+    assert np.isnan(got[4, :cols]).all() and np.array_equal(got[1], gv[1])
+    keep = np.arange(rows) != 4
+    assert np.allclose(got[keep, :cols], want[keep], rtol=TOL[dtype][1], atol=TOL[dtype][0])
+    assert np.array_equal(got[:, cols:], gv[:, cols:])  # past cols: untouched
+    one = np.array([1.0], acc)  # one factor for every row; 1: nothing at all
+    assert _C.cross_entropy_grad_scale(g.ctypes.data, stride, rows, cols, CODES[dtype], one.ctypes.data, 1, 2) == 0
+    assert np.array_equal(_values(g, dtype)[keep], got[keep])
+    assert lib.softlight_cross_entropy_grad_scale_cpu is not None
+
+
 def test_c_abi_statuses_and_nothing_written(rng):
     """Each refusal returns its status with every output as it was."""
     lib = ctypes.CDLL(softlight.library_path())

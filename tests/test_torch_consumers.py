@@ -163,6 +163,29 @@ def test_layouts_and_refusals():
             slt.entropy(torch.zeros(3, 4, device="cuda"))
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_backward_scales_the_forward_gradient_and_repeats_it_exactly(dtype):
+    """The backward hands out the forward's gradient scaled in place by the upstream gradient (65536 as a
+    loss scaler gives it, 1, one a row); a second backward through the graph gives the same bits."""
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(7, 300, generator=g) * 2).to(dtype).requires_grad_()
+    t = torch.randint(0, 300, (7,), generator=g)
+    t[1] = -100
+    ups = {"mean": torch.tensor(65536.0), "sum": torch.tensor(1.0), "none": torch.tensor([1, 2, 0.5, 1, 1, -3, 1.0])}
+    rtol, atol = {torch.float64: (1e-12, 1e-15), torch.float32: (1e-5, 1e-8), torch.bfloat16: (1e-2, 1e-5)}[dtype]
+    for reduction, d in ups.items():
+        loss = slt.cross_entropy(x, t, reduction=reduction)
+        first, = torch.autograd.grad(loss, x, d.to(loss.dtype), retain_graph=True)
+        second, = torch.autograd.grad(loss, x, d.to(loss.dtype))
+        assert torch.equal(first, second), reduction
+        x64 = x.detach().double().requires_grad_()
+        want, = torch.autograd.grad(torch.nn.functional.cross_entropy(x64, t, reduction=reduction), x64, d.double())
+        assert torch.allclose(first.double(), want, rtol=rtol, atol=atol * float(d.abs().max())), reduction
+    gbuf = torch.randn(6, 30, dtype=torch.float64)
+    torch.library.opcheck(torch.ops.softlight.cross_entropy_grad_scale_.default, (gbuf, torch.tensor(2.0).double()))
+    torch.library.opcheck(torch.ops.softlight.cross_entropy_grad_scale_.default, (gbuf, torch.rand(6).double()))
+
+
 def test_one_pass_gradient_accumulates():
     """The forward's gradient handed back as it is for loss.backward() must still accumulate."""
     x = torch.randn(4, 10, dtype=torch.float64, requires_grad=True)

@@ -316,6 +316,17 @@ SOFTLIGHT_API softlight_status softlight_cross_entropy_cpu(
     const void* x, int64_t x_row_stride, const int64_t* target, int64_t rows, int64_t cols,
     softlight_dtype dtype, const softlight_cross_entropy_options* options, int num_threads);
 
+/*
+ * Scales, in place, the gradient that softlight_cross_entropy_cpu wrote for an upstream gradient of 1
+ * (grad: rows x cols of dtype, rows grad_row_stride elements apart) by the loss's actual upstream
+ * gradient d_loss: one value (a reduced loss) or `rows` values (reduction NONE), of the accumulation
+ * type. A row whose factor is exactly 1 is neither read nor written: the backward of the loss itself
+ * costs nothing. d_loss may not overlap grad.
+ */
+SOFTLIGHT_API softlight_status softlight_cross_entropy_grad_scale_cpu(
+    void* grad, int64_t grad_row_stride, int64_t rows, int64_t cols, softlight_dtype dtype,
+    const void* d_loss, int64_t d_loss_count, int num_threads);
+
 #ifdef __cplusplus
 }
 #endif

@@ -153,6 +153,9 @@ _lib.define("row_stats_backward(Tensor logits, Tensor lse, Tensor entropy, Tenso
             "int index_offset=0, bool shard=False) -> Tensor")
 _lib.define("cross_entropy(Tensor logits, Tensor target, int ignore_index=-100, float label_smoothing=0.0, "
             "float z_loss=0.0, float temperature=1.0, int reduction=2, bool with_grad=False) -> (Tensor, Tensor, Tensor)")
+# cross_entropy's gradient (written for an upstream gradient of 1) times the loss's upstream gradient,
+# in place; rows whose factor is 1 are left alone, decided where d_loss is (no read of it on the host).
+_lib.define("cross_entropy_grad_scale_(Tensor(a!) grad, Tensor d_loss) -> ()")
 
 _REDUCTIONS = {"none": 0, "sum": 1, "mean": 2}
 
@@ -243,10 +246,27 @@ def _cross_entropy(logits, target, ignore_index=-100, label_smoothing=0.0, z_los
     return loss, lse, grad
 
 
+def _cross_entropy_grad_scale(grad, d_loss):
+    _on_cpu(grad, "cross_entropy_grad_scale_")
+    if grad.dim() != 2 or grad.stride(-1) != 1 or d_loss.numel() not in (1, grad.shape[0]):
+        raise InvalidArgumentError(f"softlight: cross_entropy_grad_scale_ takes rows of a gradient and one factor or "
+                                   f"one a row, got {tuple(grad.shape)} and {tuple(d_loss.shape)}")
+    rows, cols = grad.shape
+    f = d_loss.to(_acc(grad)).contiguous()
+    check(_C.cross_entropy_grad_scale(grad.data_ptr(), grad.stride(0) if rows > 1 else cols, rows, cols,
+                                      _check(grad, -1), f.data_ptr(), f.numel(), 0))
+
+
 for _key in ("CPU", "CUDA"):
     _lib.impl("row_stats", _row_stats, _key)
     _lib.impl("row_stats_backward", _row_stats_backward, _key)
     _lib.impl("cross_entropy", _cross_entropy, _key)
+    _lib.impl("cross_entropy_grad_scale_", _cross_entropy_grad_scale, _key)
+
+
+@torch.library.register_fake("softlight::cross_entropy_grad_scale_")
+def _cross_entropy_grad_scale_fake(grad, d_loss):
+    return None
 
 
 @torch.library.register_fake("softlight::row_stats")
@@ -307,22 +327,34 @@ def _setup_ce(ctx, inputs, output):
     logits, target, ignore_index, label_smoothing, z_loss, temperature, reduction, with_grad = \
         (tuple(inputs) + (-100, 0.0, 0.0, 1.0, 2, False))[:8]
     ctx.with_grad, ctx.temperature = with_grad, temperature
+    ctx.ce = (ignore_index, label_smoothing, z_loss, temperature, reduction, with_grad)
     ctx.set_materialize_grads(False)
     ctx.mark_non_differentiable(output[2])
-    ctx.save_for_backward(logits, output[1], output[2])
+    if torch.compiler.is_compiling():  # a traced graph: the backward multiplies (below)
+        ctx.save_for_backward(logits, target, output[1], output[2])
+        ctx.grad = None
+    else:  # eager: the backward scales the forward's gradient in place, so it is kept untracked
+        ctx.save_for_backward(logits, target, output[1])
+        ctx.grad = output[2]
 
 
 def _grad_ce(ctx, d_loss, d_lse, _):
-    logits, lse, grad = ctx.saved_tensors
+    saved = ctx.saved_tensors
+    logits, target, lse = saved[:3]
     if not ctx.with_grad:
         raise InvalidArgumentError("softlight: cross_entropy was called with with_grad=False: no gradient was kept")
     dx = None
-    if d_loss is not None:  # the gradient written in the forward, for an upstream gradient of 1
-        if d_loss.dim() == 0 and d_loss.device.type == "cpu" and not torch.compiler.is_compiling() \
-                and d_loss.item() == 1.0:
-            dx = grad  # loss.backward() of the loss itself: the forward's gradient as it is
-        else:
-            dx = grad * (d_loss.unsqueeze(-1) if d_loss.dim() else d_loss).to(grad.dtype)
+    if d_loss is not None and len(saved) == 4:
+        dx = saved[3] * (d_loss.unsqueeze(-1) if d_loss.dim() else d_loss).to(saved[3].dtype)
+    elif d_loss is not None:
+        # The gradient written in the forward (for an upstream gradient of 1), scaled in place by d_loss
+        # (nothing done where it is 1: loss.backward() of the loss itself) and handed out as it is. A
+        # second backward through the graph (retain_graph) writes it again with the forward's kernel,
+        # so that it gives the same bits.
+        grad = ctx.grad if ctx.grad is not None else torch.ops.softlight.cross_entropy(logits, target, *ctx.ce)[2]
+        ctx.grad = None
+        torch.ops.softlight.cross_entropy_grad_scale_(grad, d_loss)
+        dx = grad
     if d_lse is not None:
         extra = torch.ops.softlight.row_stats_backward(logits, lse, lse, None, d_lse, None, None, None, None,
                                                        ctx.temperature)
