@@ -59,16 +59,27 @@ __device__ __forceinline__ double max_acc(double a, double b) { return fmax(a, b
 // would be NaN and would poison rows that are finite elsewhere. A NaN element still makes s NaN,
 // and +inf makes it NaN through inf - inf, which is what torch gives for such rows.
 
+// (v - m) * c for v <= m, c >= 0 a scale or an exp factor (one for scale 1: exp_factor(1)), taken so
+// that it overflows only where its value does. Where c is below one's, v - m can overflow while the
+// scaled difference is finite ([3e38, -1e38] at T = 5e37 in float): the halves are subtracted,
+// (v/2 - m/2) * 2c, which rounds as (v - m) * c wherever v - m is finite (a power of two moves no
+// rounding; a flushed subnormal half is far below the row's log-sum). Elsewhere fma(v, 1, -m) is
+// v - m. h depends on c alone: loops hoist it and m * h, and an element costs an FFMA and an FMUL.
+template <class A> __device__ __forceinline__ A scaled_difference(A v, A m, A c, A one) {
+  const bool halve = c < one;
+  const A h = halve ? A(0.5) : A(1);
+  return fma(v, h, -(m * h)) * (halve ? c + c : c);
+}
 // exp((v - m) * scale) as exp_base((v - m) * f), f = exp_factor(scale) (by default scale 1), with
 // the shift taken as 0 when m is -inf. The difference comes first, so that elements next to a large
 // max keep theirs (v * scale - m * scale would round them away).
 template <class A> __device__ __forceinline__ A exp_shifted(A v, A m, A f = exp_factor(A(1))) {
-  return exp_base((v - (m == neg_inf<A>() ? A(0) : m)) * f);
+  return exp_base(scaled_difference(v, m == neg_inf<A>() ? A(0) : m, f, exp_factor(A(1))));
 }
 // The factor that moves a sum taken relative to m_old onto m_new >= m_old. With a factor f =
 // exp_factor(scale), the maxima are those of x and the sums are of exp((x - m) * scale).
 template <class A> __device__ __forceinline__ A rescale(A m_old, A m_new, A f = exp_factor(A(1))) {
-  return m_old == neg_inf<A>() ? A(0) : exp_base((m_old - m_new) * f);
+  return m_old == neg_inf<A>() ? A(0) : exp_base(scaled_difference(m_old, m_new, f, exp_factor(A(1))));
 }
 template <class A> struct MaxSum {
   A m;
@@ -102,7 +113,9 @@ __device__ __forceinline__ double pow2_near_inverse(double v) {
 // (x - max) * scale - log(sum), one rounding after the difference (exactly -log(sum) at the max,
 // which x * scale - max * scale need not give).
 template <class A> __device__ __forceinline__ A log_softmax_out_scaled(A v, A m, A scale, A log_sum) {
-  return fma(v - m, scale, -log_sum);
+  const bool halve = scale < A(1);  // (scaled_difference)
+  const A h = halve ? A(0.5) : A(1);
+  return fma(fma(v, h, -(m * h)), halve ? scale + scale : scale, -log_sum);
 }
 // The output for one element, in the order torch evaluates it: (x - max) - log(sum).
 template <class A> __device__ __forceinline__ A log_softmax_out(A v, A m, A log_sum) {

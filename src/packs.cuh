@@ -287,7 +287,7 @@ __device__ __forceinline__ void fold_packs(const uint4 (&p)[N], MaxSum<acc_t<T>>
   const A m = max_acc(cp.m, packs_max<T, N>(p));
   const ShiftedExp<A> e = shifted_exp(m, scale);
   const A s = packs_exp_sum<T, N>(p, e);
-  const A old = cp.m == neg_inf<A>() ? A(0) : exp_base((cp.m - m) * e.f);
+  const A old = cp.m == neg_inf<A>() ? A(0) : exp_base(scaled_difference(cp.m, m, e.f, exp_factor(A(1))));
   cp = {m, cp.s * old + s * exp_base(-e.lo)};
 }
 

@@ -11,7 +11,7 @@ import pytest
 
 import softlight
 from gpu_util import assert_close_to_float64, needs_gpu, random_rows, torch
-from reference import POISON, assert_matches, in_threads
+from reference import POISON, assert_matches, in_threads, log_softmax_ref, logsumexp_ref
 
 pytestmark = needs_gpu
 hypothesis = pytest.importorskip("hypothesis", reason="hypothesis is not installed (pip install '.[test]')")
@@ -27,12 +27,10 @@ TORCH_DTYPES = {"float32": "float32", "float16": "float16", "float64": "float64"
           suppress_health_check=list(HealthCheck))
 @given(diff.problems())
 def test_gpu_against_float64(case):
-    shape, dtype, dim, steps, t, specials, seed, want_lse, backward, _huge = case
+    shape, dtype, dim, steps, t, specials, seed, want_lse, backward, huge = case
     steps = tuple(abs(s) for s in steps)  # torch has no negative strides
     rng = np.random.default_rng(seed)
-    # Values of ordinary size: the GPU kernels take x - max before the scale, which overflows for
-    # values near the type's largest where the CPU's does not (docs/semantics.md).
-    base = np.asarray(diff.values(rng, tuple(n * s for n, s in zip(shape, steps)), dtype, False), dtype=np.float64)
+    base = np.asarray(diff.values(rng, tuple(n * s for n, s in zip(shape, steps)), dtype, huge), dtype=np.float64)
     full = torch.from_numpy(base).to("cuda", getattr(torch, TORCH_DTYPES[dtype]))
     x = full[tuple(slice(None, None, s) for s in steps)] if full.dim() else full
     if x.numel() and specials:
@@ -68,6 +66,22 @@ def test_gpu_against_float64(case):
         dy64, y64 = dy.double(), y.double()
         ref_dx = (dy64 - torch.exp(y64) * dy64.sum(d, keepdim=True)).cpu().numpy()
         assert_matches(dx.double().cpu().numpy(), ref_dx, dtype, "backward " + what)
+
+
+@pytest.mark.parametrize("shape,dim", [((3, 2), 1), ((3, 5000), 1), ((2, 300_000), 1), ((2, 4_000_000), 1),
+                                       ((64, 4096), 1), ((8, 3000, 16), 1), ((3000, 5), 0)], ids=str)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_difference_from_the_max_past_the_type(dtype, shape, dim):
+    """Rows whose x - max overflows the type ([3e38, -1e38] in float32) at a temperature that brings
+    (x - max) / T back in range: y and the lse are finite, in each kernel family the shapes reach
+    (tests/test_cpu_backend.py has the CPU's)."""
+    big = float(np.finfo(dtype).max)
+    t = big / 20
+    x = (np.random.default_rng(7).uniform(-0.9, 0.9, shape) * big).astype(dtype)
+    y, lse = softlight.log_softmax(torch.from_numpy(x).cuda(), dim=dim, temperature=t, return_lse=True)
+    z = np.moveaxis((x.astype(np.longdouble) / t).astype(np.float64), dim, -1)
+    assert_matches(np.moveaxis(y.cpu().numpy(), dim, -1), log_softmax_ref(z), dtype)
+    assert_matches(lse.cpu().numpy(), logsumexp_ref(z), dtype)
 
 
 def test_misaligned_device_pointers_are_refused_and_the_context_survives():
