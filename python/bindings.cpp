@@ -320,7 +320,8 @@ softlight_tokens tokens(uintptr_t ids, int64_t count, int64_t row_stride, int64_
 }
 
 int row_stats(uintptr_t x, int64_t xs, int64_t rows, int64_t cols, int dtype, double temperature, uintptr_t index,
-              int64_t k, int64_t index_stride, int64_t offset, bool shard, const Ptrs& out, int threads) {
+              int64_t k, int64_t index_stride, int64_t offset, bool shard, const Ptrs& out, int threads, bool gpu,
+              uintptr_t stream) {
   if (dtype < 0 || dtype > 3) return SOFTLIGHT_ERROR_UNSUPPORTED_DTYPE;
   softlight_row_stats_options o{};
   o.temperature = temperature;
@@ -328,12 +329,14 @@ int row_stats(uintptr_t x, int64_t xs, int64_t rows, int64_t cols, int dtype, do
   void** fields[8] = {&o.lse, &o.entropy, &o.logprobs, &o.picked, &o.sum, &o.max, &o.sumexp, &o.moment};
   for (int i = 0; i < 8; ++i) *fields[i] = mptr(out[i]);
   py::gil_scoped_release nogil;
-  return softlight_row_stats_cpu(mptr(x), xs, rows, cols, static_cast<softlight_dtype>(dtype), &o, threads);
+  const auto type = static_cast<softlight_dtype>(dtype);
+  return gpu ? softlight_row_stats(mptr(x), xs, rows, cols, type, &o, mptr(stream))
+             : softlight_row_stats_cpu(mptr(x), xs, rows, cols, type, &o, threads);
 }
 
 int row_stats_backward(uintptr_t x, int64_t xs, uintptr_t dx, int64_t dxs, int64_t rows, int64_t cols, int dtype,
                        double temperature, uintptr_t index, int64_t k, int64_t index_stride, int64_t offset, bool shard,
-                       const std::array<uintptr_t, 7>& in, int threads) {
+                       const std::array<uintptr_t, 7>& in, int threads, bool gpu, uintptr_t stream) {
   if (dtype < 0 || dtype > 3) return SOFTLIGHT_ERROR_UNSUPPORTED_DTYPE;
   softlight_row_stats_grad g{};
   g.temperature = temperature;
@@ -341,8 +344,9 @@ int row_stats_backward(uintptr_t x, int64_t xs, uintptr_t dx, int64_t dxs, int64
   const void** fields[7] = {&g.lse, &g.entropy, &g.d_lse, &g.d_entropy, &g.d_logprobs, &g.d_picked, &g.d_sum};
   for (int i = 0; i < 7; ++i) *fields[i] = mptr(in[i]);
   py::gil_scoped_release nogil;
-  return softlight_row_stats_backward_cpu(mptr(x), xs, mptr(dx), dxs, rows, cols, static_cast<softlight_dtype>(dtype),
-                                          &g, threads);
+  const auto type = static_cast<softlight_dtype>(dtype);
+  return gpu ? softlight_row_stats_backward(mptr(x), xs, mptr(dx), dxs, rows, cols, type, &g, mptr(stream))
+             : softlight_row_stats_backward_cpu(mptr(x), xs, mptr(dx), dxs, rows, cols, type, &g, threads);
 }
 
 int cross_entropy(uintptr_t x, int64_t xs, uintptr_t target, int64_t rows, int64_t cols, int dtype,
@@ -526,8 +530,13 @@ PYBIND11_MODULE(_C, m) {
     return d < 0 ? kDimOutOfRange : strides.size() != shape.size() ? kShapeMismatch : layout3(shape, strides, d, n, s);
   });
   m.def("dlpack_view", &dlpack_view, py::arg("capsule"));
-  m.def("row_stats", &row_stats);
-  m.def("row_stats_backward", &row_stats_backward);
+  m.def("row_stats", &row_stats, py::arg("x"), py::arg("xs"), py::arg("rows"), py::arg("cols"), py::arg("dtype"),
+        py::arg("temperature"), py::arg("index"), py::arg("k"), py::arg("index_stride"), py::arg("offset"),
+        py::arg("shard"), py::arg("out"), py::arg("threads"), py::arg("gpu") = false, py::arg("stream") = 0);
+  m.def("row_stats_backward", &row_stats_backward, py::arg("x"), py::arg("xs"), py::arg("dx"), py::arg("dxs"),
+        py::arg("rows"), py::arg("cols"), py::arg("dtype"), py::arg("temperature"), py::arg("index"), py::arg("k"),
+        py::arg("index_stride"), py::arg("offset"), py::arg("shard"), py::arg("ins"), py::arg("threads"),
+        py::arg("gpu") = false, py::arg("stream") = 0);
   m.def("cross_entropy", &cross_entropy);
   m.def("cross_entropy_grad_scale", &cross_entropy_grad_scale);
   m.def("plan_rows", &plan_rows, py::arg("problem"), py::arg("device") = py::dict(), py::arg("forced") = py::dict());

@@ -230,33 +230,6 @@ softlight_status cross_entropy(const ConsumerCall& c, const softlight_cross_entr
   return SOFTLIGHT_SUCCESS;
 }
 
-// The shared part of a consumer call's checks.
-ConsumerCall consumer_call(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, softlight_dtype dtype,
-                           double temperature) {
-  ConsumerCall c;
-  int v;
-  std::memcpy(&v, &dtype, sizeof v);
-  c.known_dtype = v >= 0 && v <= 3;
-  c.dtype = c.known_dtype ? dtype : SOFTLIGHT_FLOAT32;
-  c.rows = rows;
-  c.cols = cols;
-  c.x = x;
-  c.x_stride = x_row_stride;
-  c.scale = 1.0 / (temperature == 0.0 ? 1.0 : temperature);
-  return c;
-}
-
-// The tokens into the call; returns rows * count (INT64_MAX where that overflows the checks' bound).
-int64_t take_tokens(const softlight_tokens& t, ConsumerCall* c) {
-  c->index = t.ids;
-  c->index_count = t.count;
-  c->index_stride = t.row_stride;
-  c->index_offset = t.offset;
-  c->shard = t.shard != 0;
-  const int64_t rows = c->rows;
-  return rows >= 0 && t.count >= 0 && (t.count == 0 || rows <= INT64_MAX / 8 / t.count) ? rows * t.count : INT64_MAX;
-}
-
 }  // namespace
 }  // namespace softlight
 
@@ -266,13 +239,9 @@ extern "C" softlight_status softlight_row_stats_cpu(const void* x, int64_t x_row
   using namespace softlight;
   if (options == nullptr) return SOFTLIGHT_ERROR_NULL_POINTER;
   const softlight_row_stats_options& o = *options;
-  ConsumerCall c = consumer_call(x, x_row_stride, rows, cols, dtype, o.temperature);
-  const int64_t picks = take_tokens(o.index, &c);
-  for (void* p : {o.lse, o.entropy, o.sum, o.max, o.sumexp, o.moment}) c.out(p, rows);
-  c.out(o.picked, picks);
-  c.out(o.logprobs, picks);
+  softlight_status st;
   bool noop;
-  const softlight_status st = check_consumer(c, o.temperature, &noop);
+  const ConsumerCall c = row_stats_call(x, x_row_stride, rows, cols, dtype, o, true, &st, &noop);
   if (st != SOFTLIGHT_SUCCESS || noop) return st;
   return cpu::with_cpu_type(c.dtype, [&](auto tag) { row_stats<decltype(tag)>(c, o, num_threads); });
 }
@@ -284,18 +253,10 @@ extern "C" softlight_status softlight_row_stats_backward_cpu(const void* x, int6
   using namespace softlight;
   if (grad == nullptr) return SOFTLIGHT_ERROR_NULL_POINTER;
   const softlight_row_stats_grad& g = *grad;
-  ConsumerCall c = consumer_call(x, x_row_stride, rows, cols, dtype, g.temperature);
-  c.dx = dx;
-  c.dx_stride = dx_row_stride;
-  const int64_t picks = take_tokens(g.index, &c);
-  for (const void* p : {g.lse, g.entropy, g.d_lse, g.d_entropy, g.d_sum}) c.in(p, rows);
-  c.in(g.d_picked, picks);
-  c.in(g.d_logprobs, picks);
+  softlight_status st;
   bool noop;
-  softlight_status st = check_consumer(c, g.temperature, &noop);
-  if (st == SOFTLIGHT_SUCCESS && !noop &&
-      ((dx == nullptr && cols > 0) || g.lse == nullptr || (g.d_entropy != nullptr && g.entropy == nullptr)))
-    st = SOFTLIGHT_ERROR_NULL_POINTER;
+  const ConsumerCall c = row_stats_grad_call(x, x_row_stride, dx, dx_row_stride, rows, cols, dtype, g, true, &st,
+                                             &noop);
   if (st != SOFTLIGHT_SUCCESS || noop || cols == 0) return st;
   Scratch scratch;
   if (!scratch.make(rows * g.index.count)) return SOFTLIGHT_ERROR_OUT_OF_MEMORY;

@@ -235,6 +235,24 @@ softlight_status run_gpu(const Call& call, void* stream) {
   return st != SOFTLIGHT_SUCCESS ? st : run(call, dev.info, static_cast<cudaStream_t>(stream));
 }
 
+// The pending-error check and the device of a consumer call's arrays (null ones skipped).
+softlight_status open_consumer(CallDevice* dev, std::initializer_list<const void*> arrays) {
+  if (const cudaError_t pending = cudaPeekAtLastError(); pending != cudaSuccess)
+    return no_driver(pending) ? SOFTLIGHT_ERROR_NO_DEVICE : SOFTLIGHT_ERROR_CUDA;
+  return dev->open(arrays);
+}
+
+template <class A> ConsumerArgs<A> consumer_args(const softlight_row_stats_options& o) {
+  const auto p = [](void* v) { return static_cast<A*>(v); };
+  return {o.index.ids, o.index.count, o.index.row_stride, o.index.offset, o.index.shard != 0, p(o.lse),
+          p(o.entropy), p(o.logprobs), p(o.picked), p(o.sum), p(o.max), p(o.sumexp), p(o.moment)};
+}
+template <class A> GradArgs<A> grad_args(const softlight_row_stats_grad& g) {
+  const auto p = [](const void* v) { return static_cast<const A*>(v); };
+  return {g.index.ids, g.index.count, g.index.row_stride, g.index.offset, g.index.shard != 0, p(g.lse),
+          p(g.entropy), p(g.d_lse), p(g.d_entropy), p(g.d_logprobs), p(g.d_picked), p(g.d_sum)};
+}
+
 }  // namespace
 
 int visible_device_count() {
@@ -292,4 +310,44 @@ extern "C" softlight_status softlight_log_softmax_forward(const void* x, int64_t
                                                           softlight_dtype dtype, void* stream) {
   return softlight_log_softmax_forward_ex(x, x_row_stride, y, y_row_stride, rows, cols, dtype,
                                           nullptr, stream);
+}
+
+extern "C" softlight_status softlight_row_stats(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols,
+                                                softlight_dtype dtype, const softlight_row_stats_options* options,
+                                                void* stream) {
+  using namespace softlight;
+  if (options == nullptr) return SOFTLIGHT_ERROR_NULL_POINTER;
+  const softlight_row_stats_options& o = *options;
+  softlight_status st;
+  bool noop;
+  const ConsumerCall c = row_stats_call(x, x_row_stride, rows, cols, dtype, o, false, &st, &noop);
+  if (st != SOFTLIGHT_SUCCESS || noop) return st;
+  CallDevice dev;
+  st = open_consumer(&dev, {x, o.index.ids, o.lse, o.entropy, o.logprobs, o.picked, o.sum, o.max, o.sumexp, o.moment});
+  if (st != SOFTLIGHT_SUCCESS) return st;
+  const cudaError_t e = launch_row_stats(c, consumer_args<float>(o), consumer_args<double>(o),
+                                         static_cast<cudaStream_t>(stream));
+  return e == cudaSuccess ? SOFTLIGHT_SUCCESS : cuda_status(e);
+}
+
+extern "C" softlight_status softlight_row_stats_backward(const void* x, int64_t x_row_stride, void* dx,
+                                                         int64_t dx_row_stride, int64_t rows, int64_t cols,
+                                                         softlight_dtype dtype, const softlight_row_stats_grad* grad,
+                                                         void* stream) {
+  using namespace softlight;
+  if (grad == nullptr) return SOFTLIGHT_ERROR_NULL_POINTER;
+  const softlight_row_stats_grad& g = *grad;
+  softlight_status st;
+  bool noop;
+  const ConsumerCall c = row_stats_grad_call(x, x_row_stride, dx, dx_row_stride, rows, cols, dtype, g, false, &st,
+                                             &noop);
+  if (st == SOFTLIGHT_SUCCESS && g.index.count > kMaxGpuTokens) st = SOFTLIGHT_ERROR_INVALID_ARGUMENT;
+  if (st != SOFTLIGHT_SUCCESS || noop || cols == 0) return st;
+  CallDevice dev;
+  st = open_consumer(&dev, {x, dx, g.index.ids, g.lse, g.entropy, g.d_lse, g.d_entropy, g.d_logprobs, g.d_picked,
+                            g.d_sum});
+  if (st != SOFTLIGHT_SUCCESS) return st;
+  const cudaError_t e = launch_row_stats_grad(c, grad_args<float>(g), grad_args<double>(g),
+                                              static_cast<cudaStream_t>(stream));
+  return e == cudaSuccess ? SOFTLIGHT_SUCCESS : cuda_status(e);
 }

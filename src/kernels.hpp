@@ -117,4 +117,27 @@ cudaError_t launch_cluster_tiles(const Plan& plan, const Call& a, cudaStream_t s
 // cluster of plan.cluster CTAs can be scheduled.
 cudaError_t launch_split_rows(const Plan& plan, const Call& a, cudaStream_t stream);
 
+// The consumers of a row's log-sum-exp (consumer_rows.cu), on checked calls (validate.hpp): the
+// statistics of softlight_row_stats, then the gradient of softlight_row_stats_backward. Pointers are
+// of the accumulation type A (float, or double for float64), null where not asked.
+template <class A> struct ConsumerArgs {
+  const int64_t* index;
+  int64_t count, index_stride, offset;
+  bool shard;
+  A *lse, *entropy, *logprobs, *picked, *sum, *max, *sumexp, *moment;
+};
+template <class A> struct GradArgs {
+  const int64_t* index;
+  int64_t count, index_stride, offset;
+  bool shard;
+  const A *lse, *entropy, *d_lse, *d_entropy, *d_logprobs, *d_picked, *d_sum;
+};
+// (af for float, float16 and bfloat16 calls, ad for float64 ones.) The gradient keeps each row's
+// tokens in shared memory: at most kMaxGpuTokens a row.
+constexpr int64_t kMaxGpuTokens = 8192;
+cudaError_t launch_row_stats(const ConsumerCall& c, const ConsumerArgs<float>& af, const ConsumerArgs<double>& ad,
+                             cudaStream_t stream);
+cudaError_t launch_row_stats_grad(const ConsumerCall& c, const GradArgs<float>& gf, const GradArgs<double>& gd,
+                                  cudaStream_t stream);
+
 }  // namespace softlight

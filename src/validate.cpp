@@ -190,7 +190,7 @@ softlight_status check_consumer(const ConsumerCall& c, double temperature, bool*
     if (a.p != nullptr && ranges_overlap(reinterpret_cast<uintptr_t>(a.p), a.count * acc, d0, db))
       return SOFTLIGHT_ERROR_OVERLAP;
   }
-  if (has_index && !c.shard) {
+  if (has_index && !c.shard && c.host_index) {
     for (int64_t r = 0; r < c.rows; ++r)
       for (int64_t k = 0; k < c.index_count; ++k) {
         const int64_t t = c.index[r * c.index_stride + k];
@@ -200,6 +200,60 @@ softlight_status check_consumer(const ConsumerCall& c, double temperature, bool*
       }
   }
   return SOFTLIGHT_SUCCESS;
+}
+
+ConsumerCall consumer_call(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, softlight_dtype dtype,
+                           double temperature) {
+  ConsumerCall c;
+  c.known_dtype = read_dtype(dtype, &c.dtype);
+  c.rows = rows;
+  c.cols = cols;
+  c.x = x;
+  c.x_stride = x_row_stride;
+  c.scale = 1.0 / (temperature == 0.0 ? 1.0 : temperature);
+  return c;
+}
+
+namespace {
+// The tokens into the call; returns rows * count (INT64_MAX where that overflows the checks' bound).
+int64_t take_tokens(const softlight_tokens& t, bool host_index, ConsumerCall* c) {
+  c->index = t.ids;
+  c->index_count = t.count;
+  c->index_stride = t.row_stride;
+  c->index_offset = t.offset;
+  c->shard = t.shard != 0;
+  c->host_index = host_index;
+  const int64_t rows = c->rows;
+  return rows >= 0 && t.count >= 0 && (t.count == 0 || rows <= INT64_MAX / 8 / t.count) ? rows * t.count : INT64_MAX;
+}
+}  // namespace
+
+ConsumerCall row_stats_call(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, softlight_dtype dtype,
+                            const softlight_row_stats_options& o, bool host_index, softlight_status* st, bool* noop) {
+  ConsumerCall c = consumer_call(x, x_row_stride, rows, cols, dtype, o.temperature);
+  const int64_t picks = take_tokens(o.index, host_index, &c);
+  for (void* p : {o.lse, o.entropy, o.sum, o.max, o.sumexp, o.moment}) c.out(p, rows);
+  c.out(o.picked, picks);
+  c.out(o.logprobs, picks);
+  *st = check_consumer(c, o.temperature, noop);
+  return c;
+}
+
+ConsumerCall row_stats_grad_call(const void* x, int64_t x_row_stride, void* dx, int64_t dx_row_stride, int64_t rows,
+                                 int64_t cols, softlight_dtype dtype, const softlight_row_stats_grad& g,
+                                 bool host_index, softlight_status* st, bool* noop) {
+  ConsumerCall c = consumer_call(x, x_row_stride, rows, cols, dtype, g.temperature);
+  c.dx = dx;
+  c.dx_stride = dx_row_stride;
+  const int64_t picks = take_tokens(g.index, host_index, &c);
+  for (const void* p : {g.lse, g.entropy, g.d_lse, g.d_entropy, g.d_sum}) c.in(p, rows);
+  c.in(g.d_picked, picks);
+  c.in(g.d_logprobs, picks);
+  *st = check_consumer(c, g.temperature, noop);
+  if (*st == SOFTLIGHT_SUCCESS && !*noop &&
+      ((dx == nullptr && cols > 0) || g.lse == nullptr || (g.d_entropy != nullptr && g.entropy == nullptr)))
+    *st = SOFTLIGHT_ERROR_NULL_POINTER;
+  return c;
 }
 
 Call forward_call(const void* x, const int64_t* xs, void* y, const int64_t* ys, int64_t outer, int64_t dim,

@@ -72,6 +72,7 @@ struct ConsumerCall {
   const int64_t* index = nullptr;
   int64_t index_count = 0, index_stride = 0, index_offset = 0;
   bool shard = false;  // tokens outside the columns pick nothing (else they are refused)
+  bool host_index = true;  // the indices are host memory, read by the checks (GPU entries: false)
   bool ignore = false;  // cross-entropy's ignore_index applies
   int64_t ignore_index = 0;
   struct Small {
@@ -87,9 +88,20 @@ struct ConsumerCall {
 };
 
 // The first problem of a consumer call, in the order of the forward entries' checks (dtype, the
-// temperature, sizes, pointers, alignment, strides, overlap), then the index values (host memory):
-// each in [0, cols) after index_offset, or ignore_index where it applies, unless shard. *noop: rows
-// is 0. Nothing is written either way.
+// temperature, sizes, pointers, alignment, strides, overlap), then the index values where they are
+// host memory: each in [0, cols) after index_offset, or ignore_index where it applies, unless shard.
+// *noop: rows is 0. Nothing is written either way.
 softlight_status check_consumer(const ConsumerCall& c, double temperature, bool* noop);
+
+// The checked calls of softlight_row_stats[_cpu] and softlight_row_stats_backward[_cpu] (options
+// not NULL): *st their first problem (check_consumer's, then a missing input), *noop nothing to do.
+ConsumerCall row_stats_call(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, softlight_dtype dtype,
+                            const softlight_row_stats_options& o, bool host_index, softlight_status* st, bool* noop);
+ConsumerCall row_stats_grad_call(const void* x, int64_t x_row_stride, void* dx, int64_t dx_row_stride, int64_t rows,
+                                 int64_t cols, softlight_dtype dtype, const softlight_row_stats_grad& g,
+                                 bool host_index, softlight_status* st, bool* noop);
+// The shared part of a consumer call (its dtype read as an int, the scale of its temperature).
+ConsumerCall consumer_call(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, softlight_dtype dtype,
+                           double temperature);
 
 }  // namespace softlight

@@ -204,8 +204,8 @@ SOFTLIGHT_API softlight_status softlight_log_softmax_backward_3d_cpu(
  * (docs/consumers.md). Rows are contiguous, `x_row_stride` elements apart (at least cols where rows
  * > 1); z = x / temperature. Statistics and losses are of the accumulation type (float32 for
  * float32/float16/bfloat16, float64 for float64). Token indices are int64 in the memory x lives in.
- * These entries run on the CPU; every check of the forward entries above applies, and an index
- * outside the row (where the options do not allow it) is INVALID_ARGUMENT with nothing written.
+ * Every check of the forward entries above applies; on the CPU an index outside the row (where the
+ * options do not allow it) is INVALID_ARGUMENT with nothing written. Cross-entropy runs on the CPU.
  */
 
 /*
@@ -250,7 +250,14 @@ typedef struct softlight_row_stats_options {
   void* moment;
 } softlight_row_stats_options;
 
-/* Row statistics of x in one read (`options` must not be NULL). */
+/* Row statistics of x in one read (`options` must not be NULL), on the GPU that holds x, queued on
+ * `stream`. Token ids are device memory and are not read by the checks: a token outside the row
+ * (where `shard` is zero) gives NaN for what it picks. */
+SOFTLIGHT_API softlight_status softlight_row_stats(
+    const void* x, int64_t x_row_stride, int64_t rows, int64_t cols,
+    softlight_dtype dtype, const softlight_row_stats_options* options, void* stream);
+
+/* The same on the CPU (host memory); a token outside the row is INVALID_ARGUMENT there. */
 SOFTLIGHT_API softlight_status softlight_row_stats_cpu(
     const void* x, int64_t x_row_stride, int64_t rows, int64_t cols,
     softlight_dtype dtype, const softlight_row_stats_options* options, int num_threads);
@@ -277,6 +284,11 @@ typedef struct softlight_row_stats_grad {
   const void* d_picked;
   const void* d_sum;
 } softlight_row_stats_grad;
+
+/* On the GPU, queued on `stream` (at most 8192 tokens a row there: INVALID_ARGUMENT past it). */
+SOFTLIGHT_API softlight_status softlight_row_stats_backward(
+    const void* x, int64_t x_row_stride, void* dx, int64_t dx_row_stride, int64_t rows, int64_t cols,
+    softlight_dtype dtype, const softlight_row_stats_grad* grad, void* stream);
 
 SOFTLIGHT_API softlight_status softlight_row_stats_backward_cpu(
     const void* x, int64_t x_row_stride, void* dx, int64_t dx_row_stride, int64_t rows, int64_t cols,

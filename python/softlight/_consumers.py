@@ -1,9 +1,12 @@
-"""The consumers of a row's log-sum-exp for any CPU DLPack array: cross-entropy, the log-probabilities
-of chosen tokens, entropy, the log-sum-exp, and the row statistics they come from (docs/consumers.md).
+"""The consumers of a row's log-sum-exp for any DLPack array: cross-entropy, the log-probabilities of
+chosen tokens, entropy, the log-sum-exp, and the row statistics they come from (docs/consumers.md).
 
 Logits are (..., V), the vocabulary on the last axis, its elements contiguous and the leading axes
-merging into one evenly strided axis of rows. Token indices are any integer array (made int64 on the
-host). Results are of the accumulation type: float32, or float64 for float64 logits.
+merging into one evenly strided axis of rows. On the CPU token indices are any integer array (made
+int64 on the host); on the GPU they are a C-contiguous int64 array on the logits' device, and the
+statistics' gradient takes its inputs as C-contiguous arrays of the accumulation type there too.
+Results are of the accumulation type: float32, or float64 for float64 logits. cross_entropy runs on
+the CPU (softlight.torch.cross_entropy runs on both).
 """
 import math
 
@@ -11,7 +14,7 @@ import numpy as np
 
 from . import _C
 from ._arrays import device_name, empty_like, read
-from ._api import _check_temperature, _output
+from ._api import _check_temperature, _finish, _first, _output
 from ._errors import ArgumentTypeError, DeviceError, InvalidArgumentError, check
 
 STATS = ("lse", "entropy", "logprobs", "picked", "sum", "max", "sumexp", "moment")
@@ -41,12 +44,36 @@ def _rows(arr, name):
     return rows, cols, lead[-1][1]
 
 
-def _logits(logits, name="logits"):
-    xa = read(logits)[0]
-    if xa[4]:
-        raise DeviceError(f"softlight: {name} is on {device_name(xa)}; the consumers of the log-sum-exp run on "
-                          f"the CPU in this version")
-    return xa, _rows(xa, name)
+def _logits(logits, name="logits", gpu=True):
+    """(array as read, (rows, cols, row stride), stream handle) of the logits."""
+    xa, handle = _first(logits, None)
+    if xa[4] and not gpu:
+        raise DeviceError(f"softlight: {name} is on {device_name(xa)}; this function runs on the CPU (for torch "
+                          f"tensors on the GPU, softlight.torch has it)")
+    return xa, _rows(xa, name), handle
+
+
+def _device_array(a, xa, shape, name, integer):
+    """(pointer, keep) of a C-contiguous int64 (integer) or accumulation-type array of `shape` on the
+    logits' GPU."""
+    if not hasattr(a, "__dlpack__"):
+        raise ArgumentTypeError(f"softlight: {name} must be an array on {device_name(xa)}")
+    ptr, ashape, strides, dl, (dev_type, dev_id), _ = _C.dlpack_view(cap := a.__dlpack__())
+    want = (0, 64, 1) if integer else ((2, 64, 1) if xa[3] == 3 else (2, 32, 1))
+    kind = "int64" if integer else ("float64" if xa[3] == 3 else "float32")
+    if dev_type not in (2, 13) or dev_id != xa[5]:
+        raise InvalidArgumentError(f"softlight: {name} must be on {device_name(xa)}")
+    if tuple(dl) != want:
+        raise InvalidArgumentError(f"softlight: {name} must be {kind} on the GPU")
+    if tuple(ashape) != tuple(shape):
+        raise InvalidArgumentError(f"softlight: {name} has shape {tuple(ashape)}, expected {tuple(shape)}")
+    expect, step = [], 1
+    for n in reversed(tuple(shape)):
+        expect.insert(0, step)
+        step *= n
+    if any(s != e for n, s, e in zip(shape, strides, expect) if n != 1):
+        raise InvalidArgumentError(f"softlight: {name} must be C-contiguous")
+    return ptr, cap
 
 
 def _indices(index, lead, name):
@@ -102,22 +129,39 @@ def row_stats(logits, index=None, *, stats=("lse",), temperature=1.0, index_offs
     for s in stats:
         if s not in STATS:
             raise InvalidArgumentError(f"softlight: unknown statistic {s!r}; known: {', '.join(STATS)}")
-    xa, (rows, cols, xs) = _logits(logits)
+    xa, (rows, cols, xs), handle = _logits(logits)
     lead = tuple(xa[1])[:-1]
-    idx, k = _indices(index, lead, "index")
-    if idx is None and ("logprobs" in stats or "picked" in stats):
+    idx_ptr, k, keep = _index_of(index, xa, lead, cols, shard)
+    if index is None and ("logprobs" in stats or "picked" in stats):
         raise InvalidArgumentError("softlight: logprobs and picked need an index")
-    count = 0 if idx is None else (1 if k is None else k)
-    if not shard:
-        _check_range(idx, cols, "index")
+    count = 0 if index is None else (1 if k is None else k)
     outs, ptrs = {}, [0] * 8
     for s in stats:
         shape = (lead + (() if k is None else (k,))) if s in ("logprobs", "picked") else lead
         outs[s], ptrs[STATS.index(s)] = _new(logits, xa, shape)
-    st = _C.row_stats(xa[0], xs, rows, cols, xa[3], temperature, 0 if idx is None else idx.ctypes.data, count,
-                      count, int(index_offset), bool(shard), ptrs, threads)
+    st = _C.row_stats(xa[0], xs, rows, cols, xa[3], temperature, idx_ptr, count, count, int(index_offset),
+                      bool(shard), ptrs, threads, xa[4], handle)
     check(st)
+    del keep
+    _finish(xa, handle)
     return outs
+
+
+def _index_of(index, xa, lead, cols, shard, name="index", ignore=None):
+    """(pointer, K or None, what keeps it alive) of the token indices: host int64 on the CPU (checked
+    against the vocabulary unless shard), an int64 device array on the GPU."""
+    if index is None:
+        return 0, None, None
+    if not xa[4]:
+        idx, k = _indices(index, lead, name)
+        if not shard:
+            _check_range(idx, cols, name, ignore)
+        return idx.ctypes.data, k, idx
+    shape = tuple(getattr(index, "shape", ()))
+    if shape != lead and shape[:-1] != lead:
+        raise InvalidArgumentError(f"softlight: {name} has shape {shape}; the logits' leading shape is {lead}")
+    ptr, keep = _device_array(index, xa, shape, name, True)
+    return ptr, (None if shape == lead else shape[-1]), keep
 
 
 def row_stats_backward(logits, lse, *, entropy=None, d_lse=None, d_entropy=None, d_logprobs=None, d_picked=None,
@@ -128,19 +172,21 @@ def row_stats_backward(logits, lse, *, entropy=None, d_lse=None, d_entropy=None,
     d_entropy (log p + entropy)) + d_sum + (d_picked + d_logprobs) at each index, dx = dz / temperature.
     lse (and entropy, with d_entropy) are the forward's. `out` may be the logits themselves."""
     temperature = _check_temperature(temperature)
-    xa, (rows, cols, xs) = _logits(logits)
+    xa, (rows, cols, xs), handle = _logits(logits)
     lead = tuple(xa[1])[:-1]
-    idx, k = _indices(index, lead, "index")
-    count = 0 if idx is None else (1 if k is None else k)
-    if not shard:
-        _check_range(idx, cols, "index")
+    idx_ptr, k, keep_index = _index_of(index, xa, lead, cols, shard)
+    count = 0 if index is None else (1 if k is None else k)
     acc = np.float64 if xa[3] == 3 else np.float32
-    keep = []
+    keep = [keep_index]
 
     def small(a, name, per_index=False):
         if a is None:
             return 0
         want = lead + ((() if k is None else (k,)) if per_index else ())
+        if xa[4]:
+            ptr, cap = _device_array(a, xa, want, name, False)
+            keep.append(cap)
+            return ptr
         if isinstance(a, (np.ndarray, np.generic, int, float)):  # (numpy scalars have no __dlpack__)
             v = np.asarray(a)
         else:
@@ -154,16 +200,17 @@ def row_stats_backward(logits, lse, *, entropy=None, d_lse=None, d_entropy=None,
         keep.append(v)
         return v.ctypes.data
 
-    if (d_logprobs is not None or d_picked is not None) and idx is None:
+    if (d_logprobs is not None or d_picked is not None) and index is None:
         raise InvalidArgumentError("softlight: d_logprobs and d_picked need the index")
     ins = [small(lse, "lse"), small(entropy, "entropy"), small(d_lse, "d_lse"), small(d_entropy, "d_entropy"),
            small(d_logprobs, "d_logprobs", True), small(d_picked, "d_picked", True), small(d_sum, "d_sum")]
-    out, oa = _output(out, logits, xa, None, "out")
-    ors, ocols, ostride = _rows(oa, "out")
-    st = _C.row_stats_backward(xa[0], xs, oa[0], ostride, rows, cols, xa[3], temperature,
-                               0 if idx is None else idx.ctypes.data, count, count, int(index_offset), bool(shard),
-                               ins, threads)
+    out, oa = _output(out, logits, xa, handle, "out")
+    ostride = _rows(oa, "out")[2]
+    st = _C.row_stats_backward(xa[0], xs, oa[0], ostride, rows, cols, xa[3], temperature, idx_ptr, count, count,
+                               int(index_offset), bool(shard), ins, threads, xa[4], handle)
     check(st)
+    del keep
+    _finish(xa, handle)
     return out
 
 
@@ -184,7 +231,7 @@ def cross_entropy(logits, target, *, ignore_index=-100, label_smoothing=0.0, red
         raise InvalidArgumentError(f"softlight: label_smoothing must be in [0, 1], got {label_smoothing}")
     if not (z_loss >= 0.0 and math.isfinite(z_loss)):
         raise InvalidArgumentError(f"softlight: z_loss must be finite and non-negative, got {z_loss}")
-    xa, (rows, cols, xs) = _logits(logits)
+    xa, (rows, cols, xs), _ = _logits(logits, gpu=False)
     if len(xa[1]) > 2:
         raise InvalidArgumentError(f"softlight: logits of shape {tuple(xa[1])}: pass (N, C) or (C,) "
                                    f"(softlight.torch.cross_entropy takes torch's (N, C, d1, ...) too)")
@@ -221,7 +268,7 @@ def entropy(logits, *, temperature=1.0, threads=0):
 
 def logsumexp(logits, dim=-1, *, threads=0):
     """log(sum(exp(logits))) over the last axis (dim must name it), from one read."""
-    nd = len(read(logits)[0][1])
+    nd = len(_first(logits, None)[0][1])
     if type(dim) is not int or not -max(nd, 1) <= dim < max(nd, 1) or dim % max(nd, 1) != max(nd, 1) - 1:
         raise InvalidArgumentError(f"softlight: logsumexp runs over the last axis; got dim={dim!r} for a {nd}-d "
                                    f"array (move the axis last first)")

@@ -25,7 +25,7 @@ dispatch costs several microseconds a call); both paths give the same results.
 """
 import torch
 
-from . import _C, _api
+from . import _C, _api, _arrays
 from ._errors import AxisError, DeviceError, InvalidArgumentError, UnsupportedDTypeError, check
 
 _lib = torch.library.Library("softlight", "DEF")
@@ -179,7 +179,7 @@ def _index_ready(index, rows, cols, shard, name="index", ignore=None):
     if index.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
         raise InvalidArgumentError(f"softlight: {name} must hold integers, got {index.dtype}")
     index = index.to(torch.int64).contiguous()
-    if not shard and index.numel():
+    if not shard and index.numel() and index.device.type == "cpu":  # (on the GPU: NaN, docs/consumers.md)
         bad = (index < 0) | (index >= cols)
         if ignore is not None:
             bad &= index != ignore
@@ -195,25 +195,33 @@ def _on_cpu(x, op):
         raise DeviceError(f"softlight: {op} runs on the CPU in this version; the logits are on {x.device}")
 
 
+def _stream(x):
+    """(on the GPU, the current stream's handle of x's device)."""
+    if x.device.type != "cuda":
+        return False, 0
+    if _arrays.TORCH[3] is None:
+        _arrays._torch_setup()
+    return True, _arrays.TORCH[3](x.get_device())
+
+
 def _row_stats(logits, index, temperature=1.0, index_offset=0, shard=False):
-    _on_cpu(logits, "row_stats")
     x = _rows_ready(logits)
     rows, cols = x.shape
     idx, k = _index_ready(index, rows, cols, shard)
     acc = _acc(x)
-    outs = [torch.empty(rows, dtype=acc) for _ in range(8)]
+    outs = [torch.empty(rows, dtype=acc, device=x.device) for _ in range(8)]
     pick_shape = (rows, 0) if idx is None else tuple(idx.shape)
-    outs[2] = torch.empty(pick_shape, dtype=acc)
-    outs[3] = torch.empty(pick_shape, dtype=acc)
+    outs[2] = torch.empty(pick_shape, dtype=acc, device=x.device)
+    outs[3] = torch.empty(pick_shape, dtype=acc, device=x.device)
     code = _check(x, -1)
+    gpu, stream = _stream(x)
     check(_C.row_stats(x.data_ptr(), x.stride(0) if rows > 1 else cols, rows, cols, code, temperature, _ptr(idx), k,
-                       k, index_offset, shard, [t.data_ptr() for t in outs], 0))
+                       k, index_offset, shard, [t.data_ptr() for t in outs], 0, gpu, stream))
     return tuple(outs)
 
 
 def _row_stats_backward(logits, lse, entropy, index, d_lse, d_entropy, d_logprobs, d_picked, d_sum, temperature=1.0,
                         index_offset=0, shard=False):
-    _on_cpu(logits, "row_stats_backward")
     x = _rows_ready(logits)
     rows, cols = x.shape
     idx, k = _index_ready(index, rows, cols, shard)
@@ -222,10 +230,12 @@ def _row_stats_backward(logits, lse, entropy, index, d_lse, d_entropy, d_logprob
              for t in (lse, entropy, d_lse, d_entropy, d_logprobs, d_picked, d_sum)]
     if d_entropy is None:
         ready[1] = None
-    dx = torch.empty((rows, cols), dtype=x.dtype)
+    dx = torch.empty((rows, cols), dtype=x.dtype, device=x.device)
     code = _check(x, -1)
+    gpu, stream = _stream(x)
     check(_C.row_stats_backward(x.data_ptr(), x.stride(0) if rows > 1 else cols, dx.data_ptr(), cols, rows, cols,
-                                code, temperature, _ptr(idx), k, k, index_offset, shard, [_ptr(t) for t in ready], 0))
+                                code, temperature, _ptr(idx), k, k, index_offset, shard, [_ptr(t) for t in ready], 0,
+                                gpu, stream))
     return dx
 
 
@@ -422,11 +432,36 @@ def cross_entropy(logits, target, *, ignore_index=-100, label_smoothing=0.0, red
     lead = tuple(x.shape[:-1])
     if tuple(target.shape) != lead:
         raise InvalidArgumentError(f"softlight: target has shape {tuple(target.shape)}, expected {lead}")
+    if x.device.type == "cuda":  # (the one-pass kernel runs on the CPU: here the statistics' two passes)
+        return _cross_entropy_from_stats(x.reshape(-1, x.shape[-1]), target.reshape(-1), lead, int(ignore_index),
+                                         float(label_smoothing), float(z_loss), float(temperature), reduction,
+                                         return_lse)
     with_grad = logits.requires_grad and torch.is_grad_enabled()
     loss, lse, _ = torch.ops.softlight.cross_entropy(x.reshape(-1, x.shape[-1]), target.reshape(-1), int(ignore_index),
                                                      float(label_smoothing), float(z_loss), float(temperature),
                                                      _REDUCTIONS[reduction], with_grad)
     if reduction == "none":
+        loss = loss.reshape(lead)
+    return (loss, lse.reshape(lead)) if return_lse else loss
+
+
+def _cross_entropy_from_stats(x, target, lead, ignore_index, eps, zl, temperature, reduction, return_lse):
+    """The loss from row_stats (lse, the target's logit, the sum of the logits); autograd through its
+    backward, one read and one write of the logits."""
+    keep = target != ignore_index
+    t = torch.where(keep, target, torch.zeros_like(target))
+    lse, _, _, picked, zsum, *_ = torch.ops.softlight.row_stats(x, t, temperature)
+    loss = (1.0 - eps) * (lse - picked)
+    if eps:
+        loss = loss + eps * (lse - zsum / x.shape[-1])
+    if zl:
+        loss = loss + zl * lse * lse
+    loss = torch.where(keep, loss, torch.zeros_like(loss))
+    if reduction == "sum":
+        loss = loss.sum()
+    elif reduction == "mean":
+        loss = loss.sum() / keep.sum()
+    else:
         loss = loss.reshape(lead)
     return (loss, lse.reshape(lead)) if return_lse else loss
 

@@ -1,0 +1,270 @@
+// The consumers of a row's log-sum-exp on the GPU (docs/consumers.md): a CTA a row (rows strided
+// over a grid that fills the GPU), its statistics from one read (each thread's running max, sum of
+// exponentials, their moment and the sum of the row, merged over the CTA), and their gradient from
+// one more read of the row (its max, then dx) and one write.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels.hpp"
+#include "packs.cuh"
+#include "reductions.cuh"
+
+namespace softlight {
+namespace {
+
+constexpr int kThreads = 512;  // a CTA's threads: 16 warps, a pack of 16 bytes each a step
+
+// A thread's (or a merged) partial: m the max of x seen, s = sum exp((x - m) * sc), t = sum of
+// exp((x - m) * sc) (x - m) * sc (0 where the exp is 0), sx = sum x. A partial whose max is -inf
+// is shifted by 0 (numerics.cuh).
+template <class A> struct Stats {
+  A m, s, t, sx;
+};
+
+template <class A> __device__ __forceinline__ Stats<A> empty_stats() { return {neg_inf<A>(), A(0), A(0), A(0)}; }
+
+// One element into a partial (sc: the scale, f: exp_factor(sc)).
+template <class A> __device__ __forceinline__ void add(Stats<A>& p, A v, A sc, A f) {
+  if (v > p.m) {  // the max rises (NaN never wins): the sums move onto it
+    if (p.m != neg_inf<A>()) {
+      const A r = exp_base((p.m - v) * f);
+      p.t = r * (p.t + p.s * ((p.m - v) * sc));
+      p.s *= r;
+    }
+    p.m = v;
+  }
+  const A shift = p.m == neg_inf<A>() ? A(0) : p.m;
+  const A e = exp_base((v - shift) * f);
+  p.s += e;
+  p.t += e == A(0) ? A(0) : e * ((v - shift) * sc);
+  p.sx += v;
+}
+
+// a and b merged: each moved onto the larger max (a partial of max -inf counts 0 times its sums, so
+// that a NaN in them stays).
+template <class A> __device__ __forceinline__ Stats<A> merge(Stats<A> a, Stats<A> b, A sc, A f) {
+  const A m = max_acc(a.m, b.m);
+  Stats<A> r{m, A(0), A(0), a.sx + b.sx};
+  const auto move = [&](const Stats<A>& p) {
+    if (p.m == neg_inf<A>()) {
+      r.s += p.s * A(0);
+      r.t += p.t * A(0);
+      return;
+    }
+    const A k = exp_base((p.m - m) * f);
+    r.s += p.s * k;
+    r.t += k * (p.t + (p.s == A(0) ? A(0) : p.s * ((p.m - m) * sc)));
+  };
+  move(a);
+  move(b);
+  return r;
+}
+
+template <class A> __device__ __forceinline__ Stats<A> shfl_xor(Stats<A> p, int o) {
+  return {__shfl_xor_sync(0xffffffffu, p.m, o), __shfl_xor_sync(0xffffffffu, p.s, o),
+          __shfl_xor_sync(0xffffffffu, p.t, o), __shfl_xor_sync(0xffffffffu, p.sx, o)};
+}
+
+// The CTA's merged partial, in every thread. scratch: 32 partials of shared memory.
+template <class A> __device__ Stats<A> block_merge(Stats<A> p, Stats<A>* scratch, A sc, A f) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  for (int o = 16; o > 0; o /= 2) p = merge(p, shfl_xor(p, o), sc, f);
+  if (lane == 0) scratch[warp] = p;
+  __syncthreads();
+  Stats<A> r = lane < warps ? scratch[lane] : empty_stats<A>();
+  for (int o = 16; o > 0; o /= 2) r = merge(r, shfl_xor(r, o), sc, f);
+  __syncthreads();  // (the scratch is free again)
+  return r;
+}
+
+// f(v) for every element of a row of n at x, read as 16-byte packs where `packed` (x on 16 bytes,
+// n any: a scalar tail), else element by element; coalesced over the CTA.
+template <class T, class F> __device__ __forceinline__ void for_row(const T* x, int64_t n, bool packed, F f) {
+  using A = acc_t<T>;
+  constexpr int V = 16 / sizeof(T);
+  int64_t tail = 0;
+  if (packed) {
+    const int64_t whole = n / V * V;
+    for (int64_t j = int64_t{threadIdx.x} * V; j < whole; j += int64_t{blockDim.x} * V) {
+      A v[V];
+      load_pack<T, V>(x + j, v);
+#pragma unroll
+      for (int i = 0; i < V; ++i) f(v[i]);
+    }
+    tail = whole;
+  }
+  for (int64_t j = tail + threadIdx.x; j < n; j += blockDim.x) f(to_acc(x[j]));
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads) row_stats_kernel(const T* __restrict__ x, int64_t xs, int64_t rows,
+                                                             int64_t cols, acc_t<T> sc, bool packed,
+                                                             ConsumerArgs<acc_t<T>> a) {
+  using A = acc_t<T>;
+  __shared__ Stats<A> scratch[32];
+  const A f = exp_factor(sc);
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* xr = x + r * xs;
+    Stats<A> p = empty_stats<A>();
+    for_row(xr, cols, packed, [&](A v) { add(p, v, sc, f); });
+    p = block_merge(p, scratch, sc, f);
+    const A log_sum = log_acc(p.s);
+    const A shift = p.m == neg_inf<A>() ? A(0) : p.m;
+    if (threadIdx.x == 0) {
+      const A mz = p.m * sc;
+      if (a.lse) a.lse[r] = mz + log_sum;
+      if (a.entropy) a.entropy[r] = log_sum - p.t / p.s;
+      if (a.sum) a.sum[r] = p.sx * sc;
+      if (a.max) a.max[r] = mz;
+      if (a.sumexp) a.sumexp[r] = p.s;
+      if (a.moment) a.moment[r] = p.t;
+    }
+    for (int64_t q = threadIdx.x; q < a.count; q += blockDim.x) {
+      const int64_t token = a.index[r * a.index_stride + q];
+      const int64_t j = token - a.offset;
+      const bool inside = token >= a.offset && j < cols;
+      // A token outside the row picks 0 from a shard, and NaN otherwise: a call already queued
+      // cannot refuse it (the CPU entries do).
+      const A none = a.shard ? A(0) : A(NAN);
+      const A v = inside ? to_acc(xr[j]) : A(0);
+      if (a.picked) a.picked[r * a.count + q] = inside ? v * sc : none;
+      if (a.logprobs) a.logprobs[r * a.count + q] = inside ? (v - shift) * sc - log_sum : none;
+    }
+  }
+}
+
+// The gradient of the statistics: dx = sc (p (ca - ce (log p + h)) + cs) + sc sum_q b_q [j == token_q],
+// log p = (x - m) * sc - (lse - m * sc), m the row's max (found again here).
+template <class T>
+__global__ void __launch_bounds__(kThreads) row_stats_grad_kernel(const T* x, int64_t xs, T* dx, int64_t dxs,
+                                                                  int64_t rows, int64_t cols, acc_t<T> sc,
+                                                                  bool packed, GradArgs<acc_t<T>> g) {
+  using A = acc_t<T>;
+  __shared__ A red[32];
+  extern __shared__ unsigned char tokens_smem[];  // per token: its column, then x's value there
+  int64_t* tcol = reinterpret_cast<int64_t*>(tokens_smem);
+  A* tval = reinterpret_cast<A*>(tcol + g.count);
+  const auto at = [](const A* p, int64_t i) { return p == nullptr ? A(0) : p[i]; };
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* xr = x + r * xs;
+    T* dr = dx + r * dxs;
+    A m = neg_inf<A>(), lp_sum = A(0);
+    for_row(xr, cols, packed, [&](A v) { m = max_acc(m, v); });
+    for (int64_t q = threadIdx.x; q < g.count; q += blockDim.x) {
+      const int64_t token = g.index[r * g.index_stride + q];
+      const int64_t j = token - g.offset;
+      const bool inside = token >= g.offset && j < cols;
+      tcol[q] = inside ? j : -1;
+      tval[q] = inside ? to_acc(xr[j]) : A(0);  // (read before dx, which may be x, is written)
+      lp_sum += at(g.d_logprobs, r * g.count + q);
+    }
+    m = block_max(m, red, blockDim.x, 1);
+    lp_sum = block_sum(lp_sum, red, blockDim.x, 1);  // (its barriers also publish the tokens)
+    const A shift = m == neg_inf<A>() ? A(0) : m;
+    const A log_sum = static_cast<A>(static_cast<double>(g.lse[r]) - static_cast<double>(shift) * sc);
+    const A ca = at(g.d_lse, r) - lp_sum, ce = at(g.d_entropy, r), h = ce == A(0) ? A(0) : g.entropy[r];
+    const A cs = at(g.d_sum, r);
+    const auto grad = [&](A v) {
+      const A lp = (v - shift) * sc - log_sum;
+      const A p = exp_base(lp * exp_factor(A(1)));
+      const A term = p == A(0) ? A(0) : (ce == A(0) ? p * ca : p * (ca - ce * (lp + h)));
+      return term * sc + cs * sc;
+    };
+    constexpr int V = 16 / sizeof(T);
+    int64_t tail = 0;
+    if (packed) {
+      const int64_t whole = cols / V * V;
+      for (int64_t j = int64_t{threadIdx.x} * V; j < whole; j += int64_t{blockDim.x} * V) {
+        A v[V];
+        load_pack<T, V>(xr + j, v);
+#pragma unroll
+        for (int i = 0; i < V; ++i) v[i] = grad(v[i]);
+        store_pack<T, V>(dr + j, v);
+      }
+      tail = whole;
+    }
+    for (int64_t j = tail + threadIdx.x; j < cols; j += blockDim.x) dr[j] = from_acc<T>(grad(to_acc(xr[j])));
+    __syncthreads();  // the row's dx written before the tokens' elements are
+    for (int64_t q = threadIdx.x; q < g.count; q += blockDim.x) {
+      const int64_t j = tcol[q];
+      bool first = j >= 0;
+      for (int64_t k = 0; k < q && first; ++k) first = tcol[k] != j;
+      if (!first) continue;
+      A b = A(0);  // every index naming column j adds its coefficient
+      for (int64_t k = q; k < g.count; ++k)
+        if (tcol[k] == j) b += at(g.d_picked, r * g.count + k) + at(g.d_logprobs, r * g.count + k);
+      dr[j] = from_acc<T>(grad(tval[q]) + b * sc);
+    }
+    __syncthreads();  // (the tokens' shared memory is reused by the next row)
+  }
+}
+
+int grid_for(int64_t rows) {
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device))
+    sms = 132;
+  const int64_t ctas = int64_t{sms} * (2048 / kThreads);
+  return static_cast<int>(rows < ctas ? rows : ctas);
+}
+
+template <class F> cudaError_t with_type(softlight_dtype dtype, F&& f) {
+  switch (dtype) {
+    case SOFTLIGHT_FLOAT32: return f(float{});
+    case SOFTLIGHT_FLOAT64: return f(double{});
+    case SOFTLIGHT_FLOAT16: return f(__half{});
+    default: return f(__nv_bfloat16{});
+  }
+}
+
+bool packs(const void* p, int64_t stride, int elem) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0 && (stride * elem) % 16 == 0;
+}
+
+}  // namespace
+
+cudaError_t launch_row_stats(const ConsumerCall& c, const ConsumerArgs<float>& af, const ConsumerArgs<double>& ad,
+                             cudaStream_t stream) {
+  const int elem = softlight_dtype_size(c.dtype);
+  const bool packed = packs(c.x, c.rows > 1 ? c.x_stride : 0, elem);
+  return with_type(c.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    using A = acc_t<T>;
+    const ConsumerArgs<A>& a = *[&] {
+      if constexpr (sizeof(A) == 8) return &ad;
+      else return &af;
+    }();
+    row_stats_kernel<T><<<grid_for(c.rows), kThreads, 0, stream>>>(static_cast<const T*>(c.x), c.x_stride, c.rows,
+                                                                    c.cols, static_cast<A>(c.scale), packed, a);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t launch_row_stats_grad(const ConsumerCall& c, const GradArgs<float>& gf, const GradArgs<double>& gd,
+                                  cudaStream_t stream) {
+  const int elem = softlight_dtype_size(c.dtype);
+  const bool packed = packs(c.x, c.rows > 1 ? c.x_stride : 0, elem) && packs(c.dx, c.rows > 1 ? c.dx_stride : 0, elem);
+  return with_type(c.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    using A = acc_t<T>;
+    const GradArgs<A>& g = *[&] {
+      if constexpr (sizeof(A) == 8) return &gd;
+      else return &gf;
+    }();
+    const size_t smem = static_cast<size_t>(g.count) * (8 + sizeof(A));
+    auto kernel = row_stats_grad_kernel<T>;
+    if (smem > 48 * 1024) {
+      if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                     static_cast<int>(smem)))
+        return e;
+    }
+    kernel<<<grid_for(c.rows), kThreads, smem, stream>>>(static_cast<const T*>(c.x), c.x_stride,
+                                                          static_cast<T*>(c.dx), c.dx_stride, c.rows, c.cols,
+                                                          static_cast<A>(c.scale), packed, g);
+    return cudaGetLastError();
+  });
+}
+
+}  // namespace softlight

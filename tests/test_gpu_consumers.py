@@ -1,0 +1,159 @@
+"""The consumers of the log-sum-exp on the GPU: row statistics and their gradient against the float64
+references of the CPU tests (test_consumers.py), cross-entropy against torch, layouts, in place,
+special values, torch.compile on the GPU, CuPy arrays, and the CPU's results on the same inputs."""
+import numpy as np
+import pytest
+
+from gpu_util import HAVE_GPU, needs_gpu, tdtype, torch
+from reference import TOL
+
+pytestmark = needs_gpu
+
+if HAVE_GPU:
+    import softlight
+    import softlight.torch as slt
+    from test_consumers import stats_ref
+
+CODES = ["float32", "float16", "bfloat16", "float64"]
+
+
+def _logits(shape, dtype, special, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g, dtype=torch.float64) * 4
+    if special and shape[0] >= 6 and shape[1] >= 2:
+        x[1, shape[1] // 2] = -float("inf")
+        x[2, :] = -float("inf")
+        x[3, -1] = float("nan")
+        x[4, 0] = float("inf")
+        x[5, :] = -50.0
+    return x.to(tdtype(dtype))
+
+
+def _check(got, ref, dtype, what, scale=None):
+    got = got.detach().double().cpu().numpy()
+    ref = np.asarray(ref, np.float64)
+    assert got.shape == ref.shape, (what, got.shape, ref.shape)
+    assert np.array_equal(np.isnan(got), np.isnan(ref)), what
+    inf = np.isinf(ref)
+    assert np.array_equal(got[inf], ref[inf]), what
+    fin = np.isfinite(ref)
+    atol, rtol = TOL["float64" if dtype == "float64" else "float32"]
+    # The GPU's exp is ex2.approx (relative 2^-22) for float: a few ulps more than the CPU's.
+    if dtype != "float64":
+        atol, rtol = 4 * atol, 4 * rtol
+    lim = atol + rtol * (np.abs(ref[fin]) if scale is None else np.broadcast_to(scale, ref.shape)[fin])
+    err = np.abs(got[fin] - ref[fin])
+    assert (err <= lim).all(), f"{what}: error {err.max():.3e}"
+
+
+SHAPES = [(1, 1), (9, 7), (17, 1000), (6, 5001), (3, 128256), (64, 32000)]
+
+
+@pytest.mark.parametrize("dtype", CODES)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_row_stats_match_float64(dtype, shape):
+    rows, cols = shape
+    for seed, (temperature, special, k) in enumerate(((1.0, True, 1), (0.37, False, 4), (3.0, True, 2))):
+        x = _logits(shape, dtype, special, seed)
+        index = torch.randint(0, cols, (rows, k), generator=torch.Generator().manual_seed(seed))
+        st = slt.row_stats(x.cuda(), index.cuda(), temperature=temperature)
+        ref = stats_ref(x.double().numpy() / temperature, index.numpy())
+        what = f"{dtype} {shape} T={temperature}"
+        for s in ("lse", "logprobs", "picked"):
+            _check(st[s], ref[s], dtype, f"{what} {s}")
+        _check(st["entropy"], ref["entropy"], dtype, f"{what} entropy", 1.0 + np.abs(ref["lse"]))
+        with np.errstate(all="ignore"):
+            _check(st["sum"], ref["sum"], dtype, f"{what} sum", np.abs(x.double().numpy() / temperature).sum(-1))
+        # The same as the CPU backend's, within the float tolerance.
+        cpu = slt.row_stats(x, index, temperature=temperature)
+        for s in ("lse", "entropy", "logprobs"):
+            a, b = st[s].cpu().double(), cpu[s].double()
+            assert torch.equal(a.isnan(), b.isnan()), (what, s)
+
+
+@pytest.mark.parametrize("dtype", CODES)
+@pytest.mark.parametrize("shape", [(9, 7), (17, 1000), (4, 5001), (2, 128256)], ids=str)
+@pytest.mark.parametrize("in_place", [False, True])
+def test_row_stats_backward_matches_cpu(dtype, shape, in_place):
+    """The GPU's gradient against the CPU backend's on the same inputs (the CPU's is checked against
+    float64 in test_consumers.py), with a token picked twice and every coefficient set."""
+    rows, cols = shape
+    x = _logits(shape, dtype, True, 11)
+    g = torch.Generator().manual_seed(12)
+    index = torch.randint(0, cols, (rows, 3), generator=g)
+    index[0, 1] = index[0, 0]
+    acc = torch.float64 if dtype == "float64" else torch.float32
+    st = slt.row_stats(x, index, temperature=0.8)
+    d = {n: torch.randn(s, generator=g, dtype=acc) for n, s in
+         (("d_lse", rows), ("d_entropy", rows), ("d_logprobs", (rows, 3)), ("d_picked", (rows, 3)), ("d_sum", rows))}
+    args = (st["lse"], st["entropy"], index, d["d_lse"], d["d_entropy"], d["d_logprobs"], d["d_picked"], d["d_sum"],
+            0.8)
+    want = torch.ops.softlight.row_stats_backward(x, *args)
+    got = torch.ops.softlight.row_stats_backward(x.cuda(), *[a.cuda() if torch.is_tensor(a) else a for a in args])
+    fine = torch.isfinite(st["lse"]) & torch.isfinite(st["entropy"])
+    w, v = want[fine].double(), got.cpu()[fine].double()
+    atol, rtol = TOL[dtype]
+    assert ((w - v).abs() <= 4 * (atol + rtol * (w.abs() + 1))).all(), (dtype, (w - v).abs().max())
+    if in_place:
+        xc = x.cuda()
+        out = softlight.row_stats_backward(xc, st["lse"].cuda(), entropy=st["entropy"].cuda(), d_lse=d["d_lse"].cuda(),
+                                           index=index.cuda(), d_logprobs=d["d_logprobs"].cuda(), out=xc,
+                                           temperature=0.8)
+        assert out is xc
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_on_the_gpu_equals_torch(dtype, reduction):
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(257, 32000, generator=g) * 3).to(tdtype(dtype)).cuda().requires_grad_()
+    t = torch.randint(0, 32000, (257,), generator=g).cuda()
+    t[5] = -100
+    loss = slt.cross_entropy(x, t, reduction=reduction, label_smoothing=0.1)
+    x64 = x.detach().double().requires_grad_()
+    want = torch.nn.functional.cross_entropy(x64, t, reduction=reduction, label_smoothing=0.1)
+    assert torch.allclose(loss.double(), want, rtol=1e-5, atol=1e-5)
+    w = torch.randn(loss.shape, device="cuda", dtype=torch.float64)
+    gx, = torch.autograd.grad((loss.double() * w).sum(), x)
+    wx, = torch.autograd.grad((want * w).sum(), x64)
+    tol = 1e-6 if dtype == "float32" else 4e-3
+    assert ((gx.double() - wx).abs() <= tol * (1 + wx.abs().max())).all()
+
+
+def test_compile_on_the_gpu_without_graph_breaks():
+    def step(logits, target, idx):
+        return slt.cross_entropy(logits, target) + slt.entropy(logits).mean() - slt.token_logprobs(logits, idx).mean()
+
+    x = torch.randn(64, 1000, device="cuda", requires_grad=True)
+    t = torch.randint(0, 1000, (64,), device="cuda")
+    i = torch.randint(0, 1000, (64, 2), device="cuda")
+    explained = torch._dynamo.explain(step)(x, t, i)
+    assert explained.graph_break_count == 0
+    compiled = torch.compile(step, fullgraph=True)
+    got, want = compiled(x, t, i), step(x, t, i)
+    assert torch.allclose(got, want, rtol=1e-6, atol=1e-6)
+    gx, = torch.autograd.grad(got, x)
+    wx, = torch.autograd.grad(want, x)
+    assert torch.allclose(gx, wx, rtol=1e-5, atol=1e-7)
+
+
+def test_a_token_outside_the_row_gives_nan_on_the_gpu():
+    x = torch.randn(4, 10, device="cuda")
+    idx = torch.tensor([0, 10, 3, -1], device="cuda")
+    lp = slt.token_logprobs(x, idx)
+    assert torch.isnan(lp[1]) and torch.isnan(lp[3]) and torch.isfinite(lp[0]) and torch.isfinite(lp[2])
+    torch.cuda.synchronize()  # the context is intact
+    assert torch.isfinite(slt.entropy(x)).all()
+
+
+def test_cupy_arrays_and_their_stream():
+    cupy = pytest.importorskip("cupy")
+    x = cupy.asarray(np.random.default_rng(0).standard_normal((33, 5000)).astype(np.float32))
+    idx = cupy.asarray(np.random.default_rng(1).integers(0, 5000, (33, 2)))
+    s = cupy.cuda.Stream(non_blocking=True)
+    with s:
+        st = softlight.row_stats(x, idx, stats=("lse", "entropy", "logprobs"))
+    s.synchronize()
+    ref = stats_ref(cupy.asnumpy(x).astype(np.float64), cupy.asnumpy(idx))
+    for name in ("lse", "logprobs"):
+        _check(torch.as_tensor(cupy.asnumpy(st[name])), ref[name], "float32", name)
