@@ -351,7 +351,8 @@ int row_stats_backward(uintptr_t x, int64_t xs, uintptr_t dx, int64_t dxs, int64
 
 int cross_entropy(uintptr_t x, int64_t xs, uintptr_t target, int64_t rows, int64_t cols, int dtype,
                   double temperature, double label_smoothing, double z_loss, bool ignore, int64_t ignore_index,
-                  int reduction, uintptr_t loss, uintptr_t lse, uintptr_t grad, int64_t grad_stride, int threads) {
+                  int reduction, uintptr_t loss, uintptr_t lse, uintptr_t grad, int64_t grad_stride, int threads,
+                  bool gpu, uintptr_t stream) {
   if (dtype < 0 || dtype > 3) return SOFTLIGHT_ERROR_UNSUPPORTED_DTYPE;
   if (reduction < 0 || reduction > 2) return SOFTLIGHT_ERROR_INVALID_ARGUMENT;
   softlight_cross_entropy_options o{};
@@ -366,8 +367,10 @@ int cross_entropy(uintptr_t x, int64_t xs, uintptr_t target, int64_t rows, int64
   o.grad = mptr(grad);
   o.grad_row_stride = grad_stride;
   py::gil_scoped_release nogil;
-  return softlight_cross_entropy_cpu(mptr(x), xs, reinterpret_cast<const int64_t*>(target), rows, cols,
-                                     static_cast<softlight_dtype>(dtype), &o, threads);
+  const auto* t = reinterpret_cast<const int64_t*>(target);
+  const auto type = static_cast<softlight_dtype>(dtype);
+  return gpu ? softlight_cross_entropy(mptr(x), xs, t, rows, cols, type, &o, mptr(stream))
+             : softlight_cross_entropy_cpu(mptr(x), xs, t, rows, cols, type, &o, threads);
 }
 
 int cross_entropy_grad_scale(uintptr_t grad, int64_t stride, int64_t rows, int64_t cols, int dtype, uintptr_t d_loss,
@@ -537,7 +540,10 @@ PYBIND11_MODULE(_C, m) {
         py::arg("rows"), py::arg("cols"), py::arg("dtype"), py::arg("temperature"), py::arg("index"), py::arg("k"),
         py::arg("index_stride"), py::arg("offset"), py::arg("shard"), py::arg("ins"), py::arg("threads"),
         py::arg("gpu") = false, py::arg("stream") = 0);
-  m.def("cross_entropy", &cross_entropy);
+  m.def("cross_entropy", &cross_entropy, py::arg("x"), py::arg("xs"), py::arg("target"), py::arg("rows"),
+        py::arg("cols"), py::arg("dtype"), py::arg("temperature"), py::arg("label_smoothing"), py::arg("z_loss"),
+        py::arg("ignore"), py::arg("ignore_index"), py::arg("reduction"), py::arg("loss"), py::arg("lse"),
+        py::arg("grad"), py::arg("grad_stride"), py::arg("threads"), py::arg("gpu") = false, py::arg("stream") = 0);
   m.def("cross_entropy_grad_scale", &cross_entropy_grad_scale);
   m.def("plan_rows", &plan_rows, py::arg("problem"), py::arg("device") = py::dict(), py::arg("forced") = py::dict());
   m.def("plan_axis", &plan_axis, py::arg("problem"), py::arg("device") = py::dict(), py::arg("forced") = py::dict());

@@ -268,3 +268,133 @@ cudaError_t launch_row_stats_grad(const ConsumerCall& c, const GradArgs<float>& 
 }
 
 }  // namespace softlight
+
+// --- cross-entropy, its gradient in the same pass -----------------------------------------------
+namespace softlight {
+namespace {
+
+// The rows whose target is not ignored, into *count (one CTA).
+__global__ void __launch_bounds__(1024) count_kept(const int64_t* target, int64_t rows, bool ignore,
+                                                   int64_t ignore_index, int64_t* count) {
+  __shared__ double red[32];
+  double n = 0;
+  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) n += !(ignore && target[r] == ignore_index);
+  n = block_sum(n, red, blockDim.x, 1);
+  if (threadIdx.x == 0) *count = static_cast<int64_t>(n);
+}
+
+// Each row's loss (into `losses`, double, or the loss array itself for no reduction), lse, and where
+// asked its gradient for an upstream gradient of 1 (of the mean: 1 / *count), written from a second
+// read of the row while it is in L2. A target outside the row gives a NaN loss and a NaN gradient row.
+template <class T>
+__global__ void __launch_bounds__(kThreads) cross_entropy_kernel(const T* x, int64_t xs, const int64_t* target,
+                                                                 int64_t rows, int64_t cols, acc_t<T> sc, bool packed,
+                                                                 CrossEntropyArgs<acc_t<T>> a, T* grad, int64_t gs) {
+  using A = acc_t<T>;
+  __shared__ Stats<A> scratch[32];
+  const A f = exp_factor(sc);
+  const double g = a.mean ? (*a.count > 0 ? 1.0 / static_cast<double>(*a.count) : 0.0) : 1.0;
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* xr = x + r * xs;
+    const int64_t t = target[r];
+    const bool ignored = a.ignore && t == a.ignore_index;
+    const bool bad = !ignored && (t < 0 || t >= cols);
+    Stats<A> p = empty_stats<A>();
+    for_row(xr, cols, packed, [&](A v) { add(p, v, sc, f); });
+    p = block_merge(p, scratch, sc, f);
+    const A log_sum = log_acc(p.s);
+    const A shift = p.m == neg_inf<A>() ? A(0) : p.m;
+    const double mx = shift, ls = log_sum, dsc = sc;
+    const double lse = mx * dsc + ls;
+    double loss = 0;
+    if (bad) {
+      loss = NAN;
+    } else if (!ignored) {
+      const double nll = ls - (static_cast<double>(to_acc(xr[t])) - mx) * dsc;
+      const double smooth = a.eps == 0.0 ? 0.0 : a.eps * (ls - (static_cast<double>(p.sx) / cols - mx) * dsc);
+      loss = (1.0 - a.eps) * nll + smooth + (a.z_loss == 0.0 ? 0.0 : a.z_loss * lse * lse);
+    }
+    if (threadIdx.x == 0) {
+      if (a.reduce) a.losses[r] = loss;
+      else a.loss[r] = static_cast<A>(loss);
+      if (a.lse) a.lse[r] = p.m * sc + log_sum;
+    }
+    if (grad == nullptr) continue;
+    T* gr = grad + r * gs;
+    const A xt = bad || ignored ? A(0) : to_acc(xr[t]);  // (read before grad, which may be x, is written)
+    __syncthreads();
+    const A ca = static_cast<A>(g * (1.0 + 2.0 * a.z_loss * lse)), cc = static_cast<A>(-g * a.eps / cols);
+    const A none = bad ? A(NAN) : A(0);
+    const auto value = [&](A v) {
+      if (ignored || bad) return none;
+      const A lp = (v - shift) * sc - log_sum;
+      const A q = exp_base(lp * exp_factor(A(1)));
+      return (q * ca + cc) * sc;
+    };
+    constexpr int V = 16 / sizeof(T);
+    int64_t tail = 0;
+    if (packed) {
+      const int64_t whole = cols / V * V;
+      for (int64_t j = int64_t{threadIdx.x} * V; j < whole; j += int64_t{blockDim.x} * V) {
+        A v[V];
+        load_pack<T, V>(xr + j, v);
+#pragma unroll
+        for (int i = 0; i < V; ++i) v[i] = value(v[i]);
+        store_pack<T, V>(gr + j, v);
+      }
+      tail = whole;
+    }
+    for (int64_t j = tail + threadIdx.x; j < cols; j += blockDim.x) gr[j] = from_acc<T>(value(to_acc(xr[j])));
+    __syncthreads();  // the row written before its target's element is
+    if (threadIdx.x == 0 && !ignored && !bad)
+      gr[t] = from_acc<T>(value(xt) - static_cast<A>(g * (1.0 - a.eps)) * sc);
+  }
+}
+
+// The reduced loss: the rows' losses summed in a fixed order (one CTA), over the kept rows' count
+// for the mean (NaN where none is kept).
+template <class A>
+__global__ void __launch_bounds__(1024) reduce_losses(const double* losses, int64_t rows, bool mean,
+                                                      const int64_t* count, A* loss) {
+  __shared__ double red[32];
+  double s = 0;
+  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) s += losses[r];
+  s = block_sum(s, red, blockDim.x, 1);
+  if (threadIdx.x == 0) *loss = static_cast<A>(mean ? (*count > 0 ? s / static_cast<double>(*count) : NAN) : s);
+}
+
+}  // namespace
+
+cudaError_t launch_cross_entropy(const ConsumerCall& c, const softlight_cross_entropy_options& o,
+                                 cudaStream_t stream) {
+  const int elem = softlight_dtype_size(c.dtype);
+  const bool packed = packs(c.x, c.rows > 1 ? c.x_stride : 0, elem) &&
+                      (o.grad == nullptr || packs(o.grad, c.rows > 1 ? o.grad_row_stride : 0, elem));
+  int red;
+  memcpy(&red, &o.reduction, sizeof red);
+  const bool reduce = red != SOFTLIGHT_REDUCTION_NONE, mean = red == SOFTLIGHT_REDUCTION_MEAN;
+  cudaMemPool_t pool;
+  void* ws = nullptr;  // the kept rows' count, then each row's loss (reductions)
+  const size_t bytes = 8 + (reduce ? static_cast<size_t>(c.rows) * 8 : 0);
+  cudaError_t e;
+  if ((e = workspace_pool(&pool)) || (e = cudaMallocFromPoolAsync(&ws, bytes, pool, stream))) return e;
+  int64_t* count = static_cast<int64_t*>(ws);
+  double* losses = reinterpret_cast<double*>(count + 1);
+  count_kept<<<1, 1024, 0, stream>>>(c.index, c.rows, c.ignore, c.ignore_index, count);
+  e = with_type(c.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    using A = acc_t<T>;
+    CrossEntropyArgs<A> a{o.label_smoothing, o.z_loss, c.ignore, c.ignore_index, mean, reduce, count, losses,
+                          static_cast<A*>(o.loss), static_cast<A*>(o.lse)};
+    if (c.rows > 0)  // (no rows: the reduction of none, 0 or NaN, below)
+      cross_entropy_kernel<T><<<grid_for(c.rows), kThreads, 0, stream>>>(
+          static_cast<const T*>(c.x), c.x_stride, c.index, c.rows, c.cols, static_cast<A>(c.scale), packed, a,
+          static_cast<T*>(o.grad), o.grad_row_stride);
+    if (reduce) reduce_losses<A><<<1, 1024, 0, stream>>>(losses, c.rows, mean, count, static_cast<A*>(o.loss));
+    return cudaGetLastError();
+  });
+  const cudaError_t f = cudaFreeAsync(ws, stream);
+  return e != cudaSuccess ? e : f;
+}
+
+}  // namespace softlight

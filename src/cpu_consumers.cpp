@@ -299,24 +299,12 @@ extern "C" softlight_status softlight_cross_entropy_cpu(const void* x, int64_t x
   using namespace softlight;
   if (options == nullptr || options->loss == nullptr) return SOFTLIGHT_ERROR_NULL_POINTER;
   const softlight_cross_entropy_options& o = *options;
-  ConsumerCall c = consumer_call(x, x_row_stride, rows, cols, dtype, o.temperature);
-  c.dx = o.grad;
-  c.dx_stride = o.grad_row_stride;
-  c.index = target;
-  c.index_count = 1;
-  c.index_stride = 1;
-  c.ignore = o.ignore != 0;
-  c.ignore_index = o.ignore_index;
+  softlight_status st;
+  bool noop;
+  const ConsumerCall c = cross_entropy_call(x, x_row_stride, target, rows, cols, dtype, o, true, &st, &noop);
+  if (st != SOFTLIGHT_SUCCESS) return st;
   int red;
   std::memcpy(&red, &o.reduction, sizeof red);
-  c.out(o.loss, red == SOFTLIGHT_REDUCTION_NONE ? rows : 1);
-  c.out(o.lse, rows);
-  bool noop;
-  softlight_status st = check_consumer(c, o.temperature, &noop);
-  if (st == SOFTLIGHT_SUCCESS && (red < 0 || red > 2 || !(o.label_smoothing >= 0.0 && o.label_smoothing <= 1.0) ||
-                                  !(o.z_loss >= 0.0 && std::isfinite(o.z_loss))))
-    st = SOFTLIGHT_ERROR_INVALID_ARGUMENT;
-  if (st != SOFTLIGHT_SUCCESS) return st;
   if (noop) {  // no rows: the sum is 0, the mean NaN (torch's)
     if (red != SOFTLIGHT_REDUCTION_NONE) {
       const double v = red == SOFTLIGHT_REDUCTION_SUM ? 0.0 : std::nan("");

@@ -351,3 +351,21 @@ extern "C" softlight_status softlight_row_stats_backward(const void* x, int64_t 
                                               static_cast<cudaStream_t>(stream));
   return e == cudaSuccess ? SOFTLIGHT_SUCCESS : cuda_status(e);
 }
+
+extern "C" softlight_status softlight_cross_entropy(const void* x, int64_t x_row_stride, const int64_t* target,
+                                                    int64_t rows, int64_t cols, softlight_dtype dtype,
+                                                    const softlight_cross_entropy_options* options, void* stream) {
+  using namespace softlight;
+  if (options == nullptr || options->loss == nullptr) return SOFTLIGHT_ERROR_NULL_POINTER;
+  const softlight_cross_entropy_options& o = *options;
+  softlight_status st;
+  bool noop;
+  const ConsumerCall c = cross_entropy_call(x, x_row_stride, target, rows, cols, dtype, o, false, &st, &noop);
+  if (st != SOFTLIGHT_SUCCESS) return st;
+  CallDevice dev;
+  st = open_consumer(&dev, {x, target, o.loss, o.lse, o.grad});
+  if (st != SOFTLIGHT_SUCCESS) return st;
+  // (No rows: the reduction of nothing, 0 or NaN, is still written, on the device.)
+  const cudaError_t e = launch_cross_entropy(c, o, static_cast<cudaStream_t>(stream));
+  return e == cudaSuccess ? SOFTLIGHT_SUCCESS : cuda_status(e);
+}

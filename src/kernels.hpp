@@ -139,5 +139,17 @@ cudaError_t launch_row_stats(const ConsumerCall& c, const ConsumerArgs<float>& a
                              cudaStream_t stream);
 cudaError_t launch_row_stats_grad(const ConsumerCall& c, const GradArgs<float>& gf, const GradArgs<double>& gd,
                                   cudaStream_t stream);
+// Cross-entropy (c.index: the targets, one a row), its gradient in the same pass where o.grad is set.
+template <class A> struct CrossEntropyArgs {
+  double eps, z_loss;
+  bool ignore;
+  int64_t ignore_index;
+  bool mean, reduce;
+  const int64_t* count;  // the kept rows (a workspace the launcher fills first)
+  double* losses;        // each row's loss, where reduced (workspace)
+  A* loss;               // the result: rows values (no reduction) or one
+  A* lse;
+};
+cudaError_t launch_cross_entropy(const ConsumerCall& c, const softlight_cross_entropy_options& o, cudaStream_t stream);
 
 }  // namespace softlight

@@ -256,6 +256,29 @@ ConsumerCall row_stats_grad_call(const void* x, int64_t x_row_stride, void* dx, 
   return c;
 }
 
+ConsumerCall cross_entropy_call(const void* x, int64_t x_row_stride, const int64_t* target, int64_t rows,
+                                int64_t cols, softlight_dtype dtype, const softlight_cross_entropy_options& o,
+                                bool host_index, softlight_status* st, bool* noop) {
+  ConsumerCall c = consumer_call(x, x_row_stride, rows, cols, dtype, o.temperature);
+  c.dx = o.grad;
+  c.dx_stride = o.grad_row_stride;
+  c.index = target;
+  c.index_count = 1;
+  c.index_stride = 1;
+  c.ignore = o.ignore != 0;
+  c.ignore_index = o.ignore_index;
+  c.host_index = host_index;
+  int red;
+  std::memcpy(&red, &o.reduction, sizeof red);
+  c.out(o.loss, red == SOFTLIGHT_REDUCTION_NONE ? rows : 1);
+  c.out(o.lse, rows);
+  *st = check_consumer(c, o.temperature, noop);
+  if (*st == SOFTLIGHT_SUCCESS && (red < 0 || red > 2 || !(o.label_smoothing >= 0.0 && o.label_smoothing <= 1.0) ||
+                                   !(o.z_loss >= 0.0 && std::isfinite(o.z_loss))))
+    *st = SOFTLIGHT_ERROR_INVALID_ARGUMENT;
+  return c;
+}
+
 Call forward_call(const void* x, const int64_t* xs, void* y, const int64_t* ys, int64_t outer, int64_t dim,
                   int64_t inner, softlight_dtype dtype, const softlight_forward_options* options,
                   softlight_status* st, bool* noop) {

@@ -100,6 +100,11 @@ ConsumerCall row_stats_call(const void* x, int64_t x_row_stride, int64_t rows, i
 ConsumerCall row_stats_grad_call(const void* x, int64_t x_row_stride, void* dx, int64_t dx_row_stride, int64_t rows,
                                  int64_t cols, softlight_dtype dtype, const softlight_row_stats_grad& g,
                                  bool host_index, softlight_status* st, bool* noop);
+// The checked call of softlight_cross_entropy[_cpu] (options and options->loss not NULL): as
+// row_stats_call, with the reduction, label_smoothing and z_loss checked too.
+ConsumerCall cross_entropy_call(const void* x, int64_t x_row_stride, const int64_t* target, int64_t rows,
+                                int64_t cols, softlight_dtype dtype, const softlight_cross_entropy_options& o,
+                                bool host_index, softlight_status* st, bool* noop);
 // The shared part of a consumer call (its dtype read as an int, the scale of its temperature).
 ConsumerCall consumer_call(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, softlight_dtype dtype,
                            double temperature);

@@ -205,7 +205,7 @@ SOFTLIGHT_API softlight_status softlight_log_softmax_backward_3d_cpu(
  * > 1); z = x / temperature. Statistics and losses are of the accumulation type (float32 for
  * float32/float16/bfloat16, float64 for float64). Token indices are int64 in the memory x lives in.
  * Every check of the forward entries above applies; on the CPU an index outside the row (where the
- * options do not allow it) is INVALID_ARGUMENT with nothing written. Cross-entropy runs on the CPU.
+ * options do not allow it) is INVALID_ARGUMENT with nothing written.
  */
 
 /*
@@ -322,6 +322,12 @@ typedef struct softlight_cross_entropy_options {
   void* grad;
   int64_t grad_row_stride;
 } softlight_cross_entropy_options;
+
+/* On the GPU, queued on `stream`; target is device memory, and a target outside [0, cols) other
+ * than ignore_index gives that row a NaN loss and a NaN gradient (and the reduced loss NaN). */
+SOFTLIGHT_API softlight_status softlight_cross_entropy(
+    const void* x, int64_t x_row_stride, const int64_t* target, int64_t rows, int64_t cols,
+    softlight_dtype dtype, const softlight_cross_entropy_options* options, void* stream);
 
 /* target: `rows` int64 class indices, contiguous (`options` must not be NULL; options->loss neither). */
 SOFTLIGHT_API softlight_status softlight_cross_entropy_cpu(

@@ -5,8 +5,8 @@ Logits are (..., V), the vocabulary on the last axis, its elements contiguous an
 merging into one evenly strided axis of rows. On the CPU token indices are any integer array (made
 int64 on the host); on the GPU they are a C-contiguous int64 array on the logits' device, and the
 statistics' gradient takes its inputs as C-contiguous arrays of the accumulation type there too.
-Results are of the accumulation type: float32, or float64 for float64 logits. cross_entropy runs on
-the CPU (softlight.torch.cross_entropy runs on both).
+Results are of the accumulation type: float32, or float64 for float64 logits. On the GPU a token
+outside the row gives NaN for what it picks (the CPU refuses the call).
 """
 import math
 
@@ -231,26 +231,27 @@ def cross_entropy(logits, target, *, ignore_index=-100, label_smoothing=0.0, red
         raise InvalidArgumentError(f"softlight: label_smoothing must be in [0, 1], got {label_smoothing}")
     if not (z_loss >= 0.0 and math.isfinite(z_loss)):
         raise InvalidArgumentError(f"softlight: z_loss must be finite and non-negative, got {z_loss}")
-    xa, (rows, cols, xs), _ = _logits(logits, gpu=False)
+    xa, (rows, cols, xs), handle = _logits(logits)
     if len(xa[1]) > 2:
         raise InvalidArgumentError(f"softlight: logits of shape {tuple(xa[1])}: pass (N, C) or (C,) "
                                    f"(softlight.torch.cross_entropy takes torch's (N, C, d1, ...) too)")
     lead = tuple(xa[1])[:-1]
-    idx, k = _indices(target, lead, "target")
+    idx_ptr, k, keep = _index_of(target, xa, lead, cols, False, "target", ignore_index)
     if k is not None:
-        raise InvalidArgumentError(f"softlight: target has shape {idx.shape}, expected {lead}")
-    _check_range(idx, cols, "target", ignore_index)
+        raise InvalidArgumentError(f"softlight: target has shape {lead + (k,)}, expected {lead}")
     red = _REDUCTIONS[reduction]
     loss, loss_ptr = _new(logits, xa, lead if red == 0 else ())
     lse, lse_ptr = _new(logits, xa, lead) if return_lse else (None, 0)
     g, gptr, gstride = None, 0, 0
     if grad is not None and grad is not False:
-        g, ga = _output(None if grad is True else grad, logits, xa, None, "grad")
+        g, ga = _output(None if grad is True else grad, logits, xa, handle, "grad")
         gptr, gstride = ga[0], _rows(ga, "grad")[2]
-    st = _C.cross_entropy(xa[0], xs, idx.ctypes.data, rows, cols, xa[3], temperature, label_smoothing, z_loss,
+    st = _C.cross_entropy(xa[0], xs, idx_ptr, rows, cols, xa[3], temperature, label_smoothing, z_loss,
                           ignore_index is not None, 0 if ignore_index is None else int(ignore_index), red, loss_ptr,
-                          lse_ptr, gptr, gstride, threads)
+                          lse_ptr, gptr, gstride, threads, xa[4], handle)
     check(st)
+    del keep
+    _finish(xa, handle)
     extra = ((lse,) if return_lse else ()) + ((g,) if g is not None else ())
     return (loss,) + extra if extra else loss
 

@@ -17,8 +17,8 @@ float32 inputs, as torch.log_softmax does, and return float32. Layouts softlight
 (axes that do not merge into one evenly strided axis) are made contiguous first.
 
 The consumers of the log-sum-exp (cross_entropy, token_logprobs, entropy, logsumexp, row_stats;
-docs/consumers.md) are the operators row_stats, row_stats_backward and cross_entropy, CPU only in
-this version.
+docs/consumers.md) are the operators row_stats, row_stats_backward and cross_entropy, on the CPU and
+on CUDA.
 
 `log_softmax` calls softlight directly where no autograd or compiler is involved (a torch operator's
 dispatch costs several microseconds a call); both paths give the same results.
@@ -26,7 +26,7 @@ dispatch costs several microseconds a call); both paths give the same results.
 import torch
 
 from . import _C, _api, _arrays
-from ._errors import AxisError, DeviceError, InvalidArgumentError, UnsupportedDTypeError, check
+from ._errors import AxisError, InvalidArgumentError, UnsupportedDTypeError, check
 
 _lib = torch.library.Library("softlight", "DEF")
 _lib.define("log_softmax(Tensor x, int dim, float temperature=1.0) -> Tensor")
@@ -190,11 +190,6 @@ def _index_ready(index, rows, cols, shard, name="index", ignore=None):
     return index, (1 if index.dim() == 1 else index.shape[1])
 
 
-def _on_cpu(x, op):
-    if x.device.type != "cpu":
-        raise DeviceError(f"softlight: {op} runs on the CPU in this version; the logits are on {x.device}")
-
-
 def _stream(x):
     """(on the GPU, the current stream's handle of x's device)."""
     if x.device.type != "cuda":
@@ -241,18 +236,19 @@ def _row_stats_backward(logits, lse, entropy, index, d_lse, d_entropy, d_logprob
 
 def _cross_entropy(logits, target, ignore_index=-100, label_smoothing=0.0, z_loss=0.0, temperature=1.0,
                    reduction=2, with_grad=False):
-    _on_cpu(logits, "cross_entropy")
     x = _rows_ready(logits)
     rows, cols = x.shape
     idx, _ = _index_ready(target, rows, cols, False, "target", ignore_index)
     acc = _acc(x)
-    loss = torch.empty(rows if reduction == 0 else (), dtype=acc)
-    lse = torch.empty(rows, dtype=acc)
-    grad = torch.empty((rows, cols), dtype=x.dtype) if with_grad else torch.empty(0, dtype=x.dtype)
+    dev = x.device
+    loss = torch.empty(rows if reduction == 0 else (), dtype=acc, device=dev)
+    lse = torch.empty(rows, dtype=acc, device=dev)
+    grad = torch.empty((rows, cols), dtype=x.dtype, device=dev) if with_grad else torch.empty(0, dtype=x.dtype, device=dev)
     code = _check(x, -1)
+    gpu, stream = _stream(x)
     check(_C.cross_entropy(x.data_ptr(), x.stride(0) if rows > 1 else cols, idx.data_ptr(), rows, cols, code,
                            temperature, label_smoothing, z_loss, True, ignore_index, reduction, loss.data_ptr(),
-                           lse.data_ptr(), grad.data_ptr() if with_grad else 0, cols, 0))
+                           lse.data_ptr(), grad.data_ptr() if with_grad else 0, cols, 0, gpu, stream))
     return loss, lse, grad
 
 
@@ -432,36 +428,11 @@ def cross_entropy(logits, target, *, ignore_index=-100, label_smoothing=0.0, red
     lead = tuple(x.shape[:-1])
     if tuple(target.shape) != lead:
         raise InvalidArgumentError(f"softlight: target has shape {tuple(target.shape)}, expected {lead}")
-    if x.device.type == "cuda":  # (the one-pass kernel runs on the CPU: here the statistics' two passes)
-        return _cross_entropy_from_stats(x.reshape(-1, x.shape[-1]), target.reshape(-1), lead, int(ignore_index),
-                                         float(label_smoothing), float(z_loss), float(temperature), reduction,
-                                         return_lse)
     with_grad = logits.requires_grad and torch.is_grad_enabled()
     loss, lse, _ = torch.ops.softlight.cross_entropy(x.reshape(-1, x.shape[-1]), target.reshape(-1), int(ignore_index),
                                                      float(label_smoothing), float(z_loss), float(temperature),
                                                      _REDUCTIONS[reduction], with_grad)
     if reduction == "none":
-        loss = loss.reshape(lead)
-    return (loss, lse.reshape(lead)) if return_lse else loss
-
-
-def _cross_entropy_from_stats(x, target, lead, ignore_index, eps, zl, temperature, reduction, return_lse):
-    """The loss from row_stats (lse, the target's logit, the sum of the logits); autograd through its
-    backward, one read and one write of the logits."""
-    keep = target != ignore_index
-    t = torch.where(keep, target, torch.zeros_like(target))
-    lse, _, _, picked, zsum, *_ = torch.ops.softlight.row_stats(x, t, temperature)
-    loss = (1.0 - eps) * (lse - picked)
-    if eps:
-        loss = loss + eps * (lse - zsum / x.shape[-1])
-    if zl:
-        loss = loss + zl * lse * lse
-    loss = torch.where(keep, loss, torch.zeros_like(loss))
-    if reduction == "sum":
-        loss = loss.sum()
-    elif reduction == "mean":
-        loss = loss.sum() / keep.sum()
-    else:
         loss = loss.reshape(lead)
     return (loss, lse.reshape(lead)) if return_lse else loss
 
