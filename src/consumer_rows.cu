@@ -18,34 +18,40 @@ namespace {
 constexpr int kThreads = 512;  // a CTA's threads: 16 warps, a pack of 16 bytes each a step
 
 // A thread's (or a merged) partial: m the max of x seen, s = sum exp((x - m) * sc), t = sum of
-// exp((x - m) * sc) (x - m) * sc (0 where the exp is 0), sx = sum x. A partial whose max is -inf
-// is shifted by 0 (numerics.cuh).
+// exp((x - m) * sc) (x - m) * sc (0 where the exp is 0), sx = sum x (in double: a row of float
+// values near the largest has a finite sum). A partial whose max is -inf is shifted by 0
+// (numerics.cuh).
 template <class A> struct Stats {
-  A m, s, t, sx;
+  A m, s, t;
+  double sx;
 };
 
-template <class A> __device__ __forceinline__ Stats<A> empty_stats() { return {neg_inf<A>(), A(0), A(0), A(0)}; }
+template <class A> __device__ __forceinline__ Stats<A> empty_stats() { return {neg_inf<A>(), A(0), A(0), 0.0}; }
 
-// One element into a partial (sc: the scale, f: exp_factor(sc)).
-template <class A> __device__ __forceinline__ void add(Stats<A>& p, A v, A sc, A f) {
+// exp(d) for a scaled difference d (exp_base takes d * exp_factor(1)).
+template <class A> __device__ __forceinline__ A exp_of(A d) { return exp_base(d * exp_factor(A(1))); }
+
+// One element into a partial (sc: the scale).
+template <class A> __device__ __forceinline__ void add(Stats<A>& p, A v, A sc) {
   if (v > p.m) {  // the max rises (NaN never wins): the sums move onto it
     if (p.m != neg_inf<A>()) {
-      const A r = exp_base((p.m - v) * f);
-      p.t = r * (p.t + p.s * ((p.m - v) * sc));
+      const A d = scaled_difference(p.m, v, sc, A(1));
+      const A r = exp_of(d);
+      p.t = r == A(0) ? A(0) : r * (p.t + p.s * d);  // (r = 0: every earlier term is 0 too)
       p.s *= r;
     }
     p.m = v;
   }
-  const A shift = p.m == neg_inf<A>() ? A(0) : p.m;
-  const A e = exp_base((v - shift) * f);
+  const A d = scaled_difference(v, p.m == neg_inf<A>() ? A(0) : p.m, sc, A(1));
+  const A e = exp_of(d);
   p.s += e;
-  p.t += e == A(0) ? A(0) : e * ((v - shift) * sc);
-  p.sx += v;
+  p.t += e == A(0) ? A(0) : e * d;
+  p.sx += static_cast<double>(v);
 }
 
 // a and b merged: each moved onto the larger max (a partial of max -inf counts 0 times its sums, so
 // that a NaN in them stays).
-template <class A> __device__ __forceinline__ Stats<A> merge(Stats<A> a, Stats<A> b, A sc, A f) {
+template <class A> __device__ __forceinline__ Stats<A> merge(Stats<A> a, Stats<A> b, A sc) {
   const A m = max_acc(a.m, b.m);
   Stats<A> r{m, A(0), A(0), a.sx + b.sx};
   const auto move = [&](const Stats<A>& p) {
@@ -54,9 +60,10 @@ template <class A> __device__ __forceinline__ Stats<A> merge(Stats<A> a, Stats<A
       r.t += p.t * A(0);
       return;
     }
-    const A k = exp_base((p.m - m) * f);
+    const A d = scaled_difference(p.m, m, sc, A(1));
+    const A k = exp_of(d);
     r.s += p.s * k;
-    r.t += k * (p.t + (p.s == A(0) ? A(0) : p.s * ((p.m - m) * sc)));
+    r.t += k == A(0) ? p.t * A(0) : k * (p.t + (p.s == A(0) ? A(0) : p.s * d));
   };
   move(a);
   move(b);
@@ -69,13 +76,13 @@ template <class A> __device__ __forceinline__ Stats<A> shfl_xor(Stats<A> p, int 
 }
 
 // The CTA's merged partial, in every thread. scratch: 32 partials of shared memory.
-template <class A> __device__ Stats<A> block_merge(Stats<A> p, Stats<A>* scratch, A sc, A f) {
+template <class A> __device__ Stats<A> block_merge(Stats<A> p, Stats<A>* scratch, A sc) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  for (int o = 16; o > 0; o /= 2) p = merge(p, shfl_xor(p, o), sc, f);
+  for (int o = 16; o > 0; o /= 2) p = merge(p, shfl_xor(p, o), sc);
   if (lane == 0) scratch[warp] = p;
   __syncthreads();
   Stats<A> r = lane < warps ? scratch[lane] : empty_stats<A>();
-  for (int o = 16; o > 0; o /= 2) r = merge(r, shfl_xor(r, o), sc, f);
+  for (int o = 16; o > 0; o /= 2) r = merge(r, shfl_xor(r, o), sc);
   __syncthreads();  // (the scratch is free again)
   return r;
 }
@@ -105,19 +112,18 @@ __global__ void __launch_bounds__(kThreads) row_stats_kernel(const T* __restrict
                                                              ConsumerArgs<acc_t<T>> a) {
   using A = acc_t<T>;
   __shared__ Stats<A> scratch[32];
-  const A f = exp_factor(sc);
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + r * xs;
     Stats<A> p = empty_stats<A>();
-    for_row(xr, cols, packed, [&](A v) { add(p, v, sc, f); });
-    p = block_merge(p, scratch, sc, f);
+    for_row(xr, cols, packed, [&](A v) { add(p, v, sc); });
+    p = block_merge(p, scratch, sc);
     const A log_sum = log_acc(p.s);
     const A shift = p.m == neg_inf<A>() ? A(0) : p.m;
     if (threadIdx.x == 0) {
       const A mz = p.m * sc;
       if (a.lse) a.lse[r] = mz + log_sum;
       if (a.entropy) a.entropy[r] = log_sum - p.t / p.s;
-      if (a.sum) a.sum[r] = p.sx * sc;
+      if (a.sum) a.sum[r] = static_cast<A>(p.sx * sc);
       if (a.max) a.max[r] = mz;
       if (a.sumexp) a.sumexp[r] = p.s;
       if (a.moment) a.moment[r] = p.t;
@@ -131,7 +137,7 @@ __global__ void __launch_bounds__(kThreads) row_stats_kernel(const T* __restrict
       const A none = a.shard ? A(0) : A(NAN);
       const A v = inside ? to_acc(xr[j]) : A(0);
       if (a.picked) a.picked[r * a.count + q] = inside ? v * sc : none;
-      if (a.logprobs) a.logprobs[r * a.count + q] = inside ? (v - shift) * sc - log_sum : none;
+      if (a.logprobs) a.logprobs[r * a.count + q] = inside ? scaled_difference(v, shift, sc, A(1)) - log_sum : none;
     }
   }
 }
@@ -164,12 +170,15 @@ __global__ void __launch_bounds__(kThreads) row_stats_grad_kernel(const T* x, in
     m = block_max(m, red, blockDim.x, 1);
     lp_sum = block_sum(lp_sum, red, blockDim.x, 1);  // (its barriers also publish the tokens)
     const A shift = m == neg_inf<A>() ? A(0) : m;
-    const A log_sum = static_cast<A>(static_cast<double>(g.lse[r]) - static_cast<double>(shift) * sc);
+    // lse - m * sc with m * sc rounded as the forward rounded it; an lse of +inf (overflowed) says
+    // nothing of p: the row is NaN (docs/consumers.md).
+    const A lse = g.lse[r];
+    const A log_sum = lse == -neg_inf<A>() ? A(NAN) : static_cast<A>(static_cast<double>(lse) - static_cast<double>(shift * sc));
     const A ca = at(g.d_lse, r) - lp_sum, ce = at(g.d_entropy, r), h = ce == A(0) ? A(0) : g.entropy[r];
     const A cs = at(g.d_sum, r);
     const auto grad = [&](A v) {
-      const A lp = (v - shift) * sc - log_sum;
-      const A p = exp_base(lp * exp_factor(A(1)));
+      const A lp = scaled_difference(v, shift, sc, A(1)) - log_sum;
+      const A p = exp_of(lp);
       const A term = p == A(0) ? A(0) : (ce == A(0) ? p * ca : p * (ca - ce * (lp + h)));
       return term * sc + cs * sc;
     };
@@ -292,16 +301,16 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_kernel(const T* x, int
                                                                  CrossEntropyArgs<acc_t<T>> a, T* grad, int64_t gs) {
   using A = acc_t<T>;
   __shared__ Stats<A> scratch[32];
-  const A f = exp_factor(sc);
   const double g = a.mean ? (*a.count > 0 ? 1.0 / static_cast<double>(*a.count) : 0.0) : 1.0;
+  const double inv_cols = 1.0 / static_cast<double>(cols);  // (a division once, not a row)
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + r * xs;
     const int64_t t = target[r];
     const bool ignored = a.ignore && t == a.ignore_index;
     const bool bad = !ignored && (t < 0 || t >= cols);
     Stats<A> p = empty_stats<A>();
-    for_row(xr, cols, packed, [&](A v) { add(p, v, sc, f); });
-    p = block_merge(p, scratch, sc, f);
+    for_row(xr, cols, packed, [&](A v) { add(p, v, sc); });
+    p = block_merge(p, scratch, sc);
     const A log_sum = log_acc(p.s);
     const A shift = p.m == neg_inf<A>() ? A(0) : p.m;
     const double mx = shift, ls = log_sum, dsc = sc;
@@ -310,8 +319,8 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_kernel(const T* x, int
     if (bad) {
       loss = NAN;
     } else if (!ignored) {
-      const double nll = ls - (static_cast<double>(to_acc(xr[t])) - mx) * dsc;
-      const double smooth = a.eps == 0.0 ? 0.0 : a.eps * (ls - (static_cast<double>(p.sx) / cols - mx) * dsc);
+      const double nll = ls - scaled_difference(static_cast<double>(to_acc(xr[t])), mx, dsc, 1.0);
+      const double smooth = a.eps == 0.0 ? 0.0 : a.eps * (ls - scaled_difference(p.sx * inv_cols, mx, dsc, 1.0));
       loss = (1.0 - a.eps) * nll + smooth + (a.z_loss == 0.0 ? 0.0 : a.z_loss * lse * lse);
     }
     if (threadIdx.x == 0) {
@@ -323,12 +332,12 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_kernel(const T* x, int
     T* gr = grad + r * gs;
     const A xt = bad || ignored ? A(0) : to_acc(xr[t]);  // (read before grad, which may be x, is written)
     __syncthreads();
-    const A ca = static_cast<A>(g * (1.0 + 2.0 * a.z_loss * lse)), cc = static_cast<A>(-g * a.eps / cols);
+    const A ca = static_cast<A>(g * (1.0 + 2.0 * a.z_loss * lse)), cc = static_cast<A>(-g * a.eps * inv_cols);
     const A none = bad ? A(NAN) : A(0);
     const auto value = [&](A v) {
       if (ignored || bad) return none;
-      const A lp = (v - shift) * sc - log_sum;
-      const A q = exp_base(lp * exp_factor(A(1)));
+      const A lp = scaled_difference(v, shift, sc, A(1)) - log_sum;
+      const A q = exp_of(lp);
       return (q * ca + cc) * sc;
     };
     constexpr int V = 16 / sizeof(T);
