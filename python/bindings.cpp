@@ -374,11 +374,14 @@ int cross_entropy(uintptr_t x, int64_t xs, uintptr_t target, int64_t rows, int64
 }
 
 int cross_entropy_grad_scale(uintptr_t grad, int64_t stride, int64_t rows, int64_t cols, int dtype, uintptr_t d_loss,
-                             int64_t d_loss_count, int threads) {
+                             int64_t d_loss_count, int threads, bool gpu, uintptr_t stream) {
   if (dtype < 0 || dtype > 3) return SOFTLIGHT_ERROR_UNSUPPORTED_DTYPE;
+  const auto type = static_cast<softlight_dtype>(dtype);
   py::gil_scoped_release nogil;
-  return softlight_cross_entropy_grad_scale_cpu(mptr(grad), stride, rows, cols, static_cast<softlight_dtype>(dtype),
-                                                mptr(d_loss), d_loss_count, threads);
+  return gpu ? softlight_cross_entropy_grad_scale(mptr(grad), stride, rows, cols, type, mptr(d_loss), d_loss_count,
+                                                  mptr(stream))
+             : softlight_cross_entropy_grad_scale_cpu(mptr(grad), stride, rows, cols, type, mptr(d_loss), d_loss_count,
+                                                      threads);
 }
 
 // --- planner queries (tests) -----------------------------------------------------------------
@@ -544,7 +547,9 @@ PYBIND11_MODULE(_C, m) {
         py::arg("cols"), py::arg("dtype"), py::arg("temperature"), py::arg("label_smoothing"), py::arg("z_loss"),
         py::arg("ignore"), py::arg("ignore_index"), py::arg("reduction"), py::arg("loss"), py::arg("lse"),
         py::arg("grad"), py::arg("grad_stride"), py::arg("threads"), py::arg("gpu") = false, py::arg("stream") = 0);
-  m.def("cross_entropy_grad_scale", &cross_entropy_grad_scale);
+  m.def("cross_entropy_grad_scale", &cross_entropy_grad_scale, py::arg("grad"), py::arg("stride"), py::arg("rows"),
+        py::arg("cols"), py::arg("dtype"), py::arg("d_loss"), py::arg("d_loss_count"), py::arg("threads"),
+        py::arg("gpu") = false, py::arg("stream") = 0);
   m.def("plan_rows", &plan_rows, py::arg("problem"), py::arg("device") = py::dict(), py::arg("forced") = py::dict());
   m.def("plan_axis", &plan_axis, py::arg("problem"), py::arg("device") = py::dict(), py::arg("forced") = py::dict());
   m.def("tuning_valid", [](const py::dict& forced) { return softlight::tuning_valid(tuning_of(forced)); });

@@ -406,4 +406,40 @@ cudaError_t launch_cross_entropy(const ConsumerCall& c, const softlight_cross_en
   return e != cudaSuccess ? e : f;
 }
 
+// Each CTA a row at a time: the row's factor read once; a factor of 1 leaves the row unread.
+template <class T>
+__global__ void __launch_bounds__(kThreads) grad_scale_kernel(T* g, int64_t gs, int64_t rows, int64_t cols,
+                                                              const acc_t<T>* f, bool per_row, bool packed) {
+  using A = acc_t<T>;
+  constexpr int V = 16 / sizeof(T);
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const A k = f[per_row ? r : 0];
+    if (k == A(1)) continue;
+    T* gr = g + r * gs;
+    int64_t tail = 0;
+    if (packed) {
+      const int64_t whole = cols / V * V;
+      for (int64_t j = int64_t{threadIdx.x} * V; j < whole; j += int64_t{blockDim.x} * V) {
+        A v[V];
+        load_pack<T, V>(gr + j, v);
+#pragma unroll
+        for (int i = 0; i < V; ++i) v[i] *= k;
+        store_pack<T, V>(gr + j, v);
+      }
+      tail = whole;
+    }
+    for (int64_t j = tail + threadIdx.x; j < cols; j += blockDim.x) gr[j] = from_acc<T>(to_acc(gr[j]) * k);
+  }
+}
+
+cudaError_t launch_grad_scale(const ConsumerCall& c, const void* d_loss, int64_t count, cudaStream_t stream) {
+  const bool packed = packs(c.dx, c.rows > 1 ? c.dx_stride : 0, softlight_dtype_size(c.dtype));
+  return with_type(c.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    grad_scale_kernel<T><<<grid_for(c.rows), kThreads, 0, stream>>>(
+        static_cast<T*>(c.dx), c.dx_stride, c.rows, c.cols, static_cast<const acc_t<T>*>(d_loss), count != 1, packed);
+    return cudaGetLastError();
+  });
+}
+
 }  // namespace softlight

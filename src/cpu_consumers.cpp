@@ -267,15 +267,9 @@ extern "C" softlight_status softlight_cross_entropy_grad_scale_cpu(void* grad, i
                                                                    int64_t cols, softlight_dtype dtype, const void* d_loss,
                                                                    int64_t d_loss_count, int num_threads) {
   using namespace softlight;
-  ConsumerCall c = consumer_call(grad, grad_row_stride, rows, cols, dtype, 1.0);
-  c.dx = grad;  // read and written in place
-  c.dx_stride = grad_row_stride;
-  const bool count_ok = d_loss_count == 1 || d_loss_count == rows;
-  c.in(d_loss, count_ok ? d_loss_count : 0);
+  softlight_status st;
   bool noop;
-  softlight_status st = check_consumer(c, 1.0, &noop);
-  if (st == SOFTLIGHT_SUCCESS && !count_ok) st = SOFTLIGHT_ERROR_INVALID_ARGUMENT;
-  if (st == SOFTLIGHT_SUCCESS && !noop && d_loss == nullptr) st = SOFTLIGHT_ERROR_NULL_POINTER;
+  const ConsumerCall c = grad_scale_call(grad, grad_row_stride, rows, cols, dtype, d_loss, d_loss_count, &st, &noop);
   if (st != SOFTLIGHT_SUCCESS || noop || cols == 0) return st;
   return cpu::with_cpu_type(c.dtype, [&](auto tag) {
     using T = decltype(tag);

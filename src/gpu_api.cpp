@@ -369,3 +369,18 @@ extern "C" softlight_status softlight_cross_entropy(const void* x, int64_t x_row
   const cudaError_t e = launch_cross_entropy(c, o, static_cast<cudaStream_t>(stream));
   return e == cudaSuccess ? SOFTLIGHT_SUCCESS : cuda_status(e);
 }
+
+extern "C" softlight_status softlight_cross_entropy_grad_scale(void* grad, int64_t grad_row_stride, int64_t rows,
+                                                               int64_t cols, softlight_dtype dtype, const void* d_loss,
+                                                               int64_t d_loss_count, void* stream) {
+  using namespace softlight;
+  softlight_status st;
+  bool noop;
+  const ConsumerCall c = grad_scale_call(grad, grad_row_stride, rows, cols, dtype, d_loss, d_loss_count, &st, &noop);
+  if (st != SOFTLIGHT_SUCCESS || noop || cols == 0) return st;
+  CallDevice dev;
+  st = open_consumer(&dev, {grad, d_loss});
+  if (st != SOFTLIGHT_SUCCESS) return st;
+  const cudaError_t e = launch_grad_scale(c, d_loss, d_loss_count, static_cast<cudaStream_t>(stream));
+  return e == cudaSuccess ? SOFTLIGHT_SUCCESS : cuda_status(e);
+}

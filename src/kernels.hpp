@@ -151,5 +151,8 @@ template <class A> struct CrossEntropyArgs {
   A* lse;
 };
 cudaError_t launch_cross_entropy(const ConsumerCall& c, const softlight_cross_entropy_options& o, cudaStream_t stream);
+// grad (c.dx, rows x cols) times d_loss (count 1 or rows, the accumulation type, device memory), in
+// place; a row whose factor is 1 is not touched.
+cudaError_t launch_grad_scale(const ConsumerCall& c, const void* d_loss, int64_t count, cudaStream_t stream);
 
 }  // namespace softlight

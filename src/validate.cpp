@@ -279,6 +279,19 @@ ConsumerCall cross_entropy_call(const void* x, int64_t x_row_stride, const int64
   return c;
 }
 
+ConsumerCall grad_scale_call(void* grad, int64_t grad_row_stride, int64_t rows, int64_t cols, softlight_dtype dtype,
+                             const void* d_loss, int64_t d_loss_count, softlight_status* st, bool* noop) {
+  ConsumerCall c = consumer_call(grad, grad_row_stride, rows, cols, dtype, 1.0);
+  c.dx = grad;  // read and written in place
+  c.dx_stride = grad_row_stride;
+  const bool count_ok = d_loss_count == 1 || d_loss_count == rows;
+  c.in(d_loss, count_ok ? d_loss_count : 0);
+  *st = check_consumer(c, 1.0, noop);
+  if (*st == SOFTLIGHT_SUCCESS && !count_ok) *st = SOFTLIGHT_ERROR_INVALID_ARGUMENT;
+  if (*st == SOFTLIGHT_SUCCESS && !*noop && d_loss == nullptr) *st = SOFTLIGHT_ERROR_NULL_POINTER;
+  return c;
+}
+
 Call forward_call(const void* x, const int64_t* xs, void* y, const int64_t* ys, int64_t outer, int64_t dim,
                   int64_t inner, softlight_dtype dtype, const softlight_forward_options* options,
                   softlight_status* st, bool* noop) {

@@ -105,6 +105,10 @@ ConsumerCall row_stats_grad_call(const void* x, int64_t x_row_stride, void* dx, 
 ConsumerCall cross_entropy_call(const void* x, int64_t x_row_stride, const int64_t* target, int64_t rows,
                                 int64_t cols, softlight_dtype dtype, const softlight_cross_entropy_options& o,
                                 bool host_index, softlight_status* st, bool* noop);
+// The checked call of softlight_cross_entropy_grad_scale[_cpu]: grad as x and as dx (in place), d_loss a
+// small input of d_loss_count values (1 or rows, else INVALID_ARGUMENT; NULL: NULL_POINTER).
+ConsumerCall grad_scale_call(void* grad, int64_t grad_row_stride, int64_t rows, int64_t cols, softlight_dtype dtype,
+                             const void* d_loss, int64_t d_loss_count, softlight_status* st, bool* noop);
 // The shared part of a consumer call (its dtype read as an int, the scale of its temperature).
 ConsumerCall consumer_call(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, softlight_dtype dtype,
                            double temperature);

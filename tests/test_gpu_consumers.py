@@ -120,6 +120,29 @@ def test_cross_entropy_on_the_gpu_equals_torch(dtype, reduction):
     assert ((gx.double() - wx).abs() <= tol * (1 + wx.abs().max())).all()
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+def test_backward_scales_in_place_on_the_gpu(dtype):
+    """The backward of softlight.torch.cross_entropy on CUDA: the forward's gradient scaled in place by the
+    upstream gradient read on the device (65536, 1, one a row), equal to the CPU's bit for bit where the
+    upstream gradient is 1 and to rounding elsewhere; a second backward gives the same bits."""
+    x = _logits((33, 5000), dtype, False, 7)
+    t = torch.randint(0, 5000, (33,), generator=torch.Generator().manual_seed(8))
+    t[4] = -100
+    ups = {"mean": torch.tensor(65536.0), "sum": torch.tensor(1.0), "none": torch.rand(33, dtype=torch.float64)}
+    ups["none"][::3] = 1.0
+    for reduction, d in ups.items():
+        grads = []
+        for dev in ("cpu", "cuda"):
+            xd = x.to(dev).requires_grad_()
+            loss = slt.cross_entropy(xd, t.to(dev), reduction=reduction)
+            first, = torch.autograd.grad(loss, xd, d.to(dev, loss.dtype), retain_graph=True)
+            second, = torch.autograd.grad(loss, xd, d.to(dev, loss.dtype))
+            assert torch.equal(first, second), (dev, reduction)
+            grads.append(first.cpu().double())
+        tol = TOL[dtype]
+        assert torch.allclose(grads[1], grads[0], rtol=tol[1], atol=tol[0] * float(d.abs().max())), reduction
+
+
 def test_compile_on_the_gpu_without_graph_breaks():
     def step(logits, target, idx):
         return slt.cross_entropy(logits, target) + slt.entropy(logits).mean() - slt.token_logprobs(logits, idx).mean()

@@ -345,6 +345,11 @@ SOFTLIGHT_API softlight_status softlight_cross_entropy_grad_scale_cpu(
     void* grad, int64_t grad_row_stride, int64_t rows, int64_t cols, softlight_dtype dtype,
     const void* d_loss, int64_t d_loss_count, int num_threads);
 
+/* On the GPU, queued on `stream`: d_loss is device memory, read by the kernel (no synchronization). */
+SOFTLIGHT_API softlight_status softlight_cross_entropy_grad_scale(
+    void* grad, int64_t grad_row_stride, int64_t rows, int64_t cols, softlight_dtype dtype,
+    const void* d_loss, int64_t d_loss_count, void* stream);
+
 #ifdef __cplusplus
 }
 #endif

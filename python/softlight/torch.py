@@ -253,14 +253,14 @@ def _cross_entropy(logits, target, ignore_index=-100, label_smoothing=0.0, z_los
 
 
 def _cross_entropy_grad_scale(grad, d_loss):
-    _on_cpu(grad, "cross_entropy_grad_scale_")
     if grad.dim() != 2 or grad.stride(-1) != 1 or d_loss.numel() not in (1, grad.shape[0]):
         raise InvalidArgumentError(f"softlight: cross_entropy_grad_scale_ takes rows of a gradient and one factor or "
                                    f"one a row, got {tuple(grad.shape)} and {tuple(d_loss.shape)}")
     rows, cols = grad.shape
-    f = d_loss.to(_acc(grad)).contiguous()
+    f = d_loss.to(device=grad.device, dtype=_acc(grad)).contiguous()
+    gpu, stream = _stream(grad)
     check(_C.cross_entropy_grad_scale(grad.data_ptr(), grad.stride(0) if rows > 1 else cols, rows, cols,
-                                      _check(grad, -1), f.data_ptr(), f.numel(), 0))
+                                      _check(grad, -1), f.data_ptr(), f.numel(), 0, gpu, stream))
 
 
 for _key in ("CPU", "CUDA"):
