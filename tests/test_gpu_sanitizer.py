@@ -55,7 +55,14 @@ CASES = {
     "cta_rows_backward": dict(op="backward", shape=(16, 4000), dtype="float32"),
     "cluster_rows_backward": dict(op="backward", shape=(8, 65536), dtype="float32"),
     "split_rows_backward": dict(op="backward", shape=(3, 5000, 7), dtype="float32", dim=1),
+    # The consumers of the log-sum-exp (consumer_rows.cu: a CTA a row, no planner), each checked
+    # against the CPU entry on the same values. x at an odd offset: the element-wise path.
+    "row_stats": dict(op="row_stats", shape=(37, 3001), dtype="bfloat16", offset=(3, 0)),
+    "row_stats_grad": dict(op="row_stats_grad", shape=(37, 3000), dtype="float32", offset=(0, 4)),
+    "cross_entropy": dict(op="cross_entropy", shape=(37, 3000), dtype="float16", offset=(8, 8)),
+    "grad_scale": dict(op="grad_scale", shape=(37, 3001), dtype="float64", offset=(1, 1)),
 }
+CONSUMERS = ("row_stats", "row_stats_grad", "cross_entropy", "grad_scale")
 
 
 def _case(name):
@@ -88,6 +95,8 @@ def kernel_of(name):
     """The kernel the library launches for the case: the planner's answer, named as KERNELS."""
     import gpu_util
     c = _case(name)
+    if c["op"] in CONSUMERS:
+        return c["op"]
     elem = ELEM[c["dtype"]]
     shape, d = c["shape"], c["dim"]
     outer = 1
@@ -163,6 +172,81 @@ CHILD = textwrap.dedent(r"""
         def free(self):
             ok(cu.cuMemFree(self.base))
 
+    def consumer(name, c, xt, as_dev, code):
+        # The GPU entry on exact-size allocations against the CPU entry on the same host values.
+        rows, cols = c["shape"]
+        dtype = c["dtype"]
+        acc = np.float64 if dtype == "float64" else np.float32
+        xh = (xt.view(torch.int16) if dtype == "bfloat16" else xt).numpy()
+        xr = as_dev(xt, c["offset"][0])
+        idx = rng.integers(0, cols, (rows, 2)).astype(np.int64)
+        small = lambda n: np.full(n, np.nan, acc)
+        live = [xr]
+        def dev(a, off=0):
+            r = Raw(np.ascontiguousarray(a), off)
+            live.append(r)
+            return r
+        def same(got, want, what):
+            rtol = 1e-12 if acc is np.float64 else 2e-5
+            fine = np.isclose(got.astype(np.float64), want.astype(np.float64), rtol=rtol, atol=rtol, equal_nan=True)
+            assert fine.all(), (name, what, np.argwhere(~fine)[:5].tolist())
+        if c["op"] == "row_stats":
+            host = [small(rows), small(rows), small(2 * rows), small(2 * rows)] + [small(rows) for _ in range(4)]
+            outs = [dev(h, c["offset"][1]) for h in host]
+            ir = dev(idx)
+            assert softlight._C.row_stats(xr.ptr, cols, rows, cols, code, 1.3, ir.ptr, 2, 2, 0, False,
+                                          [o.ptr for o in outs], 0, True, 0) == 0
+            assert softlight._C.row_stats(xh.ctypes.data, cols, rows, cols, code, 1.3, idx.ctypes.data, 2, 2, 0,
+                                          False, [h.ctypes.data for h in host], 0) == 0
+            for i, (o, h) in enumerate(zip(outs, host)):
+                same(o.get(), h, i)
+        elif c["op"] == "row_stats_grad":
+            host = [small(rows), small(rows)] + [small(rows) for _ in range(8)]
+            assert softlight._C.row_stats(xh.ctypes.data, cols, rows, cols, code, 0.7, 0, 0, 0, 0, False,
+                                          [host[0].ctypes.data, host[1].ctypes.data] + [0] * 6, 0) == 0
+            d = [rng.standard_normal(rows).astype(acc) for _ in range(3)] + [rng.standard_normal(2 * rows).astype(acc)
+                                                                           for _ in range(2)]
+            ins_h = [host[0], host[1], d[0], d[1], d[3], d[4], d[2]]  # lse, entropy, d_lse, d_entropy, d_logprobs, d_picked, d_sum
+            ins = [dev(a) for a in ins_h]
+            ir = dev(idx)
+            want = np.full_like(xh, 0)
+            out = dev(np.zeros_like(xh), c["offset"][1])
+            assert softlight._C.row_stats_backward(xr.ptr, cols, out.ptr, cols, rows, cols, code, 0.7, ir.ptr, 2, 2, 0,
+                                                   False, [a.ptr for a in ins], 0, True, 0) == 0
+            assert softlight._C.row_stats_backward(xh.ctypes.data, cols, want.ctypes.data, cols, rows, cols, code, 0.7,
+                                                   idx.ctypes.data, 2, 2, 0, False, [a.ctypes.data for a in ins_h], 0) == 0
+            same(out.get(), want, "dx")
+        elif c["op"] == "cross_entropy":
+            tgt = idx[:, 0].copy()
+            tgt[1] = -100
+            tr = dev(tgt)
+            loss, lse = dev(small(1)), dev(small(rows))
+            grad = dev(np.zeros_like(xh), c["offset"][1])
+            hl, hs, hg = small(1), small(rows), np.zeros_like(xh)
+            assert softlight._C.cross_entropy(xr.ptr, cols, tr.ptr, rows, cols, code, 1.0, 0.1, 1e-3, True, -100, 2,
+                                              loss.ptr, lse.ptr, grad.ptr, cols, 0, True, 0) == 0
+            assert softlight._C.cross_entropy(xh.ctypes.data, cols, tgt.ctypes.data, rows, cols, code, 1.0, 0.1, 1e-3,
+                                              True, -100, 2, hl.ctypes.data, hs.ctypes.data, hg.ctypes.data, cols, 0) == 0
+            same(loss.get(), hl, "loss")
+            same(lse.get(), hs, "lse")
+            if dtype in ("float16", "bfloat16"):  # (compared as values)
+                a, b = torch.from_numpy(grad.get()), torch.from_numpy(hg)
+                a, b = ((a.view(torch.bfloat16), b.view(torch.bfloat16)) if dtype == "bfloat16" else (a, b))
+                assert torch.allclose(a.double(), b.double(), rtol=1e-2, atol=1e-4), (name, "grad")
+            else:
+                same(grad.get(), hg, "grad")
+        else:
+            f = rng.standard_normal(rows).astype(acc)
+            f[::3] = 1.0
+            fr = dev(f)
+            want = xh.copy()
+            assert softlight._C.cross_entropy_grad_scale(xr.ptr, cols, rows, cols, code, fr.ptr, rows, 0, True, 0) == 0
+            assert softlight._C.cross_entropy_grad_scale(want.ctypes.data, cols, rows, cols, code, f.ctypes.data, rows,
+                                                         0) == 0
+            same(xr.get(), want, "grad")
+        for r in live:
+            r.free()
+
     torch.empty(1, device="cuda")  # the device's primary context, current on this thread for cuMemAlloc
     torch.cuda.synchronize()
     rng = np.random.default_rng(0)
@@ -184,6 +268,12 @@ CHILD = textwrap.dedent(r"""
             h = torch.from_numpy(r.get())
             return (h.view(tdt) if dtype == "bfloat16" else h).double().numpy()
         xt, xd = rounded(rng.standard_normal(shape) * 3)
+        if c["op"] in ("row_stats", "row_stats_grad", "cross_entropy", "grad_scale"):
+            consumer(name, c, xt, as_dev, code=softlight._dtypes.BY_NAME[dtype])
+            if c["force"]:
+                force({})
+            print("ran", name)
+            continue
         ref = xd - xd.max(dim, keepdims=True)
         ref = ref - np.log(np.exp(ref).sum(dim, keepdims=True))
         strides = [s // 8 for s in np.ones(shape).strides]
