@@ -430,6 +430,9 @@ def test_racecheck_reports_only_orderings_it_does_not_model():
     r = run_tool("racecheck", names)
     out = _ran(r, names)
     assert r.returncode in (0, 97) and "RACECHECK SUMMARY" in out, out[-6000:]
+    if "Race reported between" in out and not _SITE.search(out):
+        pytest.skip("racecheck's reports name no source lines, by which they are sorted: build with "
+                    "-C cmake.define.SOFTLIGHT_LINEINFO=ON")
     pairs = race_pairs(out)
     assert (r.returncode == 0) == (not pairs), out[-6000:]  # every error is parsed
     unknown = [p for p in pairs if not modelled_elsewhere(p)]
