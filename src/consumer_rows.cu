@@ -49,6 +49,96 @@ template <class A> __device__ __forceinline__ void add(Stats<A>& p, A v, A sc) {
   p.sx += static_cast<double>(v);
 }
 
+// scaled_difference(v, m, sc, 1) with the row's halving h and factor c hoisted: fma(v, h, -m h) * c.
+template <class A> struct Difference {
+  A h, mh, c;
+  __device__ __forceinline__ Difference(A m, A sc) {
+    const bool halve = sc < A(1);
+    h = halve ? A(0.5) : A(1);
+    mh = m * h;
+    c = halve ? sc + sc : sc;
+  }
+  __device__ __forceinline__ A operator()(A v) const { return fma(v, h, -mh) * c; }
+};
+
+// N 16-byte packs into a partial, as add takes their elements one by one: the packs' max first (the
+// sums move onto it at most once a group), then a difference, an exp and the sums per element. The
+// moment t and the sum sx are kept where asked (Moment, Sum), and stay 0 elsewhere.
+template <class T, int N, bool Moment, bool Sum>
+__device__ __forceinline__ void add_packs(Stats<acc_t<T>>& p, const uint4 (&q)[N], acc_t<T> sc) {
+  using A = acc_t<T>;
+  constexpr int V = 16 / sizeof(T);
+  const A mq = packs_max<T, N>(q);
+  if (mq > p.m) {
+    if (p.m != neg_inf<A>()) {
+      const A d = scaled_difference(p.m, mq, sc, A(1));
+      const A r = exp_of(d);
+      if constexpr (Moment) p.t = r == A(0) ? A(0) : r * (p.t + p.s * d);
+      p.s *= r;
+    }
+    p.m = mq;
+  }
+  const Difference<A> diff(p.m == neg_inf<A>() ? A(0) : p.m, sc);
+  A s[2] = {A(0), A(0)}, t[2] = {A(0), A(0)};
+  double sx = 0.0;
+#pragma unroll
+  for (int u = 0; u < N; ++u) {
+    A v[V];
+    unpack<T, V>(q[u], v);
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const A d = diff(v[j]);
+      const A e = exp_of(d);
+      s[j & 1] += e;
+      if constexpr (Moment) t[j & 1] += e == A(0) ? A(0) : e * d;
+      if constexpr (Sum) sx += static_cast<double>(v[j]);
+    }
+  }
+  p.s += s[0] + s[1];
+  if constexpr (Moment) p.t += t[0] + t[1];
+  if constexpr (Sum) p.sx += sx;
+}
+
+// The elements of a row of n at x before its first 16-byte boundary (all n where x is not on its
+// type's alignment, which a raw pointer through the C ABI may be).
+template <class T> __device__ __forceinline__ int64_t head_of(const T* x, int64_t n) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(x);
+  const int64_t h = a % sizeof(T) ? n : static_cast<int64_t>((16 - a % 16) % 16 / sizeof(T));
+  return h < n ? h : n;
+}
+
+// A thread's partial of a row of n at x: the elements before x's first 16-byte boundary one by one,
+// then 16-byte packs, four a step (64 bytes in flight a thread), coalesced over the CTA, then the
+// rest. float64 takes every element by itself (packs of two gain nothing there, and its exp would
+// spill).
+template <class T, bool Moment, bool Sum>
+__device__ __forceinline__ Stats<acc_t<T>> thread_stats(const T* __restrict__ x, int64_t n, acc_t<T> sc) {
+  using A = acc_t<T>;
+  constexpr int V = 16 / sizeof(T), N = 4;
+  Stats<A> p = empty_stats<A>();
+  int64_t tail = 0;
+  if constexpr (sizeof(T) < 8) {
+    const int64_t head = head_of(x, n);
+    for (int64_t j = threadIdx.x; j < head; j += blockDim.x) add(p, to_acc(x[j]), sc);
+    const int64_t packs = (n - head) / V, step = blockDim.x;
+    const uint4* xp = reinterpret_cast<const uint4*>(x + head);
+    int64_t k = threadIdx.x;
+    for (; k + (N - 1) * step < packs; k += N * step) {
+      uint4 q[N];
+#pragma unroll
+      for (int u = 0; u < N; ++u) q[u] = xp[k + u * step];
+      add_packs<T, N, Moment, Sum>(p, q, sc);
+    }
+    for (; k < packs; k += step) {
+      const uint4 q[1] = {xp[k]};
+      add_packs<T, 1, Moment, Sum>(p, q, sc);
+    }
+    tail = head + packs * V;
+  }
+  for (int64_t j = tail + threadIdx.x; j < n; j += blockDim.x) add(p, to_acc(x[j]), sc);
+  return p;
+}
+
 // a and b merged: each moved onto the larger max (a partial of max -inf counts 0 times its sums, so
 // that a NaN in them stays).
 template <class A> __device__ __forceinline__ Stats<A> merge(Stats<A> a, Stats<A> b, A sc) {
@@ -87,36 +177,48 @@ template <class A> __device__ Stats<A> block_merge(Stats<A> p, Stats<A>* scratch
   return r;
 }
 
-// f(v) for every element of a row of n at x, read as 16-byte packs where `packed` (x on 16 bytes,
-// n any: a scalar tail), else element by element; coalesced over the CTA.
-template <class T, class F> __device__ __forceinline__ void for_row(const T* x, int64_t n, bool packed, F f) {
+// f(v) for every element of a row of n at x: 16-byte packs from x's first 16-byte boundary, the
+// elements before it and after the last whole pack one by one; coalesced over the CTA.
+template <class T, class F> __device__ __forceinline__ void for_row(const T* x, int64_t n, F f) {
   using A = acc_t<T>;
   constexpr int V = 16 / sizeof(T);
-  int64_t tail = 0;
-  if (packed) {
-    const int64_t whole = n / V * V;
-    for (int64_t j = int64_t{threadIdx.x} * V; j < whole; j += int64_t{blockDim.x} * V) {
-      A v[V];
-      load_pack<T, V>(x + j, v);
+  const int64_t head = head_of(x, n), end = head + (n - head) / V * V;
+  for (int64_t j = threadIdx.x; j < head; j += blockDim.x) f(to_acc(x[j]));
+  for (int64_t j = head + int64_t{threadIdx.x} * V; j < end; j += int64_t{blockDim.x} * V) {
+    A v[V];
+    load_pack<T, V>(x + j, v);
 #pragma unroll
-      for (int i = 0; i < V; ++i) f(v[i]);
-    }
-    tail = whole;
+    for (int i = 0; i < V; ++i) f(v[i]);
   }
-  for (int64_t j = tail + threadIdx.x; j < n; j += blockDim.x) f(to_acc(x[j]));
+  for (int64_t j = end + threadIdx.x; j < n; j += blockDim.x) f(to_acc(x[j]));
 }
 
-template <class T>
+// dst[j] = f(x[j]) over a row of n, each element by the thread that reads it (dst may be x): as
+// for_row where x and dst lie as far from a 16-byte boundary, else element by element.
+template <class T, class F> __device__ __forceinline__ void map_row(const T* x, T* dst, int64_t n, F f) {
+  using A = acc_t<T>;
+  constexpr int V = 16 / sizeof(T);
+  const int64_t head = head_of(x, n);
+  const int64_t end = head_of(static_cast<const T*>(dst), n) == head ? head + (n - head) / V * V : head;
+  for (int64_t j = threadIdx.x; j < head; j += blockDim.x) dst[j] = from_acc<T>(f(to_acc(x[j])));
+  for (int64_t j = head + int64_t{threadIdx.x} * V; j < end; j += int64_t{blockDim.x} * V) {
+    A v[V];
+    load_pack<T, V>(x + j, v);
+#pragma unroll
+    for (int i = 0; i < V; ++i) v[i] = f(v[i]);
+    store_pack<T, V>(dst + j, v);
+  }
+  for (int64_t j = end + threadIdx.x; j < n; j += blockDim.x) dst[j] = from_acc<T>(f(to_acc(x[j])));
+}
+
+template <class T, bool Moment, bool Sum>
 __global__ void __launch_bounds__(kThreads) row_stats_kernel(const T* __restrict__ x, int64_t xs, int64_t rows,
-                                                             int64_t cols, acc_t<T> sc, bool packed,
-                                                             ConsumerArgs<acc_t<T>> a) {
+                                                             int64_t cols, acc_t<T> sc, ConsumerArgs<acc_t<T>> a) {
   using A = acc_t<T>;
   __shared__ Stats<A> scratch[32];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + r * xs;
-    Stats<A> p = empty_stats<A>();
-    for_row(xr, cols, packed, [&](A v) { add(p, v, sc); });
-    p = block_merge(p, scratch, sc);
+    const Stats<A> p = block_merge(thread_stats<T, Moment, Sum>(xr, cols, sc), scratch, sc);
     const A log_sum = log_acc(p.s);
     const A shift = p.m == neg_inf<A>() ? A(0) : p.m;
     if (threadIdx.x == 0) {
@@ -147,7 +249,7 @@ __global__ void __launch_bounds__(kThreads) row_stats_kernel(const T* __restrict
 template <class T>
 __global__ void __launch_bounds__(kThreads) row_stats_grad_kernel(const T* x, int64_t xs, T* dx, int64_t dxs,
                                                                   int64_t rows, int64_t cols, acc_t<T> sc,
-                                                                  bool packed, GradArgs<acc_t<T>> g) {
+                                                                  GradArgs<acc_t<T>> g) {
   using A = acc_t<T>;
   __shared__ A red[32];
   extern __shared__ unsigned char tokens_smem[];  // per token: its column, then x's value there
@@ -158,7 +260,7 @@ __global__ void __launch_bounds__(kThreads) row_stats_grad_kernel(const T* x, in
     const T* xr = x + r * xs;
     T* dr = dx + r * dxs;
     A m = neg_inf<A>(), lp_sum = A(0);
-    for_row(xr, cols, packed, [&](A v) { m = max_acc(m, v); });
+    for_row(xr, cols, [&](A v) { m = max_acc(m, v); });
     for (int64_t q = threadIdx.x; q < g.count; q += blockDim.x) {
       const int64_t token = g.index[r * g.index_stride + q];
       const int64_t j = token - g.offset;
@@ -176,26 +278,14 @@ __global__ void __launch_bounds__(kThreads) row_stats_grad_kernel(const T* x, in
     const A log_sum = lse == -neg_inf<A>() ? A(NAN) : static_cast<A>(static_cast<double>(lse) - static_cast<double>(shift * sc));
     const A ca = at(g.d_lse, r) - lp_sum, ce = at(g.d_entropy, r), h = ce == A(0) ? A(0) : g.entropy[r];
     const A cs = at(g.d_sum, r);
+    const Difference<A> diff(shift, sc);
     const auto grad = [&](A v) {
-      const A lp = scaled_difference(v, shift, sc, A(1)) - log_sum;
+      const A lp = diff(v) - log_sum;
       const A p = exp_of(lp);
       const A term = p == A(0) ? A(0) : (ce == A(0) ? p * ca : p * (ca - ce * (lp + h)));
       return term * sc + cs * sc;
     };
-    constexpr int V = 16 / sizeof(T);
-    int64_t tail = 0;
-    if (packed) {
-      const int64_t whole = cols / V * V;
-      for (int64_t j = int64_t{threadIdx.x} * V; j < whole; j += int64_t{blockDim.x} * V) {
-        A v[V];
-        load_pack<T, V>(xr + j, v);
-#pragma unroll
-        for (int i = 0; i < V; ++i) v[i] = grad(v[i]);
-        store_pack<T, V>(dr + j, v);
-      }
-      tail = whole;
-    }
-    for (int64_t j = tail + threadIdx.x; j < cols; j += blockDim.x) dr[j] = from_acc<T>(grad(to_acc(xr[j])));
+    map_row(xr, dr, cols, grad);
     __syncthreads();  // the row's dx written before the tokens' elements are
     for (int64_t q = threadIdx.x; q < g.count; q += blockDim.x) {
       const int64_t j = tcol[q];
@@ -211,11 +301,18 @@ __global__ void __launch_bounds__(kThreads) row_stats_grad_kernel(const T* x, in
   }
 }
 
-int grid_for(int64_t rows) {
-  int device = 0, sms = 0;
+// A CTA a row, up to as many CTAs as the GPU holds at once (the rows strided over them past that):
+// more would run as a second wave, most of the GPU idle at its end. Fewer, so that the rows in
+// flight would fit in L2 for the gradient's second read, lose more than that read costs
+// (docs/consumers.md).
+template <class K> int grid_for(K kernel, int64_t rows, size_t smem = 0) {
+  int device = 0, sms = 0, per_sm = 0;
   if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device))
     sms = 132;
-  const int64_t ctas = int64_t{sms} * (2048 / kThreads);
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem) != cudaSuccess || per_sm < 1)
+    per_sm = 1;
+  (void)cudaGetLastError();  // (a failed query above is no error of the launch)
+  const int64_t ctas = int64_t{sms} * per_sm;
   return static_cast<int>(rows < ctas ? rows : ctas);
 }
 
@@ -228,16 +325,10 @@ template <class F> cudaError_t with_type(softlight_dtype dtype, F&& f) {
   }
 }
 
-bool packs(const void* p, int64_t stride, int elem) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0 && (stride * elem) % 16 == 0;
-}
-
 }  // namespace
 
 cudaError_t launch_row_stats(const ConsumerCall& c, const ConsumerArgs<float>& af, const ConsumerArgs<double>& ad,
                              cudaStream_t stream) {
-  const int elem = softlight_dtype_size(c.dtype);
-  const bool packed = packs(c.x, c.rows > 1 ? c.x_stride : 0, elem);
   return with_type(c.dtype, [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
@@ -245,16 +336,19 @@ cudaError_t launch_row_stats(const ConsumerCall& c, const ConsumerArgs<float>& a
       if constexpr (sizeof(A) == 8) return &ad;
       else return &af;
     }();
-    row_stats_kernel<T><<<grid_for(c.rows), kThreads, 0, stream>>>(static_cast<const T*>(c.x), c.x_stride, c.rows,
-                                                                    c.cols, static_cast<A>(c.scale), packed, a);
-    return cudaGetLastError();
+    const auto run = [&](auto kernel) {
+      kernel<<<grid_for(kernel, c.rows), kThreads, 0, stream>>>(static_cast<const T*>(c.x), c.x_stride, c.rows,
+                                                                c.cols, static_cast<A>(c.scale), a);
+      return cudaGetLastError();
+    };
+    const bool moment = a.entropy || a.moment, sum = a.sum != nullptr;
+    return moment ? (sum ? run(row_stats_kernel<T, true, true>) : run(row_stats_kernel<T, true, false>))
+                  : (sum ? run(row_stats_kernel<T, false, true>) : run(row_stats_kernel<T, false, false>));
   });
 }
 
 cudaError_t launch_row_stats_grad(const ConsumerCall& c, const GradArgs<float>& gf, const GradArgs<double>& gd,
                                   cudaStream_t stream) {
-  const int elem = softlight_dtype_size(c.dtype);
-  const bool packed = packs(c.x, c.rows > 1 ? c.x_stride : 0, elem) && packs(c.dx, c.rows > 1 ? c.dx_stride : 0, elem);
   return with_type(c.dtype, [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
@@ -269,9 +363,9 @@ cudaError_t launch_row_stats_grad(const ConsumerCall& c, const GradArgs<float>& 
                                                      static_cast<int>(smem)))
         return e;
     }
-    kernel<<<grid_for(c.rows), kThreads, smem, stream>>>(static_cast<const T*>(c.x), c.x_stride,
-                                                          static_cast<T*>(c.dx), c.dx_stride, c.rows, c.cols,
-                                                          static_cast<A>(c.scale), packed, g);
+    kernel<<<grid_for(kernel, c.rows, smem), kThreads, smem, stream>>>(static_cast<const T*>(c.x), c.x_stride,
+                                                                        static_cast<T*>(c.dx), c.dx_stride, c.rows,
+                                                                        c.cols, static_cast<A>(c.scale), g);
     return cudaGetLastError();
   });
 }
@@ -295,9 +389,9 @@ __global__ void __launch_bounds__(1024) count_kept(const int64_t* target, int64_
 // Each row's loss (into `losses`, double, or the loss array itself for no reduction), lse, and where
 // asked its gradient for an upstream gradient of 1 (of the mean: 1 / *count), written from a second
 // read of the row while it is in L2. A target outside the row gives a NaN loss and a NaN gradient row.
-template <class T>
+template <class T, bool Sum>
 __global__ void __launch_bounds__(kThreads) cross_entropy_kernel(const T* x, int64_t xs, const int64_t* target,
-                                                                 int64_t rows, int64_t cols, acc_t<T> sc, bool packed,
+                                                                 int64_t rows, int64_t cols, acc_t<T> sc,
                                                                  CrossEntropyArgs<acc_t<T>> a, T* grad, int64_t gs) {
   using A = acc_t<T>;
   __shared__ Stats<A> scratch[32];
@@ -308,9 +402,7 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_kernel(const T* x, int
     const int64_t t = target[r];
     const bool ignored = a.ignore && t == a.ignore_index;
     const bool bad = !ignored && (t < 0 || t >= cols);
-    Stats<A> p = empty_stats<A>();
-    for_row(xr, cols, packed, [&](A v) { add(p, v, sc); });
-    p = block_merge(p, scratch, sc);
+    const Stats<A> p = block_merge(thread_stats<T, false, Sum>(xr, cols, sc), scratch, sc);
     const A log_sum = log_acc(p.s);
     const A shift = p.m == neg_inf<A>() ? A(0) : p.m;
     const double mx = shift, ls = log_sum, dsc = sc;
@@ -334,26 +426,14 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_kernel(const T* x, int
     __syncthreads();
     const A ca = static_cast<A>(g * (1.0 + 2.0 * a.z_loss * lse)), cc = static_cast<A>(-g * a.eps * inv_cols);
     const A none = bad ? A(NAN) : A(0);
+    const Difference<A> diff(shift, sc);
     const auto value = [&](A v) {
       if (ignored || bad) return none;
-      const A lp = scaled_difference(v, shift, sc, A(1)) - log_sum;
+      const A lp = diff(v) - log_sum;
       const A q = exp_of(lp);
       return (q * ca + cc) * sc;
     };
-    constexpr int V = 16 / sizeof(T);
-    int64_t tail = 0;
-    if (packed) {
-      const int64_t whole = cols / V * V;
-      for (int64_t j = int64_t{threadIdx.x} * V; j < whole; j += int64_t{blockDim.x} * V) {
-        A v[V];
-        load_pack<T, V>(xr + j, v);
-#pragma unroll
-        for (int i = 0; i < V; ++i) v[i] = value(v[i]);
-        store_pack<T, V>(gr + j, v);
-      }
-      tail = whole;
-    }
-    for (int64_t j = tail + threadIdx.x; j < cols; j += blockDim.x) gr[j] = from_acc<T>(value(to_acc(xr[j])));
+    map_row(xr, gr, cols, value);
     __syncthreads();  // the row written before its target's element is
     if (threadIdx.x == 0 && !ignored && !bad)
       gr[t] = from_acc<T>(value(xt) - static_cast<A>(g * (1.0 - a.eps)) * sc);
@@ -376,9 +456,6 @@ __global__ void __launch_bounds__(1024) reduce_losses(const double* losses, int6
 
 cudaError_t launch_cross_entropy(const ConsumerCall& c, const softlight_cross_entropy_options& o,
                                  cudaStream_t stream) {
-  const int elem = softlight_dtype_size(c.dtype);
-  const bool packed = packs(c.x, c.rows > 1 ? c.x_stride : 0, elem) &&
-                      (o.grad == nullptr || packs(o.grad, c.rows > 1 ? o.grad_row_stride : 0, elem));
   int red;
   memcpy(&red, &o.reduction, sizeof red);
   const bool reduce = red != SOFTLIGHT_REDUCTION_NONE, mean = red == SOFTLIGHT_REDUCTION_MEAN;
@@ -395,9 +472,10 @@ cudaError_t launch_cross_entropy(const ConsumerCall& c, const softlight_cross_en
     using A = acc_t<T>;
     CrossEntropyArgs<A> a{o.label_smoothing, o.z_loss, c.ignore, c.ignore_index, mean, reduce, count, losses,
                           static_cast<A*>(o.loss), static_cast<A*>(o.lse)};
+    const auto kernel = o.label_smoothing != 0.0 ? cross_entropy_kernel<T, true> : cross_entropy_kernel<T, false>;
     if (c.rows > 0)  // (no rows: the reduction of none, 0 or NaN, below)
-      cross_entropy_kernel<T><<<grid_for(c.rows), kThreads, 0, stream>>>(
-          static_cast<const T*>(c.x), c.x_stride, c.index, c.rows, c.cols, static_cast<A>(c.scale), packed, a,
+      kernel<<<grid_for(kernel, c.rows), kThreads, 0, stream>>>(
+          static_cast<const T*>(c.x), c.x_stride, c.index, c.rows, c.cols, static_cast<A>(c.scale), a,
           static_cast<T*>(o.grad), o.grad_row_stride);
     if (reduce) reduce_losses<A><<<1, 1024, 0, stream>>>(losses, c.rows, mean, count, static_cast<A*>(o.loss));
     return cudaGetLastError();
@@ -409,35 +487,22 @@ cudaError_t launch_cross_entropy(const ConsumerCall& c, const softlight_cross_en
 // Each CTA a row at a time: the row's factor read once; a factor of 1 leaves the row unread.
 template <class T>
 __global__ void __launch_bounds__(kThreads) grad_scale_kernel(T* g, int64_t gs, int64_t rows, int64_t cols,
-                                                              const acc_t<T>* f, bool per_row, bool packed) {
+                                                              const acc_t<T>* f, bool per_row) {
   using A = acc_t<T>;
-  constexpr int V = 16 / sizeof(T);
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const A k = f[per_row ? r : 0];
     if (k == A(1)) continue;
     T* gr = g + r * gs;
-    int64_t tail = 0;
-    if (packed) {
-      const int64_t whole = cols / V * V;
-      for (int64_t j = int64_t{threadIdx.x} * V; j < whole; j += int64_t{blockDim.x} * V) {
-        A v[V];
-        load_pack<T, V>(gr + j, v);
-#pragma unroll
-        for (int i = 0; i < V; ++i) v[i] *= k;
-        store_pack<T, V>(gr + j, v);
-      }
-      tail = whole;
-    }
-    for (int64_t j = tail + threadIdx.x; j < cols; j += blockDim.x) gr[j] = from_acc<T>(to_acc(gr[j]) * k);
+    map_row(gr, gr, cols, [k](A v) { return v * k; });
   }
 }
 
 cudaError_t launch_grad_scale(const ConsumerCall& c, const void* d_loss, int64_t count, cudaStream_t stream) {
-  const bool packed = packs(c.dx, c.rows > 1 ? c.dx_stride : 0, softlight_dtype_size(c.dtype));
   return with_type(c.dtype, [&](auto tag) {
     using T = decltype(tag);
-    grad_scale_kernel<T><<<grid_for(c.rows), kThreads, 0, stream>>>(
-        static_cast<T*>(c.dx), c.dx_stride, c.rows, c.cols, static_cast<const acc_t<T>*>(d_loss), count != 1, packed);
+    const auto kernel = grad_scale_kernel<T>;
+    kernel<<<grid_for(kernel, c.rows), kThreads, 0, stream>>>(static_cast<T*>(c.dx), c.dx_stride, c.rows, c.cols,
+                                                              static_cast<const acc_t<T>*>(d_loss), count != 1);
     return cudaGetLastError();
   });
 }

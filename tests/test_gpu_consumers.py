@@ -102,6 +102,35 @@ def test_row_stats_backward_matches_cpu(dtype, shape, in_place):
         assert out is xc
 
 
+@pytest.mark.parametrize("dtype", CODES)
+@pytest.mark.parametrize("skip", [1, 3])
+def test_rows_off_a_16_byte_boundary(dtype, skip):
+    """Rows that start inside a 16-byte pack (a view from column `skip` on, rows of odd length): the
+    kernels take the elements before the row's first boundary one by one, then packs; a gradient
+    buffer whose rows lie otherwise than x's goes element by element."""
+    full = _logits((9, 4000 + skip + 1), dtype, True, 21).cuda()
+    x = full[:, skip:]
+    rows, cols = x.shape
+    index = torch.randint(0, cols, (rows, 2), generator=torch.Generator().manual_seed(22))
+    st = slt.row_stats(x, index.cuda(), temperature=0.7)
+    ref = stats_ref(x.double().cpu().numpy() / 0.7, index.numpy())
+    for s in ("lse", "logprobs"):
+        _check(st[s], ref[s], dtype, f"{dtype} skip={skip} {s}")
+    _check(st["entropy"], ref["entropy"], dtype, f"{dtype} skip={skip} entropy", 1.0 + np.abs(ref["lse"]))
+    t = index[:, 0].cuda()
+    fine = torch.isfinite(x.double()).all(-1)
+    v = x.detach().requires_grad_()
+    loss = slt.cross_entropy(v, t, reduction="none")
+    x64 = v.detach().double().requires_grad_()
+    want = torch.nn.functional.cross_entropy(x64, t, reduction="none")
+    _check(loss[fine], want[fine].detach().cpu().numpy(), dtype, f"{dtype} skip={skip} loss")
+    gx, = torch.autograd.grad(loss[fine].sum(), v)
+    wx, = torch.autograd.grad(want[fine].sum(), x64)
+    atol, rtol = TOL[dtype]
+    err = (gx.double() - wx)[fine].abs()
+    assert (err <= 4 * (atol + rtol)).all(), (dtype, skip, err.max().item())
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_cross_entropy_on_the_gpu_equals_torch(dtype, reduction):
