@@ -1,5 +1,5 @@
-"""softlight.vocab_parallel over two gloo ranks on the CPU: the results and gradients equal the
-single-process functions on the concatenated logits, and a float64 reference."""
+"""softlight.vocab_parallel over two gloo ranks on the CPU, and one NCCL rank on a GPU: the results and
+gradients equal the single-process functions on the concatenated logits, and a float64 reference."""
 import os
 import tempfile
 
@@ -33,14 +33,14 @@ def _full_inputs(shape, dtype, special, seed):
     return x, target, index
 
 
-def _worker(rank, path, results):
-    dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=RANKS)
+def _worker(rank, path, results, backend="gloo", device="cpu", ranks=RANKS):
+    dist.init_process_group(backend, init_method=f"file://{path}", rank=rank, world_size=ranks)
     import softlight.torch as slt
     import softlight.vocab_parallel as vp
     out = {}
     for seed, (name, shape, dtype, special) in enumerate(_cases()):
-        x, target, index = _full_inputs(shape, dtype, special, seed)
-        width = shape[-1] // RANKS
+        x, target, index = (a.to(device) for a in _full_inputs(shape, dtype, special, seed))
+        width = shape[-1] // ranks
         shard = x[..., rank * width:(rank + 1) * width].clone().requires_grad_()
         full = x.clone().requires_grad_()
         for T in (1.0, 0.7):
@@ -68,43 +68,46 @@ def _worker(rank, path, results):
             }
             for key in got:
                 w = torch.randn(got[key].shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+                w = w.to(device)
                 finite = torch.isfinite(want[key].detach().double()) & torch.isfinite(got[key].detach().double())
                 gs, = torch.autograd.grad((got[key].double() * w)[finite].sum(), shard)
                 if key == "ls":
                     # Each rank's loss is its own shard's; the gradient is that of their sum, the
                     # full output against the weights of every rank (the same on each) side by side.
                     whole = slt.log_softmax(full, temperature=T).double()
-                    wf = torch.cat([w] * RANKS, -1)
+                    wf = torch.cat([w] * ranks, -1)
                     gf, = torch.autograd.grad((whole * wf)[torch.isfinite(whole)].sum(), full)
                 else:
                     gf, = torch.autograd.grad((want[key].double() * w)[finite].sum(), full)
                 gf = gf[..., rank * width:(rank + 1) * width]
-                out[(name, T, key)] = (got[key].detach().double(), want[key].detach().double(), gs.double(),
-                                       gf.double())
+                out[(name, T, key)] = tuple(a.detach().double().cpu() for a in (got[key], want[key], gs, gf))
     results[rank] = out
     dist.destroy_process_group()
 
 
-@pytest.fixture(scope="module")
-def ranks_results():
+def _spawn(ranks, *args):
     with tempfile.TemporaryDirectory() as tmp:
         manager = mp.Manager()
         results = manager.dict()
-        mp.spawn(_worker, args=(os.path.join(tmp, "store"), results), nprocs=RANKS, join=True)
+        mp.spawn(_worker, args=(os.path.join(tmp, "store"), results) + args, nprocs=ranks, join=True)
         return dict(results)
+
+
+@pytest.fixture(scope="module")
+def ranks_results():
+    return _spawn(RANKS)
 
 
 # Rounding of the merged statistics against one pass over the whole row (accumulation type).
 TOL = {torch.float64: 1e-10, torch.float32: 2e-5, torch.bfloat16: 2e-2}
 
 
-@pytest.mark.parametrize("case", _cases(), ids=lambda c: c[0])
-def test_vocab_parallel_equals_one_process(ranks_results, case):
+def _compare(results, ranks, case):
     name, _, dtype, _ = case
     tol = TOL[dtype]
     checked = 0
-    for rank in range(RANKS):
-        for (n, T, key), (got, want, gs, gf) in ranks_results[rank].items():
+    for rank in range(ranks):
+        for (n, T, key), (got, want, gs, gf) in results[rank].items():
             if n != name:
                 continue
             # Same special values (NaN where one has NaN, the same infinities), then close values.
@@ -115,7 +118,24 @@ def test_vocab_parallel_equals_one_process(ranks_results, case):
             assert not torch.isnan(gf).any() and not torch.isnan(gs).any(), (n, T, key)
             assert torch.allclose(gs, gf, rtol=tol, atol=tol), (n, T, key, (gs - gf).abs().max())
             checked += 1
-    assert checked == RANKS * 2 * 7
+    assert checked == ranks * 2 * 7
+
+
+@pytest.mark.parametrize("case", _cases(), ids=lambda c: c[0])
+def test_vocab_parallel_equals_one_process(ranks_results, case):
+    _compare(ranks_results, RANKS, case)
+
+
+_NCCL = torch.cuda.is_available() and dist.is_nccl_available()
+
+
+@pytest.mark.skipif(not _NCCL, reason="no CUDA GPU, or torch has no NCCL")
+def test_nccl_one_rank_equals_the_plain_functions():
+    """The NCCL path on one GPU, one rank holding the whole vocabulary: the GPU kernels' statistics
+    through an NCCL all-gather equal the plain functions."""
+    results = _spawn(1, "nccl", "cuda", 1)
+    for case in _cases():
+        _compare(results, 1, case)
 
 
 def test_vocab_parallel_matches_float64_reference(ranks_results):
