@@ -15,7 +15,7 @@ import numpy as np
 from . import _C
 from ._arrays import device_name, empty_like, read
 from ._api import _check_temperature, _finish, _first, _output
-from ._errors import ArgumentTypeError, DeviceError, InvalidArgumentError, check
+from ._errors import ArgumentTypeError, InvalidArgumentError, check
 
 STATS = ("lse", "entropy", "logprobs", "picked", "sum", "max", "sumexp", "moment")
 _REDUCTIONS = {"none": 0, "sum": 1, "mean": 2}
@@ -44,12 +44,9 @@ def _rows(arr, name):
     return rows, cols, lead[-1][1]
 
 
-def _logits(logits, name="logits", gpu=True):
+def _logits(logits, name="logits"):
     """(array as read, (rows, cols, row stride), stream handle) of the logits."""
     xa, handle = _first(logits, None)
-    if xa[4] and not gpu:
-        raise DeviceError(f"softlight: {name} is on {device_name(xa)}; this function runs on the CPU (for torch "
-                          f"tensors on the GPU, softlight.torch has it)")
     return xa, _rows(xa, name), handle
 
 
