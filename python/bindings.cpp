@@ -415,7 +415,7 @@ softlight::Tuning tuning_of(const py::dict& d) {
       {"register_cluster", &o.register_cluster, nullptr}, {"grid_rows", &o.grid_rows, nullptr},
       {"item_chunks", &o.item_chunks, nullptr}, {"spill_chunks", nullptr, &o.spill_chunks},
       {"stripe", &o.stripe, nullptr}, {"split_lanes", &t.split.lanes, nullptr},
-      {"split_segment_bytes", nullptr, &t.split.segment_bytes}};
+      {"split_segment_bytes", nullptr, &t.split.segment_bytes}, {"cpu_kernels", &t.cpu_kernels, nullptr}};
   for (const auto& item : d) {
     const std::string key = py::str(item.first);
     bool found = false;
@@ -504,7 +504,7 @@ int force(const py::dict& forced) {
   const char* names[] = {"cluster", "chunk_bytes", "threads", "hints", "tile_bytes", "exchange", "groups",
                          "claim", "iters", "register_rows_bytes", "flat", "rows_per_lane", "peel_clusters",
                          "register_cluster", "grid_rows", "item_chunks", "spill_chunks", "stripe", "split_lanes",
-                         "split_segment_bytes"};
+                         "split_segment_bytes", "cpu_kernels"};
   static_assert(sizeof(softlight_tuning) == sizeof(names) / sizeof(names[0]) * sizeof(int64_t));
   for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); ++i) fields[i] = get<int64_t>(forced, names[i], -1);
   for (const auto& item : forced) {

@@ -12,6 +12,7 @@
 #include "cpu_simd.hpp"
 #include "cpu_types.hpp"
 #include "softlight/softlight.h"
+#include "tuning.hpp"
 
 namespace softlight {
 namespace cpu {
@@ -46,17 +47,39 @@ template <class F> void parallel_for(int64_t n, int64_t elements_per_position, i
   for (auto& t : pool) t.join();
 }
 
-// The vector kernels of the widest instruction set this CPU has (asked once).
-inline const KernelSet& simd() {
-  static const KernelSet k = [] {
-#ifdef SOFTLIGHT_CPU_AVX2
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return kernels_avx2();
+// The instruction sets the vector kernels are built for (cpu_simd.hpp), narrowest first.
+enum CpuKernels : int { kGenericKernels = 0, kAvx2Kernels = 1 };
+
+// Whether this build holds kernels for `set` and this CPU (and its operating system) can run them.
+inline bool cpu_runs(int set) {
+  if (set == kGenericKernels) return true;
+#ifdef SOFTLIGHT_CPU_X86
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (set == kAvx2Kernels) return avx2;
 #endif
-    return kernels_generic();
-  }();
-  return k;
+  return false;
 }
+
+// The kernels of `set` where this CPU runs it, else the generic ones. (Each set's function is
+// compiled for its instructions, down to how it fills the table it returns: it is called only where
+// the CPU has them.)
+inline KernelSet kernels_of(int set) {
+#ifdef SOFTLIGHT_CPU_X86
+  if (set == kAvx2Kernels && cpu_runs(set)) return kernels_avx2();
+#endif
+  return kernels_generic();
+}
+
+// The vector kernels of the widest instruction set this CPU has (asked once); in a tuning build, the
+// set forced on the calling thread where one is (forcing refuses a set the CPU cannot run).
+inline const KernelSet& simd() {
+  static const KernelSet sets[] = {kernels_of(kGenericKernels), kernels_of(kAvx2Kernels)};
+  static const int widest = cpu_runs(kAvx2Kernels) ? kAvx2Kernels : kGenericKernels;
+  const int forced = forced_tuning().cpu_kernels;
+  return sets[forced >= 0 ? forced : widest];
+}
+
 template <class T> const auto& kernels_for() {
   if constexpr (std::is_same_v<T, float>) return simd().f32;
   else if constexpr (std::is_same_v<T, double>) return simd().f64;

@@ -603,7 +603,7 @@ bool tuning_valid(const Tuning& t) {
          flag(o.grid_rows) && o.item_chunks >= 0 && o.item_chunks <= 8 && o.spill_chunks >= -1 &&
          o.spill_chunks < (int64_t{1} << 40) && flag(o.stripe) &&
          (t.split.lanes == 0 || (pow2(t.split.lanes) && t.split.lanes <= 1024)) && t.split.segment_bytes >= 0 &&
-         t.split.segment_bytes <= (int64_t{1} << 30);
+         t.split.segment_bytes <= (int64_t{1} << 30) && t.cpu_kernels >= -1;
 }
 
 }  // namespace softlight

@@ -266,6 +266,8 @@ SOFTLIGHT_INTERNAL Plan plan_axis(const AxisProblem& p, const DeviceInfo& d, con
 struct Tuning {
   Overrides rows;
   SplitOverrides split;
+  int cpu_kernels = -1;  // the CPU backend's vector kernels (cpu_parallel.hpp, CpuKernels); -1: the widest
+                         // the CPU runs (forcing refuses a set it cannot run)
 };
 // Every forced value within what the kernels are built for (a value the planner may still find
 // does not fit a given problem or device, and then plans as if it were unset).

@@ -3,6 +3,7 @@
 
 #include <climits>
 
+#include "cpu_parallel.hpp"
 #include "softlight_tuning.h"
 
 namespace softlight {
@@ -56,9 +57,11 @@ extern "C" softlight_status softlight_tuning_force(const softlight_tuning* t) {
       to_int(t->grid_rows, unset.grid_rows, &o.grid_rows) &&
       to_int(t->item_chunks, unset.item_chunks, &o.item_chunks) &&
       to_int64(t->spill_chunks, unset.spill_chunks, &o.spill_chunks) && to_int(t->stripe, unset.stripe, &o.stripe) &&
-      to_int(t->split_lanes, 0, &lanes) && to_int64(t->split_segment_bytes, 0, &k.split.segment_bytes);
+      to_int(t->split_lanes, 0, &lanes) && to_int64(t->split_segment_bytes, 0, &k.split.segment_bytes) &&
+      to_int(t->cpu_kernels, -1, &k.cpu_kernels);
   k.split.lanes = lanes;
-  if (!ok || !tuning_valid(k)) return SOFTLIGHT_ERROR_INVALID_ARGUMENT;
+  if (!ok || !tuning_valid(k) || (k.cpu_kernels >= 0 && !cpu::cpu_runs(k.cpu_kernels)))
+    return SOFTLIGHT_ERROR_INVALID_ARGUMENT;
   forced = k;
   return SOFTLIGHT_SUCCESS;
 }

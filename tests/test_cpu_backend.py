@@ -204,10 +204,13 @@ def test_raw_lse_and_temperature_bfloat16(rng):
 # The vector kernels' layouts (src/cpu_simd.hpp): long rows split among threads (rows fewer than
 # twice the threads, 131072 elements or more), middle axes over a few contiguous inner positions (a
 # divisor of a vector's lanes or up to 8 vectors: a span a block, split too where the blocks are
-# few), wider inner axes in tiles, rows of up to 16, one column.
+# few), wider inner axes in tiles, rows of up to 16, one column. Vectors hold 4 or 8 floats
+# (generic, AVX2 kernels), or 16 in a 64-byte build: 32 to 128 inner positions are spans of 2 to 8
+# vectors of 16, spans or tiles of vectors of 8.
 # Special values in several places of the axis, the log-sum-exp beside, 1, 2 and 5 threads.
 LAYOUTS = [(1, 300_001, 1), (3, 140_000, 1), (2, 70_001, 2), (3, 50_000, 4), (9, 33, 8), (7, 5, 3), (4, 20, 300),
-           (40, 16, 1), (40, 7, 1), (33, 1, 1), (5, 1, 16), (3, 50_000, 16), (2, 30, 64), (2, 30, 24), (3, 40, 12)]
+           (40, 16, 1), (40, 7, 1), (33, 1, 1), (5, 1, 16), (3, 50_000, 16), (2, 30, 64), (2, 30, 24), (3, 40, 12),
+           (2, 30, 48), (3, 20, 128), (2, 9, 80), (3, 40, 32)]
 
 
 @pytest.mark.parametrize("outer,dim,inner", LAYOUTS, ids=lambda v: str(v))

@@ -129,8 +129,10 @@ def test_forward_backward_and_lse_against_float64(case):
 
 
 # Axis and inner sizes on each side of the CPU kernels' boundaries: 16-element short rows, 2048-element
-# blocks, 65536-element pieces split among threads, 32-step tiles of 8 vectors.
-LONG_SIZES = [1, 3, 8, 16, 17, 24, 31, 33, 40, 56, 64, 65, 96, 129, 2047, 2048, 2049, 4097, 65537, 140000]
+# blocks, 65536-element pieces split among threads, 32-step tiles of 8 vectors, spans of up to 8
+# vectors of 4, 8 or 16 lanes.
+LONG_SIZES = [1, 3, 8, 16, 17, 24, 31, 32, 33, 40, 48, 56, 64, 65, 80, 96, 128, 129, 2047, 2048, 2049, 4097, 65537,
+              140000]
 
 
 @st.composite

@@ -141,7 +141,7 @@ def test_forced_values_take_effect_and_are_checked():
     assert _C.tuning_valid({}) and _C.tuning_valid(dict(cluster=16, chunk_bytes=16384, rows_per_lane=4))
     for bad in (dict(chunk_bytes=262144), dict(chunk_bytes=1000), dict(cluster=3), dict(cluster=32),
                 dict(threads=100), dict(rows_per_lane=3), dict(split_lanes=3), dict(hints=8), dict(iters=5),
-                dict(register_cluster=48), dict(item_chunks=9), dict(exchange=2)):
+                dict(register_cluster=48), dict(item_chunks=9), dict(exchange=2), dict(cpu_kernels=-2)):
         assert not _C.tuning_valid(bad), bad
     assert _C.tuning_valid(dict(exchange=1, cluster=33))  # grid groups take any size
     with pytest.raises(KeyError):
