@@ -86,6 +86,24 @@ def test_token_logprobs_entropy_logsumexp_equal_torch():
         assert torch.allclose(gx, wx, rtol=1e-10, atol=1e-12)
 
 
+def test_only_the_statistics_asked_are_computed():
+    """row_stats(stats=...) computes lse and what is named: the rest come back empty from the operator
+    and are left out of the dict; what is computed equals the full call's, bit for bit on the CPU."""
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(7, 300, generator=g)
+    idx = torch.randint(0, 300, (7, 2), generator=g)
+    full = slt.row_stats(x, idx, temperature=0.7)
+    for names in (("logprobs",), ("entropy",), ("max", "sumexp"), ()):
+        part = slt.row_stats(x, idx, temperature=0.7, stats=names)
+        assert set(part) == {"lse", *names}
+        for n, v in part.items():
+            assert torch.equal(v, full[n]), n
+    raw = torch.ops.softlight.row_stats(x, idx, 0.7, 0, False, 0b101)
+    assert [tuple(t.shape) for t in raw] == [(7,), (0,), (7, 2)] + [(0,)] * 5
+    with pytest.raises(softlight.InvalidArgumentError, match="unknown statistic"):
+        slt.row_stats(x, stats=("mean",))
+
+
 def test_gradcheck_and_opcheck():
     g = torch.Generator().manual_seed(5)
     x = torch.randn(6, 30, generator=g, dtype=torch.float64, requires_grad=True)
@@ -102,6 +120,8 @@ def test_gradcheck_and_opcheck():
     torch.library.opcheck(torch.ops.softlight.row_stats.default, (xd, idx, 0.9))
     torch.library.opcheck(torch.ops.softlight.row_stats.default, (xd, None))
     torch.library.opcheck(torch.ops.softlight.row_stats.default, (xd, t.clamp(min=0) + 30, 1.0, 30, True))
+    for mask in (0b101, 0b11, 0b1100000):  # lse + logprobs, lse + entropy, max + sumexp (and lse)
+        torch.library.opcheck(torch.ops.softlight.row_stats.default, (xd, idx, 0.9, 0, False, mask))
     torch.library.opcheck(torch.ops.softlight.cross_entropy.default, (xd, t, -100, 0.1, 0.0, 1.0, 2, True))
     torch.library.opcheck(torch.ops.softlight.cross_entropy.default, (xd, t, -100, 0.0, 0.0, 1.0, 0, False))
     lse = torch.logsumexp(xd, -1)

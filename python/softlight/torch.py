@@ -146,8 +146,14 @@ __all__ = ["log_softmax", "LogSoftmax", "InvalidArgumentError"]
 
 # --- consumers of a row's log-sum-exp (docs/consumers.md) -------------------------------------------
 
-_lib.define("row_stats(Tensor logits, Tensor? index, float temperature=1.0, int index_offset=0, bool shard=False) -> "
-            "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
+# row_stats's outputs, in order; `stats` is a mask of those to compute (bit i: output i). lse is always
+# computed (the backward reads it); the others not asked come back empty (0 elements), and the kernels
+# take only what is asked: token_logprobs reads the logits without the entropy's moment or the row's
+# sum.
+STATS = ("lse", "entropy", "logprobs", "picked", "sum", "max", "sumexp", "moment")
+ALL_STATS = (1 << len(STATS)) - 1
+_lib.define("row_stats(Tensor logits, Tensor? index, float temperature=1.0, int index_offset=0, bool shard=False, "
+            "int stats=255) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
 _lib.define("row_stats_backward(Tensor logits, Tensor lse, Tensor entropy, Tensor? index, Tensor? d_lse, "
             "Tensor? d_entropy, Tensor? d_logprobs, Tensor? d_picked, Tensor? d_sum, float temperature=1.0, "
             "int index_offset=0, bool shard=False) -> Tensor")
@@ -199,19 +205,25 @@ def _stream(x):
     return True, _arrays.TORCH[3](x.get_device())
 
 
-def _row_stats(logits, index, temperature=1.0, index_offset=0, shard=False):
+def _stats_shapes(rows, index, stats):
+    """Each output's shape: (rows,), the index's for logprobs and picked, (0,) where not asked."""
+    pick = (rows, 0) if index is None else tuple(index.shape)
+    asked = stats | 1
+    return [(pick if i in (2, 3) else (rows,)) if asked >> i & 1 else (0,) for i in range(len(STATS))]
+
+
+def _row_stats(logits, index, temperature=1.0, index_offset=0, shard=False, stats=ALL_STATS):
     x = _rows_ready(logits)
     rows, cols = x.shape
     idx, k = _index_ready(index, rows, cols, shard)
     acc = _acc(x)
-    outs = [torch.empty(rows, dtype=acc, device=x.device) for _ in range(8)]
-    pick_shape = (rows, 0) if idx is None else tuple(idx.shape)
-    outs[2] = torch.empty(pick_shape, dtype=acc, device=x.device)
-    outs[3] = torch.empty(pick_shape, dtype=acc, device=x.device)
+    shapes = _stats_shapes(rows, idx, stats)
+    outs = [torch.empty(shape, dtype=acc, device=x.device) for shape in shapes]
+    ptrs = [t.data_ptr() if shape != (0,) else 0 for t, shape in zip(outs, shapes)]
     code = _check(x, -1)
     gpu, stream = _stream(x)
     check(_C.row_stats(x.data_ptr(), x.stride(0) if rows > 1 else cols, rows, cols, code, temperature, _ptr(idx), k,
-                       k, index_offset, shard, [t.data_ptr() for t in outs], 0, gpu, stream))
+                       k, index_offset, shard, ptrs, 0, gpu, stream))
     return tuple(outs)
 
 
@@ -276,12 +288,10 @@ def _cross_entropy_grad_scale_fake(grad, d_loss):
 
 
 @torch.library.register_fake("softlight::row_stats")
-def _row_stats_fake(logits, index, temperature=1.0, index_offset=0, shard=False):
+def _row_stats_fake(logits, index, temperature=1.0, index_offset=0, shard=False, stats=ALL_STATS):
     _check(logits, -1)
-    rows = logits.shape[0]
     acc = _acc(logits)
-    pick = (rows, 0) if index is None else tuple(index.shape)
-    return tuple(logits.new_empty(pick if i in (2, 3) else (rows,), dtype=acc) for i in range(8))
+    return tuple(logits.new_empty(shape, dtype=acc) for shape in _stats_shapes(logits.shape[0], index, stats))
 
 
 @torch.library.register_fake("softlight::row_stats_backward")
@@ -303,7 +313,7 @@ def _cross_entropy_fake(logits, target, ignore_index=-100, label_smoothing=0.0, 
 
 
 def _setup_stats(ctx, inputs, output):
-    logits, index, temperature, index_offset, shard = (tuple(inputs) + (1.0, 0, False))[:5]
+    logits, index, temperature, index_offset, shard = (tuple(inputs) + (1.0, 0, False))[:5]  # (stats: not needed)
     ctx.args = (temperature, index_offset, shard)
     ctx.set_materialize_grads(False)
     ctx.mark_non_differentiable(output[5], output[6], output[7])
@@ -312,9 +322,11 @@ def _setup_stats(ctx, inputs, output):
 
 def _grad_stats(ctx, d_lse, d_entropy, d_logprobs, d_picked, d_sum, *_):
     logits, index, lse, entropy = ctx.saved_tensors
+    if entropy.shape != lse.shape:  # (not asked: then no gradient reaches it, and the backward reads none)
+        entropy = lse
     dx = torch.ops.softlight.row_stats_backward(logits, lse, entropy, index, d_lse, d_entropy, d_logprobs, d_picked,
                                                 d_sum, *ctx.args)
-    return dx, None, None, None, None
+    return dx, None, None, None, None, None
 
 
 torch.library.register_autograd("softlight::row_stats", _grad_stats, setup_context=_setup_stats)
@@ -383,36 +395,43 @@ def _as_rows(logits, dim=-1):
     return x.reshape(-1, x.shape[-1]), tuple(x.shape[:-1])
 
 
-def row_stats(logits, index=None, *, temperature=1.0, dim=-1):
+def row_stats(logits, index=None, *, temperature=1.0, dim=-1, stats=None):
     """softlight.row_stats for tensors, with autograd: a dict of lse, entropy, logprobs and picked (where
     an index is given; shape (...) or (..., K)), sum, max, sumexp and moment (the last three without
-    gradients), over `dim` of logits / temperature, from one read."""
+    gradients), over `dim` of logits / temperature, from one read. `stats` names those to compute (by
+    default all; lse always): the fewer, the less work a row."""
     x, lead = _as_rows(logits, dim)
     idx = None if index is None else (index.reshape(-1) if index.shape == lead else index.reshape(-1, index.shape[-1]))
     if index is not None and index.shape != lead and tuple(index.shape[:-1]) != lead:
         raise InvalidArgumentError(f"softlight: index has shape {tuple(index.shape)}; the logits' leading shape is "
                                    f"{lead}")
-    out = torch.ops.softlight.row_stats(x, idx, float(temperature))
+    mask = ALL_STATS
+    if stats is not None:
+        unknown = [n for n in stats if n not in STATS]
+        if unknown:
+            raise InvalidArgumentError(f"softlight: unknown statistic {unknown[0]!r}; known: {', '.join(STATS)}")
+        mask = sum(1 << STATS.index(n) for n in set(stats) | {"lse"})
+    out = torch.ops.softlight.row_stats(x, idx, float(temperature), stats=mask)
     pick = () if index is None else tuple(index.shape)
-    names = ("lse", "entropy", "logprobs", "picked", "sum", "max", "sumexp", "moment")
     return {n: (t.reshape(pick) if n in ("logprobs", "picked") else t.reshape(lead))
-            for n, t in zip(names, out) if index is not None or n not in ("logprobs", "picked")}
+            for i, (n, t) in enumerate(zip(STATS, out))
+            if mask >> i & 1 and (index is not None or n not in ("logprobs", "picked"))}
 
 
 def token_logprobs(logits, index, *, temperature=1.0):
     """log_softmax(logits / temperature, -1) gathered at index ((...) or (..., K)), in float32 (float64 for
     float64), without a vocabulary-sized output; its backward is one read and one write of the logits."""
-    return row_stats(logits, index, temperature=temperature)["logprobs"]
+    return row_stats(logits, index, temperature=temperature, stats=("logprobs",))["logprobs"]
 
 
 def entropy(logits, *, temperature=1.0, dim=-1):
     """The entropy of softmax(logits / temperature) along dim, from one read."""
-    return row_stats(logits, temperature=temperature, dim=dim)["entropy"]
+    return row_stats(logits, temperature=temperature, dim=dim, stats=("entropy",))["entropy"]
 
 
 def logsumexp(logits, dim=-1):
     """torch.logsumexp(logits, dim) in float32 (float64 for float64), from one read."""
-    return row_stats(logits, dim=dim)["lse"]
+    return row_stats(logits, dim=dim, stats=("lse",))["lse"]
 
 
 def cross_entropy(logits, target, *, ignore_index=-100, label_smoothing=0.0, reduction="mean", z_loss=0.0,
