@@ -282,6 +282,51 @@ def test_cupy_in_cupy_out():
     assert_close_to_float64(torch.from_dlpack(y), torch.from_dlpack(x), "float32")
 
 
+# Spins for `cycles` clocks, then fills x with v * (i % 977) / 977 (a kernel that holds its stream).
+_SPIN_FILL = r"""
+extern "C" __global__ void spin_fill(float* x, long long n, long long cycles, float v) {
+  const long long t0 = clock64();
+  while (clock64() - t0 < cycles) {
+  }
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+    x[i] = v * (float)(i % 977) / 977.0f;
+}
+"""
+
+
+@pytest.mark.parametrize("shape", [(64, 32000), (4, 393216), (3000, 1000)], ids=str)
+def test_cupy_current_stream_and_graph_capture(shape):
+    """With CuPy arrays softlight launches on CuPy's current stream: under a non-blocking stream whose
+    previous kernel spins for about 10 ms before it writes x, log_softmax reads what it wrote (on any
+    other stream it would read the zeros before). A log_softmax captured into a CuPy graph on that
+    stream replays on new values of x into the same output."""
+    cupy = pytest.importorskip("cupy")
+    spin = cupy.RawKernel(_SPIN_FILL, "spin_fill")
+    x = cupy.zeros(shape, cupy.float32)
+    y = cupy.full(shape, POISON, cupy.float32)
+    s = cupy.cuda.Stream(non_blocking=True)
+
+    def fill(v, cycles=0):
+        spin((264,), (256,), (x, cupy.int64(x.size), cupy.int64(cycles), cupy.float32(v)))
+
+    with s:
+        fill(7.0, cycles=20_000_000)
+        assert softlight.log_softmax(x, out=y) is y
+    s.synchronize()
+    assert float(x[0, 976]) == pytest.approx(7.0 * 976 / 977)
+    assert_close_to_float64(torch.from_dlpack(y), torch.from_dlpack(x), "float32", "current stream")
+    with s:
+        s.begin_capture()
+        softlight.log_softmax(x, out=y)
+        graph = s.end_capture()
+        for v in (1.0, -30.0):
+            fill(v)
+            y.fill(POISON)
+            graph.launch(s)
+            s.synchronize()
+            assert_close_to_float64(torch.from_dlpack(y), torch.from_dlpack(x), "float32", f"graph replay, v={v}")
+
+
 def test_jax_in_jax_out():
     jax = pytest.importorskip("jax")
     try:
