@@ -466,9 +466,13 @@ HOST_SHAPE = (8, 1000)
 def host_times(torch, passes=5, calls=2000):
     """us a call of each entry, median over `passes` rounds of `calls` calls, the entries taking
     turns within each round: softlight.log_softmax on a torch tensor (new output), with out=, on a
-    CuPy array (if CuPy is installed), log_softmax_raw on pointers, and torch.log_softmax."""
+    CuPy array (if CuPy is installed), log_softmax_raw on pointers, and torch.log_softmax; and the
+    torch adapter: softlight.torch.log_softmax, the operator torch.ops.softlight.log_softmax, and
+    forward + backward under autograd (torch.autograd.grad, "_grad") of softlight.torch's and torch's."""
     import softlight
+    import softlight.torch as slt
     x = torch.randn(*HOST_SHAPE, device="cuda")
+    xg, g = x.clone().requires_grad_(), torch.randn_like(x)
     out = torch.empty_like(x)
     stream = torch.cuda.current_stream().cuda_stream
     xp, yp = x.data_ptr(), out.data_ptr()  # the raw entry takes pointers, read once as its callers do
@@ -477,6 +481,10 @@ def host_times(torch, passes=5, calls=2000):
         "softlight": lambda: softlight.log_softmax(x),
         "softlight_out": lambda: softlight.log_softmax(x, out=out),
         "softlight_raw": lambda: softlight.log_softmax_raw(xp, yp, *HOST_SHAPE, dtype="float32", stream=stream),
+        "softlight.torch": lambda: slt.log_softmax(x, -1),
+        "softlight_op": lambda: torch.ops.softlight.log_softmax(x, -1),
+        "torch_grad": lambda: torch.autograd.grad(torch.log_softmax(xg, -1), xg, g),
+        "softlight.torch_grad": lambda: torch.autograd.grad(slt.log_softmax(xg, -1), xg, g),
     }
     try:
         import cupy
@@ -487,9 +495,11 @@ def host_times(torch, passes=5, calls=2000):
     for f in entries.values():  # checked once, then warm
         f()
     torch.cuda.synchronize()
-    y = softlight.log_softmax(x)
     ref = torch.log_softmax(x.double(), -1)
-    if float((y.double() - ref).abs().max()) > 1e-5:
+    errs = [softlight.log_softmax(x).double() - ref, slt.log_softmax(x, -1).double() - ref,
+            torch.ops.softlight.log_softmax(x, -1).double() - ref,
+            entries["softlight.torch_grad"]()[0].double() - entries["torch_grad"]()[0].double()]
+    if max(float(e.abs().max()) for e in errs) > 1e-5:
         raise SystemExit("softlight bench --host: wrong result")
     times = {k: [] for k in entries}
     for _ in range(passes):
@@ -507,7 +517,8 @@ def host_main(args, argv, torch):
     rows = [{"op": "host", "provider": k, "shape": list(HOST_SHAPE), "dtype": "float32", "us": v, "status": "ok"}
             for k, v in us.items()]
     for r in rows:
-        print(f"{r['provider']:16s} {r['us']:7.2f} us  ({r['us'] / us['torch']:.2f} x torch)")
+        ref = "torch_grad" if r["provider"].endswith("_grad") else "torch"
+        print(f"{r['provider']:21s} {r['us']:7.2f} us  ({r['us'] / us[ref]:.2f} x {ref})")
     meta = {"gpu": torch.cuda.get_device_name(0), "commit": args.commit or _git_commit(),
             "command": "python -m softlight bench " + " ".join(argv if argv is not None else sys.argv[1:]),
             "softlight_version": __import__("softlight").__version__, "torch": torch.__version__,
