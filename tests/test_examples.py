@@ -33,3 +33,15 @@ def test_training_losses_follow_torchs(device):
     for a, b in zip(ref, ours):
         assert abs(a - b) <= 1e-3 * abs(a), (ref, ours)
     assert ref[-1] < ref[0]  # it learns
+
+
+def test_log_softmax_time_from_the_profiler():
+    """The example's --profile path on the CPU: softlight's log-softmax is found in the profile (its
+    operator), and takes part of the step, not all of it."""
+    import softlight.torch as slt
+    ex = _example()
+    kw = dict(vocab=1000, d=32, layers=1, heads=2, context=16, batch=4, steps=3, device="cpu", backend="aot_eager")
+    for fn in (torch.log_softmax, slt.log_softmax):
+        torch._dynamo.reset()
+        ls, total = ex.log_softmax_time(fn, **kw)
+        assert 0 < ls < total, (fn, ls, total)

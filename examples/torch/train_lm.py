@@ -4,6 +4,7 @@ seed, and print the two loss curves and step times side by side.
 
     python examples/torch/train_lm.py                    # on the GPU if there is one
     python examples/torch/train_lm.py --steps 50 --device cpu --backend aot_eager
+    python examples/torch/train_lm.py --profile 20      # and each run's log-softmax time (torch.profiler)
 
 The tokens follow a rule the model can learn (each is a fixed function of the one before, with some
 noise), so the loss falls. The model's last step is a log-softmax over the vocabulary followed by the
@@ -61,9 +62,9 @@ def batches(vocab, batch, context, steps, seed, device):
         yield t[:, :-1].to(device), t[:, 1:].to(device)
 
 
-def train(log_softmax, *, vocab=32000, d=128, layers=2, heads=4, context=64, batch=16, steps=300, seed=0,
-          device="cpu", backend="inductor", lr=3e-3):
-    """Losses and step times (s) of `steps` AdamW steps; the loss compiled with fullgraph=True."""
+def make_step(log_softmax, *, vocab, d, layers, heads, context, seed, device, backend, lr):
+    """One AdamW step of a fresh model (seeded) on (tokens, targets), the loss compiled with
+    fullgraph=True; it returns the loss."""
     torch.manual_seed(seed)
     model = LM(vocab, d, layers, heads, context).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
@@ -73,20 +74,62 @@ def train(log_softmax, *, vocab=32000, d=128, layers=2, heads=4, context=64, bat
         return F.nll_loss(logp.flatten(0, 1), targets.flatten())
 
     loss_fn = torch.compile(loss_fn, fullgraph=True, backend=backend)
+
+    def step(tokens, targets):
+        loss = loss_fn(tokens, targets)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    return step
+
+
+def train(log_softmax, *, vocab=32000, d=128, layers=2, heads=4, context=64, batch=16, steps=300, seed=0,
+          device="cpu", backend="inductor", lr=3e-3):
+    """Losses and step times (s) of `steps` AdamW steps; the loss compiled with fullgraph=True."""
+    step = make_step(log_softmax, vocab=vocab, d=d, layers=layers, heads=heads, context=context, seed=seed,
+                     device=device, backend=backend, lr=lr)
     losses, times = [], []
     for tokens, targets in batches(vocab, batch, context, steps, seed, device):
         if device != "cpu":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        loss = loss_fn(tokens, targets)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        loss = step(tokens, targets)
         if device != "cpu":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         losses.append(float(loss.detach()))
     return losses, times
+
+
+def log_softmax_time(log_softmax, *, steps=20, vocab=32000, d=128, layers=2, heads=4, context=64, batch=16,
+                     seed=0, device="cpu", backend="inductor", lr=3e-3):
+    """(log-softmax time, all time) a step in ms, from torch.profiler over `steps` steps after three
+    unprofiled ones: the self time of the kernels (on the CPU, the operators) whose name holds
+    "log_softmax" (torch's, fused by inductor with what surrounds them: the NLL, the gradient's
+    pieces) or "softlight" (softlight's), and of all of them. Device time on the GPU, CPU time on
+    the CPU."""
+    from torch.profiler import ProfilerActivity, profile
+    step = make_step(log_softmax, vocab=vocab, d=d, layers=layers, heads=heads, context=context, seed=seed,
+                     device=device, backend=backend, lr=lr)
+    data = list(batches(vocab, batch, context, steps + 3, seed, device))
+    for tokens, targets in data[:3]:
+        step(tokens, targets)
+    gpu = device != "cpu"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
+    with profile(activities=activities) as prof:
+        for tokens, targets in data[3:]:
+            step(tokens, targets)
+        if gpu:
+            torch.cuda.synchronize()
+    ls = total = 0.0
+    for e in prof.key_averages():
+        us = e.self_device_time_total if gpu else e.self_cpu_time_total
+        total += us
+        if "log_softmax" in e.key or "softlight" in e.key:
+            ls += us
+    return ls / steps / 1e3, total / steps / 1e3
 
 
 def main(argv=None):
@@ -95,11 +138,13 @@ def main(argv=None):
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--backend", default="inductor", help="torch.compile's backend (aot_eager compiles faster)")
+    ap.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                    help="then profile this many steps of each and print their log-softmax time")
     args = ap.parse_args(argv)
-    kw = dict(steps=args.steps, vocab=args.vocab, device=args.device, backend=args.backend)
-    ref, ref_t = train(torch.log_softmax, **kw)
+    kw = dict(vocab=args.vocab, device=args.device, backend=args.backend)
+    ref, ref_t = train(torch.log_softmax, steps=args.steps, **kw)
     torch._dynamo.reset()
-    ours, ours_t = train(slt.log_softmax, **kw)
+    ours, ours_t = train(slt.log_softmax, steps=args.steps, **kw)
     worst = max(abs(a - b) / abs(a) for a, b in zip(ref, ours))
     print(f"{'step':>5s} {'torch loss':>11s} {'softlight loss':>15s} {'torch ms':>9s} {'softlight ms':>13s}")
     for i in range(0, len(ref), max(1, len(ref) // 20)):
@@ -108,6 +153,14 @@ def main(argv=None):
     print(f"median step, second half: torch {1e3 * sorted(ref_t[half:])[len(ref_t[half:]) // 2]:.2f} ms, "
           f"softlight {1e3 * sorted(ours_t[half:])[len(ours_t[half:]) // 2]:.2f} ms")
     print(f"largest relative difference of the losses: {worst:.2e}")
+    if args.profile:
+        shares = {}
+        for name, fn in (("torch", torch.log_softmax), ("softlight", slt.log_softmax)):
+            torch._dynamo.reset()
+            shares[name] = log_softmax_time(fn, steps=args.profile, **kw)
+            ls, total = shares[name]
+            print(f"{name}: log-softmax {ls:.3f} ms a step of {total:.3f} ms profiled ({100 * ls / total:.1f} %)")
+        print(f"torch's log-softmax time / softlight's: {shares['torch'][0] / shares['softlight'][0]:.2f}")
     return 0 if worst <= 1e-3 else 1
 
 
