@@ -55,7 +55,7 @@ inline bool cpu_runs(int set) {
   if (set == kGenericKernels) return true;
 #ifdef SOFTLIGHT_CPU_X86
   __builtin_cpu_init();
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   if (set == kAvx2Kernels) return avx2;
 #endif
   return false;

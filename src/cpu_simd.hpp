@@ -105,6 +105,35 @@ template <class To, class From> inline To as(From v) {
   return r;
 }
 
+// float16 bits, one to a 32-bit lane, as float: exactly to_float's values (cpu_types.hpp), NaN
+// payloads kept (builds with F16C or AVX-512 convert by instruction instead: vload, vstore). The
+// exponent and mantissa move into place and are rebiased (infinities and NaNs once more); zeros and
+// subnormals are renormalised by a float subtraction, which is exact.
+inline V<float> half_to_float(VB<float> h) {
+  using B = VB<float>;
+  const B sign = (h & 0x8000) << 16;
+  const B em = (h & 0x7fff) << 13;
+  const B exp = em & (0x1f << 23);
+  const B o = em + ((127 - 15) << 23);
+  const B special = o + ((128 - 16) << 23);
+  const V<float> small = as<V<float>>(o + (1 << 23)) - as<V<float>>(B{} + (113 << 23));  // man * 2^-24
+  const B bits = exp == (0x1f << 23) ? special : (exp == 0 ? as<B>(small) : o);
+  return as<V<float>>(bits | sign);
+}
+// float as float16 bits, one to a 32-bit lane, rounded to nearest even: exactly to_half's results (a
+// NaN quieted to 0x7e00 with its sign, anything that rounds past 65504 infinity, values below 2^-14
+// rounded to a subnormal by adding 0.5f, whose rounding is the one wanted).
+inline typename Vec<float>::ubits float_to_half(V<float> v) {
+  using U = typename Vec<float>::ubits;
+  const U u = as<U>(v);
+  const U sign = (u >> 16) & 0x8000u;
+  const U a = u & 0x7fffffffu;
+  const U big = a > 0x7f800000u ? U{} + 0x7e00u : U{} + 0x7c00u;
+  const U small = as<U>(as<V<float>>(a) + splat(0.5f)) - as<U>(splat(0.5f));
+  const U normal = (a + 0xc8000fffu + ((a >> 13) & 1u)) >> 13;
+  return sign | (a >= 0x477ff000u ? big : (a < 0x38800000u ? small : normal));
+}
+
 // A vector of kLanes<A> elements of storage type T from p, and back.
 template <class T> inline V<typename Traits<T>::A> vload(const T* p) {
   using A = typename Traits<T>::A;
@@ -123,9 +152,18 @@ template <class T> inline V<typename Traits<T>::A> vload(const T* p) {
     std::memcpy(&h, p, sizeof h);
     return as<V<float>>(__builtin_convertvector(h, VB<float>) << 16);
   } else {
-    V<A> v;
-    for (int l = 0; l < kLanes<A>; ++l) v[l] = Traits<T>::load(p[l]);
-    return v;
+    static_assert(std::is_same_v<T, Half>);
+#if defined(__F16C__)
+    if constexpr (kBytes == 32)  // (the same values; a signalling NaN comes out quiet)
+      return as<V<float>>(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#endif
+#if defined(__AVX512F__)
+    if constexpr (kBytes == 64)
+      return as<V<float>>(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
+#endif
+    typename Vec<float>::half_bits h;
+    std::memcpy(&h, p, sizeof h);
+    return half_to_float(__builtin_convertvector(h, VB<float>));
   }
 }
 template <class T> inline void vstore(T* p, V<typename Traits<T>::A> v) {
@@ -140,7 +178,22 @@ template <class T> inline void vstore(T* p, V<typename Traits<T>::A> v) {
     const typename Vec<float>::half_bits h = __builtin_convertvector(r, typename Vec<float>::half_bits);
     std::memcpy(p, &h, sizeof h);
   } else {
-    for (int l = 0; l < kLanes<A>; ++l) p[l] = Traits<T>::store(v[l]);
+    static_assert(std::is_same_v<T, Half>);
+    // (F16C and AVX-512: the same values, nearest even; a NaN keeps its payload's top bits)
+#if defined(__F16C__)
+    if constexpr (kBytes == 32) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(as<__m256>(v), _MM_FROUND_TO_NEAREST_INT));
+      return;
+    }
+#endif
+#if defined(__AVX512F__)
+    if constexpr (kBytes == 64) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(as<__m512>(v), _MM_FROUND_TO_NEAREST_INT));
+      return;
+    }
+#endif
+    const typename Vec<float>::half_bits h = __builtin_convertvector(float_to_half(v), typename Vec<float>::half_bits);
+    std::memcpy(p, &h, sizeof h);
   }
 }
 

@@ -18,7 +18,7 @@ typedef struct softlight_tuning {
   int64_t cluster, chunk_bytes, threads, hints, tile_bytes, exchange, groups, claim, iters,
       register_rows_bytes, flat, rows_per_lane, peel_clusters, register_cluster, grid_rows, item_chunks,
       spill_chunks, stripe, split_lanes, split_segment_bytes;
-  /* The CPU backend's vector kernels: 0 generic, 1 AVX2 + FMA (refused where this build or this CPU
+  /* The CPU backend's vector kernels: 0 generic, 1 AVX2 + FMA + F16C (refused where this build or this CPU
    * has none). */
   int64_t cpu_kernels;
 } softlight_tuning;

@@ -122,6 +122,32 @@ def test_float16_conversions_round_to_nearest_even():
     assert np.all(single[np.isfinite(vals), 0] == 0)
 
 
+def test_float16_conversions_exactly_as_numpy():
+    """Every float16 value converts to float exactly: the lse of an axis of one element is x (NaN for
+    +inf). Floats round to float16 as numpy rounds them (nearest even; subnormals, overflow, NaN):
+    grad_scale's x * k in float, then stored, over every float16 value and several k. Both through
+    the vector kernels and their scalar tails (rows of 4093: a tail in each)."""
+    from softlight import _C
+    vals = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    _, lse = softlight.log_softmax(vals[:-5].reshape(-1, 1), 1, return_lse=True)
+    want = vals[:-5].astype(np.float32)
+    want[want == np.inf] = np.nan
+    nan = np.isnan(want)
+    assert lse.dtype == np.float32 and np.array_equal(np.isnan(lse), nan)
+    assert np.array_equal(lse[~nan].view(np.uint32), want[~nan].view(np.uint32))
+    cols, stride = 4093, 4096
+    for k in (0.5, 3.0, 1 / 3, 2.0**-10, 2.0**-20, 1e4, -0.7, 65504.0):
+        g = np.zeros((16, stride), np.float16)
+        g.reshape(-1)[:] = vals
+        want = (g[:, :cols].astype(np.float32) * np.float32(k)).astype(np.float16)
+        f = np.array([k], np.float32)
+        assert _C.cross_entropy_grad_scale(g.ctypes.data, stride, 16, cols, 1, f.ctypes.data, 1, 2) == 0
+        got = g[:, :cols]
+        nan = np.isnan(want)
+        assert np.array_equal(np.isnan(got), nan), k
+        assert np.array_equal(got[~nan].view(np.uint16), want[~nan].view(np.uint16)), k
+
+
 @pytest.mark.parametrize("temperature", [0.5, 1.0, 3.0])
 @pytest.mark.parametrize("shape", [(4, 1), (9, 100), (5, 4097), (2, 1_000_003)], ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("dtype", list(NP_DTYPES))

@@ -1,4 +1,4 @@
-"""Each instruction set's CPU kernels (src/cpu_simd.hpp: generic, AVX2 + FMA), forced in
+"""Each instruction set's CPU kernels (src/cpu_simd.hpp: generic, AVX2 + FMA + F16C), forced in
 turn through the tuning interface (tuning builds only) on every set this CPU can run, against the
 float64 references of the tests they reuse. A default build runs only the widest set, in the other
 test files."""
@@ -15,7 +15,7 @@ import test_differential
 from softlight import _C
 
 KERNEL_SETS = {"generic": 0, "avx2": 1}  # softlight_tuning.cpu_kernels
-NEEDS = {"generic": set(), "avx2": {"avx2", "fma"}}
+NEEDS = {"generic": set(), "avx2": {"avx2", "fma", "f16c"}}
 
 
 def _cpu_flags():
@@ -61,6 +61,7 @@ def test_each_set_matches_float64(force, rng, name):
     for layout in test_cpu_backend.LAYOUTS:
         for dtype in ("float32", "float64", "bfloat16", "float16"):
             test_cpu_backend.test_vector_layouts_match_float64(rng, *layout, dtype)
+    test_cpu_backend.test_float16_conversions_exactly_as_numpy()
     for cols in (1, 7, 64, 1000):
         for dtype in ("float32", "float64", "float16"):
             test_cpu_backend.test_special_values_random(rng, cols, dtype)
