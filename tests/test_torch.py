@@ -20,6 +20,29 @@ def test_gradcheck_and_double_backward(device, dim, temperature):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_eager_autograd_equals_the_operators(device):
+    """softlight.torch.log_softmax under eager autograd (an autograd.Function over the operators'
+    kernels) gives the operator's values and gradients bit for bit, double backward included."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(6, 300, generator=g).to(device).requires_grad_()
+    w = torch.randn(6, 300, generator=g).to(device)
+    for dim, t in ((-1, 1.0), (0, 0.7)):
+        y = slt.log_softmax(x, dim, temperature=t)
+        assert y.grad_fn is not None and "EagerLogSoftmax" in type(y.grad_fn).__name__
+        z = torch.ops.softlight.log_softmax(x, dim, t)
+        assert torch.equal(y, z)
+        gy, = torch.autograd.grad(y, x, w, create_graph=True)
+        gz, = torch.autograd.grad(z, x, w, create_graph=True)
+        assert torch.equal(gy, gz)
+        hy, = torch.autograd.grad((gy * gy).sum(), x)
+        hz, = torch.autograd.grad((gz * gz).sum(), x)
+        assert torch.equal(hy, hz)
+    xd = x.detach().double().requires_grad_()
+    assert torch.autograd.gradcheck(lambda a: slt.log_softmax(a, 1, temperature=1.3), (xd[:3, :20].detach().requires_grad_(),))
+    assert torch.autograd.gradgradcheck(lambda a: slt.log_softmax(a, 0), (xd[:3, :20].detach().requires_grad_(),))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_opcheck_every_operator(device):
     x = torch.randn(3, 9, device=device)
     y = torch.log_softmax(x, 1)

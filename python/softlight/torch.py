@@ -20,8 +20,10 @@ The consumers of the log-sum-exp (cross_entropy, token_logprobs, entropy, logsum
 docs/consumers.md) are the operators row_stats, row_stats_backward and cross_entropy, on the CPU and
 on CUDA.
 
-`log_softmax` calls softlight directly where no autograd or compiler is involved (a torch operator's
-dispatch costs several microseconds a call); both paths give the same results.
+`log_softmax` calls softlight directly where no compiler, autocast, subclass or torch.func transform
+is involved (a torch operator's dispatch costs several microseconds a call): without autograd the
+forward alone, under eager autograd an autograd.Function over the same kernels; all paths give the
+same results.
 """
 import torch
 
@@ -119,10 +121,35 @@ for _device in ("cpu", "cuda"):
     torch.library.register_autocast("softlight::log_softmax_backward", _device, torch.float32)
 
 
+class _EagerLogSoftmax(torch.autograd.Function):
+    """The operator's forward and gradient under eager autograd, without the operators' dispatch
+    (several microseconds each way): the same kernels, so the same results. A backward that builds a
+    graph (create_graph) runs the backward operator, which has a derivative of its own."""
+
+    @staticmethod
+    def forward(ctx, x, dim, temperature):  # (not setup_context's form: binding its arguments costs ~40 us)
+        y = _forward(x, dim, temperature)
+        _setup_forward(ctx, (x, dim, temperature), y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        (y,) = ctx.saved_tensors
+        if torch.is_grad_enabled():
+            return torch.ops.softlight.log_softmax_backward(grad, y, ctx.dim, ctx.temperature), None, None
+        return _backward(grad, y, ctx.dim, ctx.temperature), None, None
+
+
 def log_softmax(x, dim=-1, *, temperature=1.0):
     """log_softmax(x / temperature) along dim, as torch.log_softmax (with autograd and torch.compile)."""
-    if (x.requires_grad and torch.is_grad_enabled()) or torch.compiler.is_compiling() or \
-            torch.is_autocast_enabled(x.device.type) or type(x) is not torch.Tensor:
+    grad = x.requires_grad and torch.is_grad_enabled()
+    if grad or torch.compiler.is_compiling() or torch.is_autocast_enabled(x.device.type) or \
+            type(x) is not torch.Tensor or torch._C._are_functorch_transforms_active():
+        # The operator wherever a tracer, autocast, a subclass or a torch.func transform may see the call;
+        # plain eager autograd takes the same kernels without the dispatch.
+        if grad and not torch.compiler.is_compiling() and not torch.is_autocast_enabled(x.device.type) and \
+                type(x) is torch.Tensor and not torch._C._are_functorch_transforms_active():
+            return _EagerLogSoftmax.apply(x, dim, temperature)
         return torch.ops.softlight.log_softmax(x, dim, temperature)
     return _forward(x, dim, temperature)
 
