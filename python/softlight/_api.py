@@ -182,6 +182,20 @@ def log_softmax_backward(grad_out, out, dim=-1, *, grad_in=None, stream=None):
     """
     if type(dim) is not int:
         dim = _check_dim(dim)
+    t = TORCH
+    if type(grad_out) is t[0] and type(out) is t[0] and grad_in is None and stream is None:
+        # CUDA tensors with the defaults, as autograd's backward calls it: read inline (log_softmax).
+        code = t[1].get(grad_out.dtype)
+        dev = grad_out.get_device()
+        if code is not None and dev >= 0 and out.dtype is grad_out.dtype and out.get_device() == dev and \
+                grad_out.layout is t[2] and out.layout is t[2] and not grad_out.is_neg() and not out.is_neg() and \
+                out.shape == grad_out.shape and grad_out.is_contiguous():
+            dx = t[4](grad_out)
+            status = _C.backward(grad_out.data_ptr(), grad_out.shape, grad_out.stride(), out.data_ptr(), out.stride(),
+                                 dx.data_ptr(), None, dim, code, True, t[3](dev))
+            if status:
+                _fail(status, dim, (("grad_out", read(grad_out)[0]), ("out", read(out)[0])))
+            return dx
     ga, handle = _first(grad_out, stream)
     gpu = ga[4]
     ya = read(out, handle)[0]
