@@ -28,6 +28,7 @@ same results.
 import torch
 
 from . import _C, _api, _arrays
+from ._consumers import STATS
 from ._errors import AxisError, InvalidArgumentError, UnsupportedDTypeError, check
 
 _lib = torch.library.Library("softlight", "DEF")
@@ -115,18 +116,31 @@ def _grad_backward(ctx, h):
 
 # The two operators' autograd, registered at the Autograd key by hand: register_autograd's kernel
 # costs about 9 us a call even where nothing requires grad; this one checks, and otherwise goes on below
-# autograd at once. Where grad is needed, an autograd.Function whose forward runs the operator below
-# autograd (so that tracers and fake tensors see the operator itself) and whose backward is the
-# derivative above.
+# autograd at once. Where grad is needed, an autograd.Function.
 class _LogSoftmaxGrad(torch.autograd.Function):
+    """log_softmax's autograd. `direct`: called by log_softmax below in plain eager autograd, it runs
+    the operators' bodies without their dispatch (several microseconds each way: the same kernels,
+    the same results); otherwise (the operator's Autograd kernel) its forward runs the operator below
+    autograd, so that tracers and fake tensors see the operator itself. A backward that builds a
+    graph (create_graph) runs the backward operator, which has a derivative of its own."""
+
     @staticmethod
-    def forward(ctx, x, dim, temperature):
-        with torch._C._AutoDispatchBelowAutograd():
-            y = torch.ops.softlight.log_softmax(x, dim, temperature)
+    def forward(ctx, x, dim, temperature, direct):  # (not setup_context's form: binding costs ~40 us)
+        if direct:
+            y = _forward(x, dim, temperature)
+        else:
+            with torch._C._AutoDispatchBelowAutograd():
+                y = torch.ops.softlight.log_softmax(x, dim, temperature)
         _setup_forward(ctx, (x, dim, temperature), y)
+        ctx.direct = direct
         return y
 
-    backward = staticmethod(_grad_forward)
+    @staticmethod
+    def backward(ctx, grad):
+        if ctx.direct and not torch.is_grad_enabled():
+            (y,) = ctx.saved_tensors
+            return _backward(grad, y, ctx.dim, ctx.temperature), None, None, None
+        return _grad_forward(ctx, grad) + (None,)
 
 
 class _LogSoftmaxBackwardGrad(torch.autograd.Function):
@@ -142,7 +156,7 @@ class _LogSoftmaxBackwardGrad(torch.autograd.Function):
 
 def _forward_autograd(x, dim, temperature=1.0):
     if torch.is_grad_enabled() and x.requires_grad:
-        return _LogSoftmaxGrad.apply(x, dim, temperature)
+        return _LogSoftmaxGrad.apply(x, dim, temperature, False)
     with torch._C._AutoDispatchBelowAutograd():
         return torch.ops.softlight.log_softmax(x, dim, temperature)
 
@@ -162,25 +176,6 @@ for _device in ("cpu", "cuda"):
     torch.library.register_autocast("softlight::log_softmax_backward", _device, torch.float32)
 
 
-class _EagerLogSoftmax(torch.autograd.Function):
-    """The operator's forward and gradient under eager autograd, without the operators' dispatch
-    (several microseconds each way): the same kernels, so the same results. A backward that builds a
-    graph (create_graph) runs the backward operator, which has a derivative of its own."""
-
-    @staticmethod
-    def forward(ctx, x, dim, temperature):  # (not setup_context's form: binding its arguments costs ~40 us)
-        y = _forward(x, dim, temperature)
-        _setup_forward(ctx, (x, dim, temperature), y)
-        return y
-
-    @staticmethod
-    def backward(ctx, grad):
-        (y,) = ctx.saved_tensors
-        if torch.is_grad_enabled():
-            return torch.ops.softlight.log_softmax_backward(grad, y, ctx.dim, ctx.temperature), None, None
-        return _backward(grad, y, ctx.dim, ctx.temperature), None, None
-
-
 # Whether autocast is on for any device (torch.is_autocast_enabled(x.device.type) costs ~0.8 us a
 # call, most of it in x.device); where torch has no such query, x's device is asked.
 _any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None)
@@ -198,7 +193,7 @@ def log_softmax(x, dim=-1, *, temperature=1.0):
     """log_softmax(x / temperature) along dim, as torch.log_softmax (with autograd and torch.compile)."""
     if _plain(x):
         if x.requires_grad and torch.is_grad_enabled():
-            return _EagerLogSoftmax.apply(x, dim, temperature)
+            return _LogSoftmaxGrad.apply(x, dim, temperature, True)
         return _forward(x, dim, temperature)
     return torch.ops.softlight.log_softmax(x, dim, temperature)
 
@@ -226,7 +221,6 @@ __all__ = ["log_softmax", "LogSoftmax", "InvalidArgumentError"]
 # computed (the backward reads it); the others not asked come back empty (0 elements), and the kernels
 # take only what is asked: token_logprobs reads the logits without the entropy's moment or the row's
 # sum.
-STATS = ("lse", "entropy", "logprobs", "picked", "sum", "max", "sumexp", "moment")
 ALL_STATS = (1 << len(STATS)) - 1
 _lib.define("row_stats(Tensor logits, Tensor? index, float temperature=1.0, int index_offset=0, bool shard=False, "
             "int stats=255) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
