@@ -147,3 +147,44 @@ def test_vocab_parallel_matches_float64_reference(ranks_results):
         assert torch.allclose(got, lse, rtol=1e-12, atol=1e-12)
         got, _, _, _ = ranks_results[rank][("fp64", 1.0, "lp")]
         assert torch.allclose(got, torch.log_softmax(x, -1).gather(-1, index), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("device,ranks", [("cpu", 2), pytest.param("cuda", 1, marks=pytest.mark.skipif(
+    not _NCCL, reason="no CUDA GPU, or torch has no NCCL"))])
+def test_bench_over_ranks(tmp_path, device, ranks):
+    """`torchrun -m softlight bench --vocab-parallel`, as a user runs it (two gloo ranks on the CPU, one
+    NCCL rank on a GPU): every provider of every op checked against the single-device functions on the
+    whole logits (the plain-torch forms too), timed, and written with its ranks."""
+    import json
+    import subprocess
+    import sys
+    from softlight.bench_vocab_parallel import OPS
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks), "-m",
+           "softlight", "bench", "--vocab-parallel", "--device", device, "--shapes", "16x1000,6x514",
+           "--dtypes", "float32,bfloat16", "--reps", "1", "--out-dir", str(tmp_path)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    name = "vocab-parallel" + ("-cpu" if device == "cpu" else "")
+    doc = json.loads((tmp_path / f"{name}.json").read_text())
+    assert doc["meta"]["ranks"] == ranks
+    rows = {(w["op"], w["provider"], w["dtype"], w["shape"][1]): w for w in doc["rows"]}
+    for op in OPS:
+        for prov in ("copy", "softlight", "one-rank", "torch-vp") + (("all_gather",) if op == "cross_entropy" else ()):
+            for dtype in ("float32", "bfloat16"):
+                for vocab in (1000, 514):
+                    w = rows[(op, prov, dtype, vocab)]
+                    assert w["status"] == "ok" and w["ms"] > 0, w
+                    assert w["ranks"] == ranks and w["shard"] == [w["shape"][0], vocab // ranks], w
+    assert len(doc["rows"]) == 2 * 2 * (4 * 4 + 1)
+
+
+def test_bench_check_finds_wrong_results():
+    """The bench's check: equal values and (loss, gradient) pairs pass, a wrong value, loss or gradient
+    does not."""
+    from softlight.bench_vocab_parallel import check
+    x, g, one = torch.randn(4, 10), torch.randn(4, 10), torch.tensor(1.0)
+    assert check(torch, x, x.clone(), "float32") is None
+    assert check(torch, x + 1e-2, x, "float32").startswith("wrong (")
+    assert check(torch, (one, g), (one.clone(), g.clone()), "float32") is None
+    assert check(torch, (one * 1.01, g), (one, g), "float32").startswith("wrong loss")
+    assert check(torch, (one, g * 1.01), (one, g), "float32").startswith("wrong gradient")

@@ -336,7 +336,8 @@ def _git_commit():
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m softlight bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shapes", default="4096x393216", help="comma-separated shapes, e.g. 4096x393216,64x4096x4096")
+    ap.add_argument("--shapes", default=None, help="comma-separated shapes, e.g. 4096x393216,64x4096x4096 (default: "
+                                                   "4096x393216)")
     ap.add_argument("--dim", type=int, default=-1, help="the axis of the softmax (default: the last)")
     ap.add_argument("--dtypes", default=None, help="comma-separated (default: float32,bfloat16; with --device cpu "
                                                    "float32,float64,bfloat16)")
@@ -348,6 +349,10 @@ def main(argv=None):
                          "anchors over vocabularies (bench_consumers.py), on --device cuda or cpu")
     ap.add_argument("--vocabs", default="", help="with a consumer --op: comma-separated vocabulary sizes (default: "
                                                  "32000,50257,128256,151936,262144)")
+    ap.add_argument("--vocab-parallel", action="store_true",
+                    help="under torchrun: softlight.vocab_parallel over the ranks against one rank and plain torch "
+                         "(bench_vocab_parallel.py); every consumer op and log_softmax, or the --op given; --shapes "
+                         "are the whole logits (default 8192x128256,8192x262144; 64x32000 on the CPU)")
     ap.add_argument("--sweep", action="store_true",
                     help=f"instead of --shapes: rows x cols for cols in {SWEEP_COLS}, each tensor about "
                          f"--sweep-gb GB")
@@ -371,7 +376,9 @@ def main(argv=None):
     ap.add_argument("--commit", default=None, help="commit to record (default: git rev-parse HEAD)")
     args = ap.parse_args(argv)
     consumer = args.op in ("cross_entropy", "token_logprobs", "entropy")
-    args.name = args.name or (f"{args.op}-cpu" if consumer and args.device == "cpu" else args.op if consumer
+    vp_name = "vocab-parallel" + ("-cpu" if args.device == "cpu" else "")
+    args.name = args.name or (vp_name if args.vocab_parallel else f"{args.op}-cpu" if consumer and args.device == "cpu"
+                              else args.op if consumer
                               else "cpu" if args.device == "cpu" else "host" if args.host else "sweep" if args.sweep
                               else args.op)
     args.reps = args.reps if args.reps is not None else 5 if args.device == "cpu" else 30
@@ -384,6 +391,13 @@ def main(argv=None):
             import torch
         except ImportError:
             print("# torch not installed: timing softlight and the copy only", file=sys.stderr)
+    if args.vocab_parallel:
+        if torch is None or (args.device == "cuda" and not torch.cuda.is_available()):
+            raise SystemExit("softlight bench --vocab-parallel: needs torch, and a GPU unless --device cpu")
+        if args.op == "backward":
+            raise SystemExit("softlight bench --vocab-parallel: times forward ops and cross_entropy's backward")
+        from . import bench_vocab_parallel
+        return bench_vocab_parallel.run(args, argv, torch, args.commit or _git_commit())
     if consumer:
         if torch is None:
             raise SystemExit(f"softlight bench --op {args.op}: needs torch (the anchors and the arrays)")
@@ -407,7 +421,7 @@ def main(argv=None):
     provs = providers(args, gpu, data, torch, args.op)
     dtypes = [_dtypes.normalize(d) for d in args.dtypes.split(",")]
     cases = sweep_cases(dtypes, args.sweep_gb) if args.sweep else [
-        (shape, d) for shape in parse_shapes(args.shapes) for d in dtypes]
+        (shape, d) for shape in parse_shapes(args.shapes or "4096x393216") for d in dtypes]
     total = len(cases) * len(provs)
     rows_out, done, started = [], 0, time.monotonic()
     for shape, dtype in cases:
