@@ -138,6 +138,83 @@ def test_nccl_one_rank_equals_the_plain_functions():
         _compare(results, 1, case)
 
 
+def _misuse_worker(rank, path, results, backend="gloo", device="cpu", ranks=RANKS):
+    """What each rank gets from shards of unequal widths, explicit starts, and a token outside the
+    vocabulary (after a first call has found the widths equal); on a GPU, the same calls again with
+    every synchronizing CUDA call made an error."""
+    dist.init_process_group(backend, init_method=f"file://{path}", rank=rank, world_size=ranks)
+    import softlight.torch as slt
+    import softlight.vocab_parallel as vp
+    from softlight import InvalidArgumentError
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(6, 12, generator=g, dtype=torch.float64).to(device)
+    t = torch.randint(0, 12, (6,), generator=g).to(device)
+    t[4] = -100
+    out = {}
+    if ranks == 2:
+        lo, width = (0, 5) if rank == 0 else (5, 7)
+        shard = x[:, lo:lo + width].clone()
+        try:
+            vp.cross_entropy(shard, t)
+            out["unequal"] = None
+        except InvalidArgumentError as e:
+            out["unequal"] = str(e)
+        out["explicit"] = (float(vp.cross_entropy(shard, t, vocab_start=lo)), float(slt.cross_entropy(x, t)))
+    width = 12 // ranks
+    eq = x[:, rank * width:(rank + 1) * width].clone().requires_grad_()
+    out["first"] = float(vp.cross_entropy(eq, t))
+    bad = t.clone()
+    bad[2] = 12
+    try:
+        out["outside"] = vp.token_logprobs(eq, bad.clamp(min=0)).detach().cpu()
+        out["outside_ce"] = float(vp.cross_entropy(eq, bad))
+    except InvalidArgumentError as e:
+        out["outside"] = str(e)
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        loss = vp.cross_entropy(eq, t)
+        loss.backward()
+        lp = vp.token_logprobs(eq, t.clamp(min=0))
+        torch.cuda.set_sync_debug_mode(0)
+        out["unsynced"] = (float(loss), lp.detach().cpu())
+    results[rank] = out
+    dist.destroy_process_group()
+
+
+def _spawn_misuse(ranks, *args):
+    with tempfile.TemporaryDirectory() as tmp:
+        results = mp.Manager().dict()
+        mp.spawn(_misuse_worker, args=(os.path.join(tmp, "store"), results) + args, nprocs=ranks, join=True)
+        return dict(results)
+
+
+def test_vocab_parallel_misuse_on_the_cpu():
+    """Unequal shards without vocab_start are refused on every rank, and work with it; a token
+    outside the vocabulary is refused on every rank, also once the widths are known equal."""
+    results = _spawn_misuse(RANKS)
+    for rank in range(RANKS):
+        r = results[rank]
+        assert r["unequal"] is not None and "widths [5, 7]" in r["unequal"], r["unequal"]
+        got, want = r["explicit"]
+        assert abs(got - want) <= 1e-12 * abs(want), (got, want)
+        assert isinstance(r["outside"], str) and "(12) is outside the vocabulary [0, 12)" in r["outside"], r["outside"]
+
+
+@pytest.mark.skipif(not _NCCL, reason="no CUDA GPU, or torch has no NCCL")
+def test_vocab_parallel_on_a_gpu_never_waits_for_it():
+    """One NCCL rank: once a call has found the widths equal, cross-entropy forward and backward and
+    token log-probs make no synchronizing CUDA call (torch's sync debug mode as an error), and a token
+    outside the vocabulary gives NaN, as the single-device functions on a GPU."""
+    r = _spawn_misuse(1, "nccl", "cuda", 1)[0]
+    lp = r["outside"]
+    assert not isinstance(lp, str), lp
+    assert torch.isnan(lp[2]) and torch.isfinite(lp[torch.arange(6) != 2]).all(), lp
+    assert r["outside_ce"] != r["outside_ce"]  # NaN
+    loss, lp = r["unsynced"]
+    assert abs(loss - r["first"]) <= 1e-12 * abs(loss) and torch.isfinite(lp).all()
+
+
 def test_vocab_parallel_matches_float64_reference(ranks_results):
     """The single-process side itself against float64 torch, for the float64 case."""
     x, target, index = _full_inputs((13, 1002), torch.float64, False, 0)

@@ -97,18 +97,34 @@ def _setup(logits, index, group, vocab_start):
     return x, idx, lead, int(vocab_start), equal
 
 
+# (group, device, shard width) whose ranks' shards were found equally wide: later calls take the
+# vocabulary as width x ranks, without reading the gathered widths back (on a GPU that copy waits for
+# the GPU, and no CUDA graph can hold it).
+_EQUAL_WIDTHS = set()
+
+
 def _stats(logits, index, group, vocab_start, temperature, ignore=None):
     x, idx, lead, start, equal = _setup(logits, index, group, vocab_start)
     lse, ent, picked, zsum, widths = _Stats.apply(x, idx, group, start, float(temperature))
-    if equal and bool((widths != widths[0]).any()):
-        raise InvalidArgumentError(f"softlight: the shards have widths {widths.long().tolist()}; pass vocab_start "
-                                   f"where they differ")
-    vocab = int(widths.sum())
+    key = (group, x.device, x.shape[1])
+    if equal and key in _EQUAL_WIDTHS:
+        vocab = x.shape[1] * dist.get_world_size(group)
+    else:
+        if equal and bool((widths != widths[0]).any()):
+            raise InvalidArgumentError(f"softlight: the shards have widths {widths.long().tolist()}; pass "
+                                       f"vocab_start where they differ")
+        vocab = int(widths.sum())
+        if equal:
+            _EQUAL_WIDTHS.add(key)
     if idx is not None and idx.numel():
         bad = (idx < 0) | (idx >= vocab)
         if ignore is not None:
             bad &= idx != ignore
-        if bool(bad.any()):
+        if x.is_cuda:
+            # As the single-device functions on a GPU, the ids are not read back: a token outside the
+            # vocabulary picks NaN.
+            picked = torch.where(bad, torch.full_like(picked, float("nan")), picked)
+        elif bool(bad.any()):
             raise InvalidArgumentError(f"softlight: an index ({int(idx[bad][0])}) is outside the vocabulary "
                                        f"[0, {vocab})")
     return lse, ent, picked, zsum, vocab, lead
