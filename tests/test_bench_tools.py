@@ -166,8 +166,18 @@ def test_committed_results_follow_the_schema(path):
     doc = json.loads(path.read_text())
     assert {"commit", "command", "softlight_version", "torch", "date"} <= set(doc["meta"])
     assert ("gpu" in doc["meta"]) != ("cpu" in doc["meta"])  # a GPU benchmark or the CPU's
-    assert doc["meta"]["command"].startswith("python -m softlight bench")
     assert doc["rows"]
+    if doc["meta"].get("op") == "vocab-parallel":
+        ranks = doc["meta"]["ranks"]
+        assert doc["meta"]["command"].startswith(f"torchrun --nproc-per-node {ranks} -m softlight bench --vocab-parallel")
+        for r in doc["rows"]:
+            assert r["op"] in ("cross_entropy", "token_logprobs", "entropy", "log_softmax")
+            assert r["provider"] in ("copy", "softlight", "one-rank", "torch-vp") or \
+                (r["op"] == "cross_entropy" and r["provider"] == "all_gather")
+            assert r["ranks"] == ranks and r["shard"] == [r["shape"][0], r["shape"][1] // ranks]
+            assert r["copy_ms"] > 0 and (r["ms"] > 0 if r["status"] == "ok" else r["ms"] is None)
+        return
+    assert doc["meta"]["command"].startswith("python -m softlight bench")
     if doc["rows"][0]["op"] == "host":
         for r in doc["rows"]:
             assert r["op"] == "host" and r["shape"] == [8, 1000] and r["dtype"] == "float32" and r["us"] > 0
@@ -178,7 +188,10 @@ def test_committed_results_follow_the_schema(path):
     for r in doc["rows"]:
         assert r["op"] == doc["rows"][0]["op"] if consumer else r["op"] in ("forward", "backward")
         assert r["provider"] in ("softlight", "copy", "torch", "torch.compile", "quack", "liger") or \
-            ("cpu" in doc["meta"] and r["provider"] == "numpy") or (consumer and r["provider"] == "gather-lse")
+            ("cpu" in doc["meta"] and r["provider"] == "numpy") or (consumer and r["provider"] == "gather-lse") or \
+            (r["op"] == "cross_entropy" and r["provider"] == "softlight-in-place")
+        if r["op"] == "cross_entropy" and r["provider"].startswith("softlight"):
+            assert r["mode"] == ("in-place" if r["provider"] == "softlight-in-place" else "new"), r
         assert r["dtype"] in ("float32", "float16", "bfloat16", "float64")
         assert all(isinstance(v, int) and v > 0 for v in r["shape"])
         assert "copy_ms" in r and "status" in r

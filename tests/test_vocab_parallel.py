@@ -253,6 +253,8 @@ def test_bench_over_ranks(tmp_path, device, ranks):
                     assert w["status"] == "ok" and w["ms"] > 0, w
                     assert w["ranks"] == ranks and w["shard"] == [w["shape"][0], vocab // ranks], w
     assert len(doc["rows"]) == 2 * 2 * (4 * 4 + 1)
+    from test_bench_tools import test_committed_results_follow_the_schema
+    test_committed_results_follow_the_schema(tmp_path / f"{name}.json")
 
 
 def test_bench_check_finds_wrong_results():

@@ -3,7 +3,9 @@ log-sum-exp (docs/consumers.md) against torch, torch.compile and, on the GPU, Li
 they are installed, side by side in one run, over vocabularies of 32000 to 262144 tokens.
 
 - cross_entropy times the forward and the backward together: `loss.backward()` of each provider's mean
-  loss. Its floor is one read and one write of the logits.
+  loss. Its floor is one read and one write of the logits. softlight runs in both its modes ("mode" in
+  the rows): the gradient into a new array under autograd ("new"), and written over the logits
+  (softlight.cross_entropy(x, t, grad=x), "in-place").
 - token_logprobs times the log-probabilities of one chosen token a row: torch's
   `log_softmax(x.float()).gather` and the memory-saving `x.gather - logsumexp(x)` that RL libraries
   use. Its floor is one read.
@@ -42,6 +44,7 @@ def cases(args, device):
 def providers(torch, op, device, no_compile):
     """name -> fn(x, t, idx) giving the output that the check reads (for cross_entropy, after its
     backward: (loss, grad))."""
+    import softlight
     import softlight.torch as slt
     F = torch.nn.functional
 
@@ -56,6 +59,8 @@ def providers(torch, op, device, no_compile):
     p = {}
     if op == "cross_entropy":
         p["softlight"] = backward(lambda x, t: slt.cross_entropy(x, t))
+        # The other mode: the gradient written over the logits (given a copy of its own).
+        p["softlight-in-place"] = lambda x, t, idx: softlight.cross_entropy(x, t, grad=x)
         p["torch"] = backward(lambda x, t: F.cross_entropy(x, t))
         if not no_compile:
             p["torch.compile"] = backward(torch.compile(lambda x, t: F.cross_entropy(x, t)))
@@ -153,6 +158,7 @@ def run(args, argv, torch, commit):
         t = torch.randint(0, vocab, (rows,), device=device, generator=gen)
         want, want_grad = reference(torch, op, x, t, t)
         xg = x.detach().clone().requires_grad_(op == "cross_entropy")
+        xi = x.detach().clone() if "softlight-in-place" in provs else None
         case = []
         row = {"op": op, "device": device, "provider": "copy", "shape": [rows, vocab], "dtype": dtype,
                "status": "ok", "ms": time_ms(torch, lambda: x.clone(), device, args.reps)}
@@ -160,10 +166,13 @@ def run(args, argv, torch, commit):
         for name, fn in provs.items():
             row = {"op": op, "device": device, "provider": name, "shape": [rows, vocab], "dtype": dtype,
                    "status": "ok", "ms": None}
+            if op == "cross_entropy" and name.startswith("softlight"):
+                row["mode"] = "in-place" if name == "softlight-in-place" else "new"
+            arg = xi if name == "softlight-in-place" else xg
             try:
-                wrong = check(torch, op, fn(xg, t, t), want, want_grad, dtype)
+                wrong = check(torch, op, fn(arg, t, t), want, want_grad, dtype)
                 row["status"] = wrong or "ok"
-                row["ms"] = time_ms(torch, lambda: fn(xg, t, t), device, args.reps)
+                row["ms"] = time_ms(torch, lambda: fn(arg, t, t), device, args.reps)
             except Exception as e:  # noqa: BLE001 - a provider that fails is reported, not fatal
                 row["status"] = f"failed: {type(e).__name__}: {str(e)[:160]}"
             case.append(row)
@@ -173,7 +182,7 @@ def run(args, argv, torch, commit):
         line = "  ".join(f"{r['provider']} {r['ms']:.3f}" if r["ms"] else f"{r['provider']} -" for r in case)
         print(f"{rows}x{vocab} {dtype:9s} ms: {line}", flush=True)
         rows_out += case
-        del x, xg, want, want_grad
+        del x, xg, xi, want, want_grad
         if device == "cuda":
             torch.cuda.empty_cache()
     meta = {("gpu" if device == "cuda" else "cpu"): _device_name(torch, device), "commit": commit,
