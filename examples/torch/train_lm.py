@@ -108,8 +108,10 @@ def log_softmax_time(log_softmax, *, steps=20, vocab=32000, d=128, layers=2, hea
     """(log-softmax time, all time) a step in ms, from torch.profiler over `steps` steps after three
     unprofiled ones: the self time of the kernels (on the CPU, the operators) whose name holds
     "log_softmax" (torch's, fused by inductor with what surrounds them: the NLL, the gradient's
-    pieces) or "softlight" (softlight's), and of all of them. Device time on the GPU, CPU time on
-    the CPU."""
+    pieces) or "softlight" (softlight's), and of all of them. On the GPU the kernels' device time
+    (the operators that launch them are left out, which would count it twice), on the CPU the
+    operators' CPU time."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
     step = make_step(log_softmax, vocab=vocab, d=d, layers=layers, heads=heads, context=context, seed=seed,
                      device=device, backend=backend, lr=lr)
@@ -125,6 +127,8 @@ def log_softmax_time(log_softmax, *, steps=20, vocab=32000, d=128, layers=2, hea
             torch.cuda.synchronize()
     ls = total = 0.0
     for e in prof.key_averages():
+        if gpu and e.device_type == DeviceType.CPU:
+            continue  # (an operator's device time is its kernels', which are events of their own)
         us = e.self_device_time_total if gpu else e.self_cpu_time_total
         total += us
         if "log_softmax" in e.key or "softlight" in e.key:
