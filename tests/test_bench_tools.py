@@ -182,7 +182,8 @@ def test_committed_results_follow_the_schema(path):
         for r in doc["rows"]:
             assert r["op"] == "host" and r["shape"] == [8, 1000] and r["dtype"] == "float32" and r["us"] > 0
             assert r["provider"] in ("softlight", "softlight_out", "softlight_raw", "softlight_cupy", "torch",
-                                     "softlight.torch", "softlight_op", "torch_grad", "softlight.torch_grad")
+                                     "softlight.torch", "softlight_op", "torch_grad", "softlight.torch_grad",
+                                     "function_grad")
         return
     consumer = doc["rows"][0]["op"] in ("cross_entropy", "token_logprobs", "entropy")
     for r in doc["rows"]:

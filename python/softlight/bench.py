@@ -482,9 +482,23 @@ def host_times(torch, passes=5, calls=2000):
     turns within each round: softlight.log_softmax on a torch tensor (new output), with out=, on a
     CuPy array (if CuPy is installed), log_softmax_raw on pointers, and torch.log_softmax; and the
     torch adapter: softlight.torch.log_softmax, the operator torch.ops.softlight.log_softmax, and
-    forward + backward under autograd (torch.autograd.grad, "_grad") of softlight.torch's and torch's."""
+    forward + backward under autograd (torch.autograd.grad, "_grad") of softlight.torch's and torch's;
+    and, as the least that an adapter written in Python can cost there, a torch.autograd.Function
+    around torch's own two kernels ("function_grad")."""
     import softlight
     import softlight.torch as slt
+    class TorchKernels(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, a):
+            y = torch.log_softmax(a, -1)
+            ctx.save_for_backward(y)
+            return y
+
+        @staticmethod
+        def backward(ctx, dy):
+            y, = ctx.saved_tensors
+            return torch._log_softmax_backward_data(dy, y, -1, y.dtype)
+
     x = torch.randn(*HOST_SHAPE, device="cuda")
     xg, g = x.clone().requires_grad_(), torch.randn_like(x)
     out = torch.empty_like(x)
@@ -499,6 +513,7 @@ def host_times(torch, passes=5, calls=2000):
         "softlight_op": lambda: torch.ops.softlight.log_softmax(x, -1),
         "torch_grad": lambda: torch.autograd.grad(torch.log_softmax(xg, -1), xg, g),
         "softlight.torch_grad": lambda: torch.autograd.grad(slt.log_softmax(xg, -1), xg, g),
+        "function_grad": lambda: torch.autograd.grad(TorchKernels.apply(xg), xg, g),
     }
     try:
         import cupy
@@ -512,7 +527,8 @@ def host_times(torch, passes=5, calls=2000):
     ref = torch.log_softmax(x.double(), -1)
     errs = [softlight.log_softmax(x).double() - ref, slt.log_softmax(x, -1).double() - ref,
             torch.ops.softlight.log_softmax(x, -1).double() - ref,
-            entries["softlight.torch_grad"]()[0].double() - entries["torch_grad"]()[0].double()]
+            entries["softlight.torch_grad"]()[0].double() - entries["torch_grad"]()[0].double(),
+            entries["function_grad"]()[0].double() - entries["torch_grad"]()[0].double()]
     if max(float(e.abs().max()) for e in errs) > 1e-5:
         raise SystemExit("softlight bench --host: wrong result")
     times = {k: [] for k in entries}
