@@ -258,12 +258,12 @@ def test_bench_over_ranks(tmp_path, device, ranks):
 
 
 def test_bench_check_finds_wrong_results():
-    """The bench's check: equal values and (loss, gradient) pairs pass, a wrong value, loss or gradient
-    does not."""
-    from softlight.bench_vocab_parallel import check
+    """The benches' check (bench_consumers.check, which the vocab-parallel bench uses too): equal values
+    and (loss, gradient) pairs pass, a wrong value, loss or gradient does not."""
+    from softlight.bench_consumers import check
     x, g, one = torch.randn(4, 10), torch.randn(4, 10), torch.tensor(1.0)
-    assert check(torch, x, x.clone(), "float32") is None
-    assert check(torch, x + 1e-2, x, "float32").startswith("wrong (")
-    assert check(torch, (one, g), (one.clone(), g.clone()), "float32") is None
-    assert check(torch, (one * 1.01, g), (one, g), "float32").startswith("wrong loss")
-    assert check(torch, (one, g * 1.01), (one, g), "float32").startswith("wrong gradient")
+    assert check(torch, "entropy", x, x.clone(), None, "float32") is None
+    assert check(torch, "entropy", x + 1e-2, x, None, "float32").startswith("wrong (")
+    assert check(torch, "cross_entropy", (one, g), one.clone(), g.clone(), "float32") is None
+    assert check(torch, "cross_entropy", (one * 1.01, g), one, g, "float32").startswith("wrong loss")
+    assert check(torch, "cross_entropy", (one, g * 1.01), one, g, "float32").startswith("wrong gradient")

@@ -16,13 +16,11 @@ before timing it. A provider's time is the largest of the ranks' medians. Rank 0
 results; every row has "ranks".
 """
 import datetime
-import math
 import sys
 from pathlib import Path
 
 OPS = ("cross_entropy", "token_logprobs", "entropy", "log_softmax")
 SHAPES = {"cuda": "8192x128256,8192x262144", "cpu": "64x32000"}
-TOL = {"float32": 1e-4, "bfloat16": 2e-2, "float64": 1e-10}
 
 
 def _torch_vp(torch, dist):
@@ -94,26 +92,12 @@ def _with_backward(fn):
     return run
 
 
-def check(torch, got, want, dtype):
-    """None, or what is wrong: values (or a (loss, gradient) pair) against the single-device ones."""
-    tol = TOL[dtype]
-    if isinstance(want, tuple):
-        (loss, g), (wl, wg) = got, want
-        loss = loss.detach()
-        if not math.isclose(float(loss), float(wl), rel_tol=tol, abs_tol=tol):
-            return f"wrong loss ({float(loss):.6g} against {float(wl):.6g})"
-        err = (g.double() - wg.double()).abs().max().item()
-        return None if err <= tol * wg.double().abs().max().item() + 1e-12 else f"wrong gradient (max |error| {err:.3g})"
-    err = (got.double() - want.double()).abs()
-    return None if bool((err <= tol * (1 + want.double().abs())).all()) else f"wrong (max |error| {err.max().item():.3g})"
-
-
 def run(args, argv, torch, commit):
     import torch.distributed as dist
 
     import softlight.torch as slt
     import softlight.vocab_parallel as vp
-    from .bench_consumers import time_ms
+    from .bench_consumers import check, time_ms
     from .vocab_parallel import _all_gather
 
     device = args.device
@@ -169,7 +153,8 @@ def run(args, argv, torch, commit):
                     row = dict(base, op=op, provider=name, status="ok", ms=None, copy_ms=copy_ms)
                     try:
                         got = fn(*a)
-                        row["status"] = _status(dist, check(torch, got, w, dtype) if w is not None else None)
+                        wrong = None if w is None else check(torch, op, got, *(w if ce else (w, None)), dtype)
+                        row["status"] = _status(dist, wrong)
                         row["ms"] = _max(torch, dist, time_ms(torch, lambda: fn(*a), device, args.reps), device)
                     except Exception as e:  # noqa: BLE001 - a provider that fails is reported, not fatal
                         row["status"] = f"failed: {type(e).__name__}: {str(e)[:160]}"
