@@ -41,6 +41,16 @@ def cases(args, device):
             yield max(1, int(gb * 1e9 / (v * item))), v, dtype
 
 
+def with_backward(loss_fn):
+    """fn(x, t, ...) -> (loss_fn(x, t), the gradient of x, a leaf), after loss.backward()."""
+    def run(x, t, *_):
+        loss = loss_fn(x, t)
+        loss.backward()
+        g, x.grad = x.grad, None
+        return loss, g
+    return run
+
+
 def providers(torch, op, device, no_compile):
     """name -> fn(x, t, idx) giving the output that the check reads (for cross_entropy, after its
     backward: (loss, grad))."""
@@ -48,32 +58,24 @@ def providers(torch, op, device, no_compile):
     import softlight.torch as slt
     F = torch.nn.functional
 
-    def backward(loss_fn):
-        def run(x, t, idx):
-            loss = loss_fn(x, t)
-            loss.backward()
-            g, x.grad = x.grad, None
-            return loss, g
-        return run
-
     p = {}
     if op == "cross_entropy":
-        p["softlight"] = backward(lambda x, t: slt.cross_entropy(x, t))
+        p["softlight"] = with_backward(lambda x, t: slt.cross_entropy(x, t))
         # The other mode: the gradient written over the logits (given a copy of its own).
         p["softlight-in-place"] = lambda x, t, idx: softlight.cross_entropy(x, t, grad=x)
-        p["torch"] = backward(lambda x, t: F.cross_entropy(x, t))
+        p["torch"] = with_backward(lambda x, t: F.cross_entropy(x, t))
         if not no_compile:
-            p["torch.compile"] = backward(torch.compile(lambda x, t: F.cross_entropy(x, t)))
+            p["torch.compile"] = with_backward(torch.compile(lambda x, t: F.cross_entropy(x, t)))
         if device == "cuda":
             try:
                 from liger_kernel.transformers import LigerCrossEntropyLoss
                 liger = LigerCrossEntropyLoss()
-                p["liger"] = backward(lambda x, t: liger(x, t))
+                p["liger"] = with_backward(lambda x, t: liger(x, t))
             except Exception as e:  # noqa: BLE001 - an anchor that is not installed is skipped, and said so
                 print(f"# liger not available: {type(e).__name__}: {e}", file=sys.stderr)
             try:
                 from quack.cross_entropy import cross_entropy as quack_ce
-                p["quack"] = backward(lambda x, t: quack_ce(x, t).mean())
+                p["quack"] = with_backward(lambda x, t: quack_ce(x, t).mean())
             except Exception as e:  # noqa: BLE001
                 print(f"# quack not available: {type(e).__name__}: {e}", file=sys.stderr)
     elif op == "token_logprobs":

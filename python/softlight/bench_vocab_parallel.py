@@ -82,22 +82,12 @@ def _torch_vp(torch, dist):
             "token_logprobs": token_logprobs, "entropy": entropy, "log_softmax": log_softmax}
 
 
-def _with_backward(fn):
-    """fn's loss and the gradient of the leaf x it was given."""
-    def run(x, *a):
-        loss = fn(x, *a)
-        loss.backward()
-        g, x.grad = x.grad, None
-        return loss, g
-    return run
-
-
 def run(args, argv, torch, commit):
     import torch.distributed as dist
 
     import softlight.torch as slt
     import softlight.vocab_parallel as vp
-    from .bench_consumers import check, time_ms
+    from .bench_consumers import check, time_ms, with_backward
     from .vocab_parallel import _all_gather
 
     device = args.device
@@ -131,13 +121,13 @@ def run(args, argv, torch, commit):
             for op in ops:
                 ce = op == "cross_entropy"
                 if ce:
-                    loss, g = _with_backward(single[op])(x.detach().clone().requires_grad_(), t)
+                    loss, g = with_backward(single[op])(x.detach().clone().requires_grad_(), t)
                     want, want_half = (loss.detach(), g[:, start:start + width]), None
                 else:
                     whole = single[op](x, t)
                     want = whole[:, start:start + width] if op == "log_softmax" else whole
                     want_half = whole[:rows // ranks]
-                lf = _with_backward if ce else (lambda f: f)
+                lf = with_backward if ce else (lambda f: f)
                 leaf = shard.detach().clone().requires_grad_(ce)
                 provs = {"softlight": (lf(split[op]), (leaf, t), want),
                          "one-rank": (lf(single[op]), (half.detach().clone().requires_grad_(ce), th), want_half),

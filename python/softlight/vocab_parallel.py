@@ -123,7 +123,7 @@ def _stats(logits, index, group, vocab_start, temperature, ignore=None):
         if x.is_cuda:
             # As the single-device functions on a GPU, the ids are not read back: a token outside the
             # vocabulary picks NaN.
-            picked = torch.where(bad, torch.full_like(picked, float("nan")), picked)
+            picked = picked.masked_fill(bad, float("nan"))
         elif bool(bad.any()):
             raise InvalidArgumentError(f"softlight: an index ({int(idx[bad][0])}) is outside the vocabulary "
                                        f"[0, {vocab})")
