@@ -172,6 +172,29 @@ def test_backward_scales_in_place_on_the_gpu(dtype):
         assert torch.allclose(grads[1], grads[0], rtol=tol[1], atol=tol[0] * float(d.abs().max())), reduction
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("shape", [(2048, 32000), (64, 151936), (16, 262144)], ids=str)
+def test_cross_entropy_allocates_the_gradient_and_rows_only(dtype, shape):
+    """Forward and backward of softlight.torch.cross_entropy allocate, beside the logits, the gradient
+    and a few floats a row (torch.cuda.max_memory_allocated): no other buffer of the logits' size.
+    (cluster_rows' workspace, a few bytes a row, comes from a CUDA memory pool of its own.)"""
+    rows, vocab = shape
+    g = torch.Generator(device="cuda").manual_seed(5)
+    x = torch.randn(shape, device="cuda", generator=g).to(tdtype(dtype)).requires_grad_()
+    t = torch.randint(0, vocab, (rows,), device="cuda", generator=g)
+    base = torch.cuda.memory_allocated()
+    gradient = torch.empty_like(x)  # what one tensor of the logits' size costs the allocator (its rounding)
+    one = torch.cuda.memory_allocated() - base
+    del gradient
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    slt.cross_entropy(x, t).backward()
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - base
+    assert x.grad is not None and x.grad.shape == x.shape
+    assert one >= x.numel() * x.element_size() and one <= extra <= one + 64 * rows + 64 * 1024, (extra, one)
+
+
 def test_compile_on_the_gpu_without_graph_breaks():
     def step(logits, target, idx):
         return slt.cross_entropy(logits, target) + slt.entropy(logits).mean() - slt.token_logprobs(logits, idx).mean()
