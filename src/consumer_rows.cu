@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "consumer_out.cuh"
 #include "kernels.hpp"
 #include "packs.cuh"
 #include "reductions.cuh"
@@ -28,9 +29,6 @@ template <class A> struct Stats {
 
 template <class A> __device__ __forceinline__ Stats<A> empty_stats() { return {neg_inf<A>(), A(0), A(0), 0.0}; }
 
-// exp(d) for a scaled difference d (exp_base takes d * exp_factor(1)).
-template <class A> __device__ __forceinline__ A exp_of(A d) { return exp_base(d * exp_factor(A(1))); }
-
 // One element into a partial (sc: the scale).
 template <class A> __device__ __forceinline__ void add(Stats<A>& p, A v, A sc) {
   if (v > p.m) {  // the max rises (NaN never wins): the sums move onto it
@@ -48,18 +46,6 @@ template <class A> __device__ __forceinline__ void add(Stats<A>& p, A v, A sc) {
   p.t += e == A(0) ? A(0) : e * d;
   p.sx += static_cast<double>(v);
 }
-
-// scaled_difference(v, m, sc, 1) with the row's halving h and factor c hoisted: fma(v, h, -m h) * c.
-template <class A> struct Difference {
-  A h, mh, c;
-  __device__ __forceinline__ Difference(A m, A sc) {
-    const bool halve = sc < A(1);
-    h = halve ? A(0.5) : A(1);
-    mh = m * h;
-    c = halve ? sc + sc : sc;
-  }
-  __device__ __forceinline__ A operator()(A v) const { return fma(v, h, -mh) * c; }
-};
 
 // N 16-byte packs into a partial, as add takes their elements one by one: the packs' max first (the
 // sums move onto it at most once a group), then a difference, an exp and the sums per element. The
@@ -455,7 +441,7 @@ __global__ void __launch_bounds__(1024) reduce_losses(const double* losses, int6
 }  // namespace
 
 cudaError_t launch_cross_entropy(const ConsumerCall& c, const softlight_cross_entropy_options& o,
-                                 cudaStream_t stream) {
+                                 cudaStream_t stream, const Plan* plan, const Call* call) {
   int red;
   memcpy(&red, &o.reduction, sizeof red);
   const bool reduce = red != SOFTLIGHT_REDUCTION_NONE, mean = red == SOFTLIGHT_REDUCTION_MEAN;
@@ -473,7 +459,15 @@ cudaError_t launch_cross_entropy(const ConsumerCall& c, const softlight_cross_en
     CrossEntropyArgs<A> a{o.label_smoothing, o.z_loss, c.ignore, c.ignore_index, mean, reduce, count, losses,
                           static_cast<A*>(o.loss), static_cast<A*>(o.lse)};
     const auto kernel = o.label_smoothing != 0.0 ? cross_entropy_kernel<T, true> : cross_entropy_kernel<T, false>;
-    if (c.rows > 0)  // (no rows: the reduction of none, 0 or NaN, below)
+    cudaError_t in_clusters = cudaErrorNotSupported;
+    if constexpr (sizeof(A) == 4) {
+      // The row held in registers between its read and the gradient's write; where the clusters
+      // cannot be placed (a partitioned or busy GPU), the kernel below.
+      if (plan != nullptr && call != nullptr && c.rows > 0)
+        in_clusters = launch_register_clusters_ce(*plan, *call, c.index, a, stream);
+      if (in_clusters != cudaSuccess) (void)cudaGetLastError();
+    }
+    if (c.rows > 0 && in_clusters != cudaSuccess)  // (no rows: the reduction of none, 0 or NaN, below)
       kernel<<<grid_for(kernel, c.rows), kThreads, 0, stream>>>(
           static_cast<const T*>(c.x), c.x_stride, c.index, c.rows, c.cols, static_cast<A>(c.scale), a,
           static_cast<T*>(o.grad), o.grad_row_stride);

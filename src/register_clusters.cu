@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "common.cuh"
+#include "consumer_out.cuh"
 #include "hopper.cuh"
 #include "kernels.hpp"
 
@@ -36,9 +37,13 @@ namespace {
 // packs that do not start on 128 bytes (bf16 rows of 50 264: six CTAs of 80 registers, 8 % slower).
 // Other CTAs of 128 threads keep the compiler's choice (register_cluster_kernel), which was 2 %
 // faster in bf16 rows on 128 bytes than the bound.
-template <class T, int ITERS, bool Peel, bool Bounded>
+// Out: what the row's elements become, given its max and log-sum (LogSoftmaxOut, or
+// CrossEntropyOut's gradient): Out::row(row, m, log_sum, leader) writes the row's own values (the
+// leader thread) and gives the writer of its elements, whose pack(dst, p, col) and part(dst, p, lo,
+// hi, col) write one block (col: the row's column of the block's element 0).
+template <class T, int ITERS, bool Peel, bool Bounded, class Out>
 __device__ __forceinline__ void register_cluster_row(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t ys,
-                                                     int cols, int span, acc_t<T> scale, acc_t<T>* __restrict__ lse) {
+                                                     int cols, int span, acc_t<T> scale, const Out& out) {
 #ifdef SOFTLIGHT_HOPPER
   using A = acc_t<T>;
   constexpr int V = 16 / sizeof(T);
@@ -99,9 +104,9 @@ __device__ __forceinline__ void register_cluster_row(const T* __restrict__ x, in
   MaxSum<A> r{neg_inf<A>(), A(0)};
   for (uint32_t k = 0; k < csize; ++k) r = merge_max_sum(r, partials[k], f);
   const A log_sum = log_acc(r.s);
-  if (lse != nullptr && rank == 0 && tid == 0) lse[row] = r.m * scale + log_sum;
+  const auto w = out.row(row, r.m, log_sum, rank == 0 && tid == 0);
   T* yb = y + row * ys - lead;  // y's blocks: y is off 16 bytes as x is
-  if (tail_thread) store_log_softmax_part(yb + full * V, last, 0, tail, r.m, scale, log_sum);
+  if (tail_thread) w.part(yb + full * V, last, 0, tail, int64_t{full} * V - lead);
   if constexpr (Bounded) {
 #pragma unroll
     for (int i = 0; i < ITERS; ++i) opaque(p[i]);  // unpacked again (see rows_in_registers_kernel)
@@ -110,9 +115,9 @@ __device__ __forceinline__ void register_cluster_row(const T* __restrict__ x, in
   for (int i = 0; i < ITERS; ++i) {
     const int e = begin + i * threads + tid;
     if (i == 0 && head_thread)
-      store_log_softmax_part(yb, p[0], lead, V, r.m, scale, log_sum);
+      w.part(yb, p[0], lead, V, -lead);
     else if (e < end)
-      store_log_softmax_pack<T>(yb + e * V, p[i], r.m, scale, log_sum);
+      w.pack(yb + e * V, p[i], int64_t{e} * V - lead);
   }
 #endif
 }
@@ -121,39 +126,65 @@ template <class T, int ITERS, bool Peel>
 __global__ void __launch_bounds__(kRegisterClusterMaxThreads)
 register_cluster_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t ys, int cols, int span,
                         acc_t<T> scale, acc_t<T>* __restrict__ lse) {
-  register_cluster_row<T, ITERS, Peel, false>(x, xs, y, ys, cols, span, scale, lse);
+  register_cluster_row<T, ITERS, Peel, false>(x, xs, y, ys, cols, span, scale, LogSoftmaxOut<T>{scale, lse});
 }
 
 template <class T, bool Peel>
 __global__ void __launch_bounds__(kRegisterClusterMaxThreads, kRegisterClusterMinBlocks)
 register_cluster_bounded_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t ys, int cols,
                                 int span, acc_t<T> scale, acc_t<T>* __restrict__ lse) {
-  register_cluster_row<T, kWarpRowsMaxIters, Peel, true>(x, xs, y, ys, cols, span, scale, lse);
+  register_cluster_row<T, kWarpRowsMaxIters, Peel, true>(x, xs, y, ys, cols, span, scale,
+                                                         LogSoftmaxOut<T>{scale, lse});
 }
+
+// Cross-entropy's gradient in place of y (CrossEntropyOut: each row's loss, lse, and the gradient
+// for an upstream gradient of 1), the row held in registers between its read and the write.
+template <class T, int ITERS, bool Peel>
+__global__ void __launch_bounds__(kRegisterClusterMaxThreads)
+register_cluster_ce_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ grad, int64_t gs, int cols, int span,
+                           acc_t<T> scale, CrossEntropyOut<T> out) {
+  register_cluster_row<T, ITERS, Peel, false>(x, xs, grad, gs, cols, span, scale, out);
+}
+
+template <class T, bool Peel>
+__global__ void __launch_bounds__(kRegisterClusterMaxThreads, kRegisterClusterMinBlocks)
+register_cluster_ce_bounded_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ grad, int64_t gs, int cols,
+                                   int span, acc_t<T> scale, CrossEntropyOut<T> out) {
+  register_cluster_row<T, kWarpRowsMaxIters, Peel, true>(x, xs, grad, gs, cols, span, scale, out);
+}
+
+// The kernels of each output: ITERS packs a thread (4 or 8), bounded or not, peeled or not.
+template <class T> struct LogSoftmaxKernels {
+  template <int I, bool P> static constexpr auto plain = register_cluster_kernel<T, I, P>;
+  template <bool P> static constexpr auto bounded = register_cluster_bounded_kernel<T, P>;
+};
+template <class T> struct CrossEntropyKernels {
+  template <int I, bool P> static constexpr auto plain = register_cluster_ce_kernel<T, I, P>;
+  template <bool P> static constexpr auto bounded = register_cluster_ce_bounded_kernel<T, P>;
+};
 
 // Rows in registers over clusters of plan.cluster CTAs (plan.threads threads, plan.warp.iters packs
 // each, plan.segment packs a CTA), one row to a cluster: plan.grid clusters, one per row; plan.peel
-// for rows off 16 bytes.
-template <class T>
-cudaError_t launch_clusters(const Plan& p, const Call& a, cudaStream_t stream) {
+// for rows off 16 bytes. K: the kernels of the output `out` (lse for the log-softmax).
+template <class K, class T, class O>
+cudaError_t launch_clusters(const Plan& p, const Call& a, O out, cudaStream_t stream) {
   // Built for 16-byte packs of 2- and 4-byte types, four or eight a thread (the planner's only).
   if constexpr (sizeof(T) == 8) {
     return cudaErrorInvalidValue;
   } else {
     if ((p.warp.iters != 4 && p.warp.iters != 8) || p.grid != a.rows()) return cudaErrorInvalidValue;
-    using Kernel = void (*)(const T*, int64_t, T*, int64_t, int, int, acc_t<T>, acc_t<T>*);
-    Kernel kernel = p.peel ? register_cluster_kernel<T, 4, true> : register_cluster_kernel<T, 4, false>;
+    auto kernel = p.peel ? K::template plain<4, true> : K::template plain<4, false>;
     if (p.warp.iters == 8 && p.warp.bounded)
-      kernel = p.peel ? register_cluster_bounded_kernel<T, true> : register_cluster_bounded_kernel<T, false>;
+      kernel = p.peel ? K::template bounded<true> : K::template bounded<false>;
     else if (p.warp.iters == 8)
-      kernel = p.peel ? register_cluster_kernel<T, 8, true> : register_cluster_kernel<T, 8, false>;
+      kernel = p.peel ? K::template plain<8, true> : K::template plain<8, false>;
     ClusterLaunch l;
     cudaError_t e = prepare_cluster_launch(kernel, p, stream, &l);
     if (e != cudaSuccess) return e;
     l.cfg.gridDim = dim3(static_cast<unsigned>(p.grid * p.cluster));  // a cluster per row, not persistent
     e = cudaLaunchKernelEx(&l.cfg, kernel, static_cast<const T*>(a.x()), a.x_stride(), static_cast<T*>(a.y()), a.y_stride(),
                            static_cast<int>(a.cols()), static_cast<int>(p.segment), static_cast<acc_t<T>>(a.scale),
-                           static_cast<acc_t<T>*>(a.lse));
+                           out);
     return e != cudaSuccess ? e : cudaGetLastError();
   }
 }
@@ -161,7 +192,24 @@ cudaError_t launch_clusters(const Plan& p, const Call& a, cudaStream_t stream) {
 }  // namespace
 
 cudaError_t launch_register_clusters(const Plan& p, const Call& a, cudaStream_t stream) {
-  return with_element_type(a.dtype, [&](auto tag) { return launch_clusters<decltype(tag)>(p, a, stream); });
+  return with_element_type(a.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    return launch_clusters<LogSoftmaxKernels<T>, T>(p, a, static_cast<acc_t<T>*>(a.lse), stream);
+  });
+}
+
+cudaError_t launch_register_clusters_ce(const Plan& p, const Call& a, const int64_t* target,
+                                        const CrossEntropyArgs<float>& args, cudaStream_t stream) {
+  return with_element_type(a.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (sizeof(T) == 8) {
+      return cudaErrorInvalidValue;
+    } else {
+      const CrossEntropyOut<T> out{static_cast<const T*>(a.x()), a.x_stride(), a.cols(), target,
+                                   static_cast<float>(a.scale), args};
+      return launch_clusters<CrossEntropyKernels<T>, T>(p, a, out, stream);
+    }
+  });
 }
 
 }  // namespace softlight

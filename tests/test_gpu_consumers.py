@@ -131,6 +131,59 @@ def test_rows_off_a_16_byte_boundary(dtype, skip):
     assert (err <= 4 * (atol + rtol)).all(), (dtype, skip, err.max().item())
 
 
+def _register_clusters(rows, cols, dtype):
+    """Whether the planner holds rows of x and a fresh gradient (both contiguous) in register clusters."""
+    import gpu_util
+    e = torch.empty((), dtype=tdtype(dtype)).element_size()
+    p = gpu_util.plan(rows, cols, e, cols * e % 16 == 0, aligned8=cols * e % 8 == 0, rows128=cols * e % 128 == 0,
+                      peelable=True, flat16=True, **gpu_util.device_plan_args())
+    return p["family"] == "warp_rows" and p["cluster"] > 0 and p["flat_rows"] == 0
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("shape", [(64, 32000), (33, 50257), (16, 128256)], ids=str)
+def test_cross_entropy_in_register_clusters(dtype, shape):
+    """Rows the log-softmax holds in register clusters (asserted from the planner) write cross-entropy's
+    gradient from there: loss, lse and gradient against torch in float64, with an ignored row, each
+    reduction, z-loss, T = 1 and 0.6, and special values (NaN and 0 gradient rows)."""
+    rows, cols = shape
+    assert _register_clusters(rows, cols, dtype), shape
+    t = torch.randint(0, cols, (rows,), generator=torch.Generator().manual_seed(32)).cuda()
+    t[7] = -100
+    t[1] = 0  # (row 1's -inf element is not its target)
+    for seed, (T, reduction, z, special) in enumerate(((1.0, "none", 1e-3, True), (0.6, "mean", 0.0, False),
+                                                       (1.0, "sum", 1e-4, False))):
+        x0 = _logits(shape, dtype, special, 31 + seed).cuda()
+        x = x0.detach().clone().requires_grad_()
+        loss, lse = slt.cross_entropy(x, t, reduction=reduction, z_loss=z, temperature=T, return_lse=True)
+        x64 = x0.detach().double().requires_grad_()
+        z64 = x64 / T
+        want_lse = torch.logsumexp(z64, -1)
+        kept = t != -100
+        per_row = torch.nn.functional.cross_entropy(z64, t, reduction="none") + z * torch.where(
+            kept, want_lse, torch.zeros_like(want_lse)) ** 2
+        want = {"mean": per_row.sum() / kept.sum(), "sum": per_row.sum(), "none": per_row}[reduction]
+        # Rows with NaN or +inf, or all -inf, give NaN (docs/semantics.md); a -inf element is a 0 there.
+        xd = x0.double()
+        fine = ~(torch.isnan(xd) | (xd == float("inf"))).any(-1) & (xd > -float("inf")).any(-1)
+        what = f"{dtype} {shape} T={T} {reduction}"
+        _check(lse[fine], want_lse[fine].detach().cpu().numpy(), dtype, f"{what} lse")
+        if reduction == "none":
+            _check(loss[fine], want[fine].detach().cpu().numpy(), dtype, f"{what} loss")
+            assert torch.isnan(loss[~fine]).all(), what
+            assert (~fine).sum() == 3 and fine[1], what
+        else:
+            _check(loss, want.detach().cpu().numpy(), dtype, f"{what} loss")
+        w = torch.randn(loss.shape, device="cuda", dtype=torch.float64)
+        gx, = torch.autograd.grad((loss.double() * w).sum(), x)
+        wx, = torch.autograd.grad((want * w)[fine].sum() if reduction == "none" else want * w, x64)
+        atol, rtol = TOL[dtype]
+        err = (gx.double() - wx)[fine].abs()
+        assert (err <= 4 * (atol + rtol * (1 + wx[fine].abs()))).all(), (what, err.max().item())
+        assert (gx[7] == 0).all(), what
+        assert torch.isnan(gx[~fine]).all(), what
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_cross_entropy_on_the_gpu_equals_torch(dtype, reduction):

@@ -1,0 +1,113 @@
+// What a rows kernel writes for a row's elements once it has the row's max and log-sum: the
+// log-softmax (LogSoftmaxOut), or cross-entropy's gradient with the row's loss (CrossEntropyOut,
+// docs/consumers.md). A kernel calls row(r, m, log_sum, leader) once a row (the leader thread
+// writes the row's own values) and writes each 16-byte block of the row through what it returns:
+// pack(dst, p, col) a whole block, part(dst, p, lo, hi, col) its elements [lo, hi); col is the
+// row's column of the block's element 0.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels.hpp"
+#include "packs.cuh"
+
+namespace softlight {
+
+// exp(d) for a scaled difference d (exp_base takes d * exp_factor(1)).
+template <class A> __device__ __forceinline__ A exp_of(A d) { return exp_base(d * exp_factor(A(1))); }
+
+// scaled_difference(v, m, sc, 1) with the row's halving h and factor c hoisted: fma(v, h, -m h) * c.
+template <class A> struct Difference {
+  A h, mh, c;
+  __device__ __forceinline__ Difference(A m, A sc) {
+    const bool halve = sc < A(1);
+    h = halve ? A(0.5) : A(1);
+    mh = m * h;
+    c = halve ? sc + sc : sc;
+  }
+  __device__ __forceinline__ A operator()(A v) const { return fma(v, h, -mh) * c; }
+};
+
+template <class T> struct LogSoftmaxOut {
+  using A = acc_t<T>;
+  A scale;
+  A* lse;  // the row's log-sum-exp, where asked
+  struct Row {
+    A m, scale, log_sum;
+    __device__ __forceinline__ void pack(T* dst, uint4 p, int64_t) const {
+      store_log_softmax_pack<T>(dst, p, m, scale, log_sum);
+    }
+    __device__ __forceinline__ void part(T* dst, uint4 p, int lo, int hi, int64_t) const {
+      store_log_softmax_part(dst, p, lo, hi, m, scale, log_sum);
+    }
+  };
+  __device__ __forceinline__ Row row(int64_t r, A m, A log_sum, bool leader) const {
+    if (lse != nullptr && leader) lse[r] = m * scale + log_sum;
+    return {m, scale, log_sum};
+  }
+};
+
+// Cross-entropy without label smoothing: the row's loss (into a.losses, or a.loss without a
+// reduction) and lse, and its gradient for an upstream gradient of 1 (of the mean: 1 / *a.count),
+// (softmax - onehot(target)) * g * (1 + 2 z lse) * scale, the target's term where the block holds
+// it. A target outside the row gives a NaN loss and gradient row; an ignored one 0. As
+// consumer_rows.cu's cross_entropy_kernel computes them. The gradient must not be x.
+template <class T> struct CrossEntropyOut {
+  using A = acc_t<T>;
+  const T* x;
+  int64_t xs, cols;
+  const int64_t* target;
+  A scale;
+  CrossEntropyArgs<A> a;
+  struct Row {
+    Difference<A> diff;
+    A log_sum, ca, scale, g1, none;
+    int64_t t;
+    bool skip;
+    __device__ __forceinline__ A value(A v, int64_t col) const {
+      const A q = exp_of(diff(v) - log_sum);
+      return (q * ca) * scale - (col == t ? g1 : A(0));
+    }
+    __device__ __forceinline__ void pack(T* dst, uint4 p, int64_t col) const {
+      constexpr int V = 16 / sizeof(T);
+      A v[V];
+      unpack<T, V>(p, v);
+#pragma unroll
+      for (int j = 0; j < V; ++j) v[j] = skip ? none : value(v[j], col + j);
+      store_pack<T, V>(dst, v);
+    }
+    __device__ __forceinline__ void part(T* dst, uint4 p, int lo, int hi, int64_t col) const {
+      constexpr int V = 16 / sizeof(T);
+      A v[V];
+      unpack<T, V>(p, v);
+#pragma unroll
+      for (int k = 0; k < V; ++k)
+        if (k >= lo && k < hi) dst[k] = from_acc<T>(skip ? none : value(v[k], col + k));
+    }
+  };
+  __device__ __forceinline__ Row row(int64_t r, A m, A log_sum, bool leader) const {
+    const double g = a.mean ? (*a.count > 0 ? 1.0 / static_cast<double>(*a.count) : 0.0) : 1.0;
+    const int64_t t = target[r];
+    const bool ignored = a.ignore && t == a.ignore_index;
+    const bool bad = !ignored && (t < 0 || t >= cols);
+    const A shift = m == neg_inf<A>() ? A(0) : m;
+    const double mx = shift, ls = log_sum, dsc = scale;
+    const double lse = mx * dsc + ls;
+    if (leader) {
+      double loss = 0;
+      if (bad) {
+        loss = NAN;
+      } else if (!ignored) {
+        const double nll = ls - scaled_difference(static_cast<double>(to_acc(x[r * xs + t])), mx, dsc, 1.0);
+        loss = nll + (a.z_loss == 0.0 ? 0.0 : a.z_loss * lse * lse);
+      }
+      if (a.reduce) a.losses[r] = loss;
+      else a.loss[r] = static_cast<A>(loss);
+      if (a.lse) a.lse[r] = m * scale + log_sum;
+    }
+    return {Difference<A>(shift, scale), log_sum, static_cast<A>(g * (1.0 + 2.0 * a.z_loss * lse)), scale,
+            static_cast<A>(g) * scale, bad ? A(NAN) : A(0), t, ignored || bad};
+  }
+};
+
+}  // namespace softlight
