@@ -41,6 +41,7 @@
 #include <unordered_map>
 
 #include "common.cuh"
+#include "consumer_out.cuh"
 #include "hopper.cuh"
 #include "kernels.hpp"
 
@@ -209,8 +210,10 @@ template <class T, int U, bool Backward, bool Peel> struct ClusterCta {
     for (int u = 0; u < U; ++u) p[u] = Full || i + u * group < end ? src[i + u * group] : neg_inf_pack<T>();
     fold<U>(p, cp);
   }
-  template <bool Full>
-  __device__ __forceinline__ void write_step(const uint4* src, uint4* dst, int i, int end, A m, A log_sum) const {
+  // (w: the output's writer of the row, see consumer_out.cuh; col: the row's column of src[0].)
+  template <bool Full, class W>
+  __device__ __forceinline__ void write_step(const uint4* src, uint4* dst, int i, int end, const W& w,
+                                             int64_t col) const {
     uint4 p[U];
 #pragma unroll
     for (int u = 0; u < U; ++u)
@@ -218,8 +221,8 @@ template <class T, int U, bool Backward, bool Peel> struct ClusterCta {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (Full || i + u * group < end)
-        store_log_softmax_pack<T>(reinterpret_cast<T*>(dst + (i + u * group)), p[u], m, scale, log_sum,
-                                  (sh.hints & 2) != 0);
+        w.pack(reinterpret_cast<T*>(dst + (i + u * group)), p[u], col + int64_t{i + u * group} * V,
+               (sh.hints & 2) != 0);
     }
   }
 
@@ -306,9 +309,11 @@ template <class T, int U, bool Backward, bool Peel> struct ClusterCta {
   }
 
   // Writer warps: wait for the cluster's partials of row `iter`, merge them, write the slice out
-  // from shared memory and hand each slot back as soon as it is read.
+  // from shared memory and hand each slot back as soon as it is read. Forward: what the row's
+  // elements become is `out`'s (consumer_out.cuh: the log-softmax, or cross-entropy's gradient).
+  template <class Out>
   __device__ __forceinline__ void write(RingPos& pos, RingPos& apos, int64_t iter, int64_t row_index,
-                                        const T* xr, T* yr) const {
+                                        const T* xr, T* yr, const Out& out) const {
     const int64_t head = head_bytes(xr), interior = interior_bytes(head);
     unsigned char* dst = reinterpret_cast<unsigned char*>(yr) + head;
     if (!sh.resident) pos.advance(sh.ring_slots, my_chunks - kept);  // the statistics pass, but what it kept
@@ -340,19 +345,18 @@ template <class T, int U, bool Backward, bool Peel> struct ClusterCta {
       *rows_started = static_cast<int>(iter + 1);
     }
     const A log_sum = log_acc(row.s);
-    if (sh.lse != nullptr && rank == 0 && gtid == 0) static_cast<A*>(sh.lse)[row_index] = row.m * scale + log_sum;
+    const auto w = out.row(row_index, row.m, log_sum, rank == 0 && gtid == 0);
     if (Peel && rank == 0 && gtid < 2 * V) {
       // The edges of a peeled row: thread i < V writes the head's element i, V + i the tail's.
       const Edges g = edges_of(head, interior);
       const int64_t j = gtid < V ? gtid : g.t + (gtid - V);
-      if (gtid < V ? j < g.h : j < g.end)
-        yr[j] = from_acc<T>(log_softmax_out_scaled(to_acc(xr[j]), row.m, scale, log_sum));
+      if (gtid < V ? j < g.h : j < g.end) yr[j] = from_acc<T>(w.element(to_acc(xr[j]), j));
     }
     for (int64_t step = 0; step < my_chunks; ++step) {
       const int64_t k = writers_chunk(step);
       mbar_wait_cta(smem_addr(full + pos.slot), pos.phase);  // long complete when resident
       const T* c = slot_data(pos.slot);
-      T* out = reinterpret_cast<T*>(dst + offset_of(k));
+      T* dst_k = reinterpret_cast<T*>(dst + offset_of(k));
       const int vectors = static_cast<int>(bytes_of(k, interior) / 16);
       if constexpr (Backward) {
         mbar_wait_cta(smem_addr(aux_full + apos.slot), apos.phase);
@@ -371,7 +375,7 @@ template <class T, int U, bool Backward, bool Peel> struct ClusterCta {
             if (base + u * group < vectors) {
 #pragma unroll
               for (int j = 0; j < V; ++j) v[u][j] = log_softmax_grad(g[u][j], v[u][j], row.s);
-              store_pack<T, V>(out + (base + u * group) * V, v[u], (sh.hints & 2) != 0);
+              store_pack<T, V>(dst_k + (base + u * group) * V, v[u], (sh.hints & 2) != 0);
             }
           }
         }
@@ -382,11 +386,12 @@ template <class T, int U, bool Backward, bool Peel> struct ClusterCta {
         continue;
       }
       const uint4* src = reinterpret_cast<const uint4*>(c);
-      uint4* o = reinterpret_cast<uint4*>(out);
+      uint4* o = reinterpret_cast<uint4*>(dst_k);
+      const int64_t col = (head + offset_of(k)) / int64_t{sizeof(T)};
       int base = gtid;
       for (int done = 0; done + U * group <= vectors; done += U * group, base += U * group)
-        write_step<true>(src, o, base, vectors, row.m, log_sum);
-      if (base < vectors) write_step<false>(src, o, base, vectors, row.m, log_sum);
+        write_step<true>(src, o, base, vectors, w, col);
+      if (base < vectors) write_step<false>(src, o, base, vectors, w, col);
       release(pos.slot);
       pos.advance(sh.ring_slots);
     }
@@ -397,11 +402,11 @@ template <class T, int U, bool Backward, bool Peel> struct ClusterCta {
 };
 #endif  // SOFTLIGHT_HOPPER
 
-// Forward: x in, y out (aux unused). Backward: x is dy, aux is y, y is dx.
-template <class T, int U, bool Backward, bool Peel>
-__global__ void __launch_bounds__(kClusterMaxThreads, 1)
-cluster_rows_kernel(const T* __restrict__ x, int64_t xs, const T* __restrict__ aux, int64_t as,
-                    T* __restrict__ y, int64_t ys, int64_t rows, int64_t cols, ClusterShape sh) {
+// Forward: x in, y out (aux unused), what y holds `out`'s. Backward: x is dy, aux is y, y is dx.
+template <class T, int U, bool Backward, bool Peel, class Out>
+__device__ __forceinline__ void cluster_rows(const T* __restrict__ x, int64_t xs, const T* __restrict__ aux, int64_t as,
+                                             T* __restrict__ y, int64_t ys, int64_t rows, int64_t cols,
+                                             const ClusterShape& sh, const Out& out) {
 #ifdef SOFTLIGHT_HOPPER
   extern __shared__ __align__(128) unsigned char smem[];
   ClusterCta<T, U, Backward, Peel> cta;
@@ -476,7 +481,7 @@ cluster_rows_kernel(const T* __restrict__ x, int64_t xs, const T* __restrict__ a
   } else if (warp < 2 * group_warps) {
     RingPos pos, apos;
     for (int64_t iter = 0, row; (row = cta.row_of(iter)) < rows; ++iter)
-      cta.write(pos, apos, iter, row, x + row * xs, y + row * ys);
+      cta.write(pos, apos, iter, row, x + row * xs, y + row * ys, out);
   } else if (Backward && threadIdx.x == 2 * cta.group + 1) {
     // Backward: a second producer thread keeps the y ring full, in the writers' order.
     RingPos pos;
@@ -531,6 +536,33 @@ cluster_rows_kernel(const T* __restrict__ x, int64_t xs, const T* __restrict__ a
   cluster_sync();
 #endif
 }
+
+// The log-softmax (and the lse where sh.lse is set), or its backward.
+template <class T, int U, bool Backward, bool Peel>
+__global__ void __launch_bounds__(kClusterMaxThreads, 1)
+cluster_rows_kernel(const T* __restrict__ x, int64_t xs, const T* __restrict__ aux, int64_t as,
+                    T* __restrict__ y, int64_t ys, int64_t rows, int64_t cols, ClusterShape sh) {
+  cluster_rows<T, U, Backward, Peel>(x, xs, aux, as, y, ys, rows, cols, sh,
+                                     LogSoftmaxOut<T>{static_cast<acc_t<T>>(sh.scale), static_cast<acc_t<T>*>(sh.lse)});
+}
+
+// Cross-entropy's loss, lse and gradient (into y), the row held in the ring between its read and the
+// gradient's write.
+template <class T, int U, bool Peel>
+__global__ void __launch_bounds__(kClusterMaxThreads, 1)
+cluster_rows_ce_kernel(const T* __restrict__ x, int64_t xs, const T* __restrict__ aux, int64_t as,
+                       T* __restrict__ y, int64_t ys, int64_t rows, int64_t cols, ClusterShape sh,
+                       CrossEntropyOut<T> out) {
+  cluster_rows<T, U, false, Peel>(x, xs, aux, as, y, ys, rows, cols, sh, out);
+}
+
+// The kernels of an output, by packs a step (U) and peeling.
+template <class T, bool Backward> struct LogSoftmaxKernels {
+  template <int U, bool Peel> static constexpr auto kernel = cluster_rows_kernel<T, U, Backward, Peel>;
+};
+template <class T> struct CrossEntropyKernels {
+  template <int U, bool Peel> static constexpr auto kernel = cluster_rows_ce_kernel<T, U, Peel>;
+};
 
 // The operands of one launch: x (dy), aux (y, backward only), y (dx), with their row strides.
 struct Operands {
@@ -614,18 +646,19 @@ cudaError_t stream_counter(cudaStream_t stream, unsigned long long** counter) {
   return cudaSuccess;
 }
 
-template <class T, bool Backward>
-cudaError_t launch(const Plan& p, const Operands& a, cudaStream_t stream) {
+// K: the kernels (LogSoftmaxKernels or CrossEntropyKernels); extra: the kernel's arguments after sh.
+template <class T, bool Backward, class K = LogSoftmaxKernels<T, Backward>, class... Extra>
+cudaError_t launch(const Plan& p, const Operands& a, cudaStream_t stream, const Extra&... extra) {
   // A step of a consumer group covers group * U vectors: U = 4 when a chunk holds that many,
   // else 2, so that small chunks do not leave lanes idle. The backward's writers hold two packs
   // per vector, and float64's packs hold wider values: both keep U = 2 within the register budget.
   const int group = (p.threads - 32) / 2;
-  auto kernel = cluster_rows_kernel<T, 2, Backward, false>;
+  auto kernel = K::template kernel<2, false>;
   if constexpr (!Backward) {
-    if (p.peel) kernel = cluster_rows_kernel<T, 2, false, true>;
+    if (p.peel) kernel = K::template kernel<2, true>;
     if constexpr (sizeof(T) < 8)
       if (p.ring.chunk_bytes / 16 >= 4 * group)
-        kernel = p.peel ? cluster_rows_kernel<T, 4, false, true> : cluster_rows_kernel<T, 4, false, false>;
+        kernel = p.peel ? K::template kernel<4, true> : K::template kernel<4, false>;
   }
   ClusterLaunch l;
   cudaError_t e = prepare_cluster_launch(kernel, p, stream, &l);
@@ -657,7 +690,7 @@ cudaError_t launch(const Plan& p, const Operands& a, cudaStream_t stream) {
   }
   if (e == cudaSuccess)
     e = cudaLaunchKernelEx(&l.cfg, kernel, static_cast<const T*>(a.x), a.xs, static_cast<const T*>(a.aux), a.as,
-                           static_cast<T*>(a.y), a.ys, a.rows, a.cols, sh);
+                           static_cast<T*>(a.y), a.ys, a.rows, a.cols, sh, extra...);
   if (e == cudaSuccess) e = cudaGetLastError();
   // A grid that cannot be resident at once (a partitioned GPU): the caller falls back to clusters.
   if (e == cudaErrorCooperativeLaunchTooLarge) e = cudaErrorInvalidClusterSize;
@@ -678,6 +711,21 @@ cudaError_t launch_cluster_rows(const Plan& p, const Call& a, cudaStream_t strea
 cudaError_t launch_cluster_rows_backward(const Plan& p, const Call& a, cudaStream_t stream) {
   const Operands o{a.in0, a.in0_s[0], a.in1, a.in1_s[0], a.out, a.out_s[0], a.n[0], a.n[1], 1.0, nullptr};
   return with_element_type(a.dtype, [&](auto tag) { return launch<decltype(tag), true>(p, o, stream); });
+}
+
+cudaError_t launch_cluster_rows_ce(const Plan& p, const Call& a, const int64_t* target,
+                                   const CrossEntropyArgs<float>& args, cudaStream_t stream) {
+  const Operands o{a.x(), a.x_stride(), nullptr, 0, a.y(), a.y_stride(), a.rows(), a.cols(), a.scale, nullptr};
+  return with_element_type(a.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (sizeof(T) == 8) {
+      return cudaErrorInvalidValue;
+    } else {
+      const CrossEntropyOut<T> out{static_cast<const T*>(a.x()), a.x_stride(), a.cols(), target,
+                                   static_cast<float>(a.scale), args};
+      return launch<T, false, CrossEntropyKernels<T>>(p, o, stream, out);
+    }
+  });
 }
 
 }  // namespace softlight

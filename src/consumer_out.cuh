@@ -2,8 +2,8 @@
 // log-softmax (LogSoftmaxOut), or cross-entropy's gradient with the row's loss (CrossEntropyOut,
 // docs/consumers.md). A kernel calls row(r, m, log_sum, leader) once a row (the leader thread
 // writes the row's own values) and writes each 16-byte block of the row through what it returns:
-// pack(dst, p, col) a whole block, part(dst, p, lo, hi, col) its elements [lo, hi); col is the
-// row's column of the block's element 0.
+// pack(dst, p, col[, evict_first]) a whole block, part(dst, p, lo, hi, col) its elements [lo, hi);
+// col is the row's column of the block's element 0. element(v, col) is one element's output.
 #pragma once
 
 #include <cstdint>
@@ -34,12 +34,13 @@ template <class T> struct LogSoftmaxOut {
   A* lse;  // the row's log-sum-exp, where asked
   struct Row {
     A m, scale, log_sum;
-    __device__ __forceinline__ void pack(T* dst, uint4 p, int64_t) const {
-      store_log_softmax_pack<T>(dst, p, m, scale, log_sum);
+    __device__ __forceinline__ void pack(T* dst, uint4 p, int64_t, bool evict_first = false) const {
+      store_log_softmax_pack<T>(dst, p, m, scale, log_sum, evict_first);
     }
     __device__ __forceinline__ void part(T* dst, uint4 p, int lo, int hi, int64_t) const {
       store_log_softmax_part(dst, p, lo, hi, m, scale, log_sum);
     }
+    __device__ __forceinline__ A element(A v, int64_t) const { return log_softmax_out_scaled(v, m, scale, log_sum); }
   };
   __device__ __forceinline__ Row row(int64_t r, A m, A log_sum, bool leader) const {
     if (lse != nullptr && leader) lse[r] = m * scale + log_sum;
@@ -68,13 +69,13 @@ template <class T> struct CrossEntropyOut {
       const A q = exp_of(diff(v) - log_sum);
       return (q * ca) * scale - (col == t ? g1 : A(0));
     }
-    __device__ __forceinline__ void pack(T* dst, uint4 p, int64_t col) const {
+    __device__ __forceinline__ void pack(T* dst, uint4 p, int64_t col, bool evict_first = false) const {
       constexpr int V = 16 / sizeof(T);
       A v[V];
       unpack<T, V>(p, v);
 #pragma unroll
       for (int j = 0; j < V; ++j) v[j] = skip ? none : value(v[j], col + j);
-      store_pack<T, V>(dst, v);
+      store_pack<T, V>(dst, v, evict_first);
     }
     __device__ __forceinline__ void part(T* dst, uint4 p, int lo, int hi, int64_t col) const {
       constexpr int V = 16 / sizeof(T);
@@ -82,8 +83,9 @@ template <class T> struct CrossEntropyOut {
       unpack<T, V>(p, v);
 #pragma unroll
       for (int k = 0; k < V; ++k)
-        if (k >= lo && k < hi) dst[k] = from_acc<T>(skip ? none : value(v[k], col + k));
+        if (k >= lo && k < hi) dst[k] = from_acc<T>(element(v[k], col + k));
     }
+    __device__ __forceinline__ A element(A v, int64_t col) const { return skip ? none : value(v, col); }
   };
   __device__ __forceinline__ Row row(int64_t r, A m, A log_sum, bool leader) const {
     const double g = a.mean ? (*a.count > 0 ? 1.0 / static_cast<double>(*a.count) : 0.0) : 1.0;

@@ -461,10 +461,12 @@ cudaError_t launch_cross_entropy(const ConsumerCall& c, const softlight_cross_en
     const auto kernel = o.label_smoothing != 0.0 ? cross_entropy_kernel<T, true> : cross_entropy_kernel<T, false>;
     cudaError_t in_clusters = cudaErrorNotSupported;
     if constexpr (sizeof(A) == 4) {
-      // The row held in registers between its read and the gradient's write; where the clusters
-      // cannot be placed (a partitioned or busy GPU), the kernel below.
+      // The row held on chip (registers, or cluster_rows' ring) between its read and the
+      // gradient's write; where the clusters cannot be placed (a partitioned or busy GPU), the
+      // kernel below.
       if (plan != nullptr && call != nullptr && c.rows > 0)
-        in_clusters = launch_register_clusters_ce(*plan, *call, c.index, a, stream);
+        in_clusters = plan->family == Family::cluster_rows ? launch_cluster_rows_ce(*plan, *call, c.index, a, stream)
+                                                           : launch_register_clusters_ce(*plan, *call, c.index, a, stream);
       if (in_clusters != cudaSuccess) (void)cudaGetLastError();
     }
     if (c.rows > 0 && in_clusters != cudaSuccess)  // (no rows: the reduction of none, 0 or NaN, below)

@@ -365,9 +365,9 @@ extern "C" softlight_status softlight_cross_entropy(const void* x, int64_t x_row
   CallDevice dev;
   st = open_consumer(&dev, {x, target, o.loss, o.lse, o.grad});
   if (st != SOFTLIGHT_SUCCESS) return st;
-  // Rows that the log-softmax holds in register clusters write the gradient from there (one read,
-  // one write), where there is no label smoothing (which needs the row's sum) and the gradient is
-  // not x; any other, consumer_rows.cu's kernel (a second read).
+  // Rows that the log-softmax holds on chip, in register clusters or cluster_rows' ring, write the
+  // gradient from there (one read, one write), where there is no label smoothing (which needs the
+  // row's sum) and the gradient is not x; any other, consumer_rows.cu's kernel (a second read).
   std::optional<Plan> plan;
   Call call;
   if (o.grad != nullptr && o.grad != x && o.label_smoothing == 0.0 && dtype != SOFTLIGHT_FLOAT64 && rows > 0 &&
@@ -378,7 +378,8 @@ extern "C" softlight_status softlight_cross_entropy(const void* x, int64_t x_row
     call = rows_forward_call(x, x_row_stride, o.grad, o.grad_row_stride, rows, cols, dtype, &fo, &fst, &fnoop);
     if (fst == SOFTLIGHT_SUCCESS && !fnoop) {
       const Plan p = plan_rows(rows_problem(call), dev.info, forced_tuning().rows);
-      if (p.family == Family::warp_rows && p.cluster > 0 && p.warp.flat_rows == 0) plan = p;
+      if ((p.family == Family::warp_rows && p.cluster > 0 && p.warp.flat_rows == 0) || p.family == Family::cluster_rows)
+        plan = p;
     }
   }
   // (No rows: the reduction of nothing, 0 or NaN, is still written, on the device.)

@@ -150,14 +150,17 @@ template <class A> struct CrossEntropyArgs {
   A* loss;               // the result: rows values (no reduction) or one
   A* lse;
 };
-// plan, call: where not null, a plan of register clusters for the rows of x and o.grad (fp32, fp16
-// and bf16, no label smoothing, the gradient not x), which then writes the gradient
-// (launch_register_clusters_ce).
+// plan, call: where not null, a plan of register clusters or cluster_rows for the rows of x and
+// o.grad (fp32, fp16 and bf16, no label smoothing, the gradient not x), which then writes the
+// gradient (launch_register_clusters_ce, launch_cluster_rows_ce).
 cudaError_t launch_cross_entropy(const ConsumerCall& c, const softlight_cross_entropy_options& o, cudaStream_t stream,
                                  const Plan* plan = nullptr, const Call* call = nullptr);
 // Cross-entropy's loss, lse and gradient (into call.y) by the register clusters of plan.
 cudaError_t launch_register_clusters_ce(const Plan& plan, const Call& call, const int64_t* target,
                                         const CrossEntropyArgs<float>& args, cudaStream_t stream);
+// The same by the cluster_rows plan `plan` (cluster_rows.cu), the row in the ring in between.
+cudaError_t launch_cluster_rows_ce(const Plan& plan, const Call& call, const int64_t* target,
+                                   const CrossEntropyArgs<float>& args, cudaStream_t stream);
 // grad (c.dx, rows x cols) times d_loss (count 1 or rows, the accumulation type, device memory), in
 // place; a row whose factor is 1 is not touched.
 cudaError_t launch_grad_scale(const ConsumerCall& c, const void* d_loss, int64_t count, cudaStream_t stream);

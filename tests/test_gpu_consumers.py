@@ -131,23 +131,29 @@ def test_rows_off_a_16_byte_boundary(dtype, skip):
     assert (err <= 4 * (atol + rtol)).all(), (dtype, skip, err.max().item())
 
 
-def _register_clusters(rows, cols, dtype):
-    """Whether the planner holds rows of x and a fresh gradient (both contiguous) in register clusters."""
+def _on_chip(rows, cols, dtype):
+    """Where the planner holds rows of x and a fresh gradient (both contiguous) on chip: "registers"
+    (register clusters), "ring" (cluster_rows), or None."""
     import gpu_util
     e = torch.empty((), dtype=tdtype(dtype)).element_size()
     p = gpu_util.plan(rows, cols, e, cols * e % 16 == 0, aligned8=cols * e % 8 == 0, rows128=cols * e % 128 == 0,
                       peelable=True, flat16=True, **gpu_util.device_plan_args())
-    return p["family"] == "warp_rows" and p["cluster"] > 0 and p["flat_rows"] == 0
+    if p["family"] == "warp_rows" and p["cluster"] > 0 and p["flat_rows"] == 0:
+        return "registers"
+    return "ring" if p["family"] == "cluster_rows" else None
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-@pytest.mark.parametrize("shape", [(64, 32000), (33, 50257), (16, 128256)], ids=str)
-def test_cross_entropy_in_register_clusters(dtype, shape):
-    """Rows the log-softmax holds in register clusters (asserted from the planner) write cross-entropy's
-    gradient from there: loss, lse and gradient against torch in float64, with an ignored row, each
-    reduction, z-loss, T = 1 and 0.6, and special values (NaN and 0 gradient rows)."""
-    rows, cols = shape
-    assert _register_clusters(rows, cols, dtype), shape
+@pytest.mark.parametrize("shape", [(64, 32000, "registers"), (33, 50257, "registers"), (16, 128256, "registers"),
+                                   (64, 151936, "ring"), (40, 262144, "ring"), (16, 200003, "ring")], ids=str)
+def test_cross_entropy_on_chip(dtype, shape):
+    """Rows the log-softmax holds on chip, in register clusters or cluster_rows' ring (asserted from
+    the planner; 200003 columns are peeled), write cross-entropy's gradient from there: loss, lse and
+    gradient against torch in float64, with an ignored row, each reduction, z-loss, T = 1 and 0.6,
+    and special values (NaN and 0 gradient rows)."""
+    rows, cols, where = shape
+    shape = (rows, cols)
+    assert _on_chip(rows, cols, dtype) == where, shape
     t = torch.randint(0, cols, (rows,), generator=torch.Generator().manual_seed(32)).cuda()
     t[7] = -100
     t[1] = 0  # (row 1's -inf element is not its target)

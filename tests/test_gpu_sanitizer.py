@@ -63,6 +63,10 @@ CASES = {
     # Without label smoothing, in the register clusters of the log-softmax (rows off 16 bytes: peeled).
     "cross_entropy_clusters": dict(op="cross_entropy", shape=(9, 50257), dtype="bfloat16", offset=(3, 3),
                                    smoothing=0.0),
+    # ... and in cluster_rows' ring (rows of 151936 bf16; rows of 200003 fp32 off 16 bytes: peeled).
+    "cross_entropy_ring": dict(op="cross_entropy", shape=(9, 151936), dtype="bfloat16", smoothing=0.0),
+    "cross_entropy_ring_peeled": dict(op="cross_entropy", shape=(5, 200003), dtype="float32", offset=(3, 3),
+                                      smoothing=0.0),
     "grad_scale": dict(op="grad_scale", shape=(37, 3001), dtype="float64", offset=(1, 1)),
 }
 CONSUMERS = ("row_stats", "row_stats_grad", "cross_entropy", "grad_scale")
@@ -104,6 +108,8 @@ def kernel_of(name):
             p = gpu_util.plan(*c["shape"], ELEM[c["dtype"]], flags.pop("aligned16"), **flags, **_device())
             if p["family"] == "warp_rows" and p["cluster"] > 0 and p["flat_rows"] == 0:
                 return "cross_entropy_clusters"
+            if p["family"] == "cluster_rows":
+                return "cross_entropy_ring" + ("_peeled" if p["peel"] else "")
         return c["op"]
     elem = ELEM[c["dtype"]]
     shape, d = c["shape"], c["dim"]
