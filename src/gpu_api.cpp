@@ -247,6 +247,26 @@ template <class A> ConsumerArgs<A> consumer_args(const softlight_row_stats_optio
   return {o.index.ids, o.index.count, o.index.row_stride, o.index.offset, o.index.shard != 0, p(o.lse),
           p(o.entropy), p(o.logprobs), p(o.picked), p(o.sum), p(o.max), p(o.sumexp), p(o.moment)};
 }
+// The narrowest CTAs of a cluster_rows ring that writes cross-entropy's gradient: narrower rings
+// (288 threads, rows of 262144 in 16 bits) are slower at it than a second read (docs/consumers.md).
+constexpr int kRingGradientThreads = 512;
+
+// Where the log-softmax would hold the rows of x, written to y, on chip: in register clusters (rows
+// of 32000 to 128256 columns in 16 bits, to 128256 in fp32) or in a ring of cluster_rows at least
+// kRingGradientThreads wide; not float64. True, with that plan and its call.
+bool on_chip_plan(const void* x, int64_t x_stride, void* y, int64_t y_stride, int64_t rows, int64_t cols,
+                  softlight_dtype dtype, double temperature, const DeviceInfo& info, Plan* plan, Call* call) {
+  if (dtype == SOFTLIGHT_FLOAT64 || rows <= 0 || cols <= 1) return false;
+  const softlight_forward_options fo{temperature, nullptr};
+  softlight_status st;
+  bool noop;
+  *call = rows_forward_call(x, x_stride, y, y_stride, rows, cols, dtype, &fo, &st, &noop);
+  if (st != SOFTLIGHT_SUCCESS || noop) return false;
+  *plan = plan_rows(rows_problem(*call), info, forced_tuning().rows);
+  if (plan->family == Family::warp_rows) return plan->cluster > 0 && plan->warp.flat_rows == 0;
+  return plan->family == Family::cluster_rows && plan->threads >= kRingGradientThreads;
+}
+
 template <class A> GradArgs<A> grad_args(const softlight_row_stats_grad& g) {
   const auto p = [](const void* v) { return static_cast<const A*>(v); };
   return {g.index.ids, g.index.count, g.index.row_stride, g.index.offset, g.index.shard != 0, p(g.lse),
@@ -368,23 +388,14 @@ extern "C" softlight_status softlight_cross_entropy(const void* x, int64_t x_row
   // Rows that the log-softmax holds on chip, in register clusters or cluster_rows' ring, write the
   // gradient from there (one read, one write), where there is no label smoothing (which needs the
   // row's sum) and the gradient is not x; any other, consumer_rows.cu's kernel (a second read).
-  std::optional<Plan> plan;
+  Plan plan;
   Call call;
-  if (o.grad != nullptr && o.grad != x && o.label_smoothing == 0.0 && dtype != SOFTLIGHT_FLOAT64 && rows > 0 &&
-      cols > 1) {
-    const softlight_forward_options fo{o.temperature, nullptr};
-    softlight_status fst;
-    bool fnoop;
-    call = rows_forward_call(x, x_row_stride, o.grad, o.grad_row_stride, rows, cols, dtype, &fo, &fst, &fnoop);
-    if (fst == SOFTLIGHT_SUCCESS && !fnoop) {
-      const Plan p = plan_rows(rows_problem(call), dev.info, forced_tuning().rows);
-      if ((p.family == Family::warp_rows && p.cluster > 0 && p.warp.flat_rows == 0) || p.family == Family::cluster_rows)
-        plan = p;
-    }
-  }
+  const bool on_chip = o.grad != nullptr && o.grad != x && o.label_smoothing == 0.0 &&
+                       on_chip_plan(x, x_row_stride, o.grad, o.grad_row_stride, rows, cols, dtype, o.temperature,
+                                    dev.info, &plan, &call);
   // (No rows: the reduction of nothing, 0 or NaN, is still written, on the device.)
-  const cudaError_t e = launch_cross_entropy(c, o, static_cast<cudaStream_t>(stream), plan ? &*plan : nullptr,
-                                             plan ? &call : nullptr);
+  const cudaError_t e = launch_cross_entropy(c, o, static_cast<cudaStream_t>(stream), on_chip ? &plan : nullptr,
+                                             on_chip ? &call : nullptr);
   return e == cudaSuccess ? SOFTLIGHT_SUCCESS : cuda_status(e);
 }
 
