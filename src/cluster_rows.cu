@@ -716,15 +716,9 @@ cudaError_t launch_cluster_rows_backward(const Plan& p, const Call& a, cudaStrea
 cudaError_t launch_cluster_rows_ce(const Plan& p, const Call& a, const int64_t* target,
                                    const CrossEntropyArgs<float>& args, cudaStream_t stream) {
   const Operands o{a.x(), a.x_stride(), nullptr, 0, a.y(), a.y_stride(), a.rows(), a.cols(), a.scale, nullptr};
-  return with_element_type(a.dtype, [&](auto tag) {
+  return with_cross_entropy_out(a, target, args, [&](auto tag, const auto& out) {
     using T = decltype(tag);
-    if constexpr (sizeof(T) == 8) {
-      return cudaErrorInvalidValue;
-    } else {
-      const CrossEntropyOut<T> out{static_cast<const T*>(a.x()), a.x_stride(), a.cols(), target,
-                                   static_cast<float>(a.scale), args};
-      return launch<T, false, CrossEntropyKernels<T>>(p, o, stream, out);
-    }
+    return launch<T, false, CrossEntropyKernels<T>>(p, o, stream, out);
   });
 }
 

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "dispatch.cuh"
 #include "kernels.hpp"
 #include "packs.cuh"
 
@@ -111,5 +112,21 @@ template <class T> struct CrossEntropyOut {
             static_cast<A>(g) * scale, bad ? A(NAN) : A(0), t, ignored || bad};
   }
 };
+
+// Calls launch(T{}, CrossEntropyOut<T>{...}) for the rows of call a (x, their gradient in y), T the
+// element type of a.dtype; float64 rows have no such output (consumer_rows.cu takes them).
+template <class F>
+cudaError_t with_cross_entropy_out(const Call& a, const int64_t* target, const CrossEntropyArgs<float>& args,
+                                   F&& launch) {
+  return with_element_type(a.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (sizeof(T) == 8) {
+      return cudaErrorInvalidValue;
+    } else {
+      return launch(tag, CrossEntropyOut<T>{static_cast<const T*>(a.x()), a.x_stride(), a.cols(), target,
+                                            static_cast<float>(a.scale), args});
+    }
+  });
+}
 
 }  // namespace softlight

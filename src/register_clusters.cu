@@ -200,15 +200,9 @@ cudaError_t launch_register_clusters(const Plan& p, const Call& a, cudaStream_t 
 
 cudaError_t launch_register_clusters_ce(const Plan& p, const Call& a, const int64_t* target,
                                         const CrossEntropyArgs<float>& args, cudaStream_t stream) {
-  return with_element_type(a.dtype, [&](auto tag) {
+  return with_cross_entropy_out(a, target, args, [&](auto tag, const auto& out) {
     using T = decltype(tag);
-    if constexpr (sizeof(T) == 8) {
-      return cudaErrorInvalidValue;
-    } else {
-      const CrossEntropyOut<T> out{static_cast<const T*>(a.x()), a.x_stride(), a.cols(), target,
-                                   static_cast<float>(a.scale), args};
-      return launch_clusters<CrossEntropyKernels<T>, T>(p, a, out, stream);
-    }
+    return launch_clusters<CrossEntropyKernels<T>, T>(p, a, out, stream);
   });
 }
 
