@@ -459,17 +459,17 @@ cudaError_t launch_cross_entropy(const ConsumerCall& c, const softlight_cross_en
     CrossEntropyArgs<A> a{o.label_smoothing, o.z_loss, c.ignore, c.ignore_index, mean, reduce, count, losses,
                           static_cast<A*>(o.loss), static_cast<A*>(o.lse)};
     const auto kernel = o.label_smoothing != 0.0 ? cross_entropy_kernel<T, true> : cross_entropy_kernel<T, false>;
-    cudaError_t in_clusters = cudaErrorNotSupported;
+    cudaError_t on_chip = cudaErrorNotSupported;
     if constexpr (sizeof(A) == 4) {
       // The row held on chip (registers, or cluster_rows' ring) between its read and the
       // gradient's write; where the clusters cannot be placed (a partitioned or busy GPU), the
       // kernel below.
-      if (plan != nullptr && call != nullptr && c.rows > 0)
-        in_clusters = plan->family == Family::cluster_rows ? launch_cluster_rows_ce(*plan, *call, c.index, a, stream)
-                                                           : launch_register_clusters_ce(*plan, *call, c.index, a, stream);
-      if (in_clusters != cudaSuccess) (void)cudaGetLastError();
+      if (plan != nullptr && c.rows > 0)
+        on_chip = plan->family == Family::cluster_rows ? launch_cluster_rows_ce(*plan, *call, c.index, a, stream)
+                                                       : launch_register_clusters_ce(*plan, *call, c.index, a, stream);
+      if (on_chip != cudaSuccess) (void)cudaGetLastError();
     }
-    if (c.rows > 0 && in_clusters != cudaSuccess)  // (no rows: the reduction of none, 0 or NaN, below)
+    if (c.rows > 0 && on_chip != cudaSuccess)  // (no rows: the reduction of none, 0 or NaN, below)
       kernel<<<grid_for(kernel, c.rows), kThreads, 0, stream>>>(
           static_cast<const T*>(c.x), c.x_stride, c.index, c.rows, c.cols, static_cast<A>(c.scale), a,
           static_cast<T*>(o.grad), o.grad_row_stride);

@@ -150,11 +150,11 @@ template <class A> struct CrossEntropyArgs {
   A* loss;               // the result: rows values (no reduction) or one
   A* lse;
 };
-// plan, call: where not null, a plan of register clusters or cluster_rows for the rows of x and
-// o.grad (fp32, fp16 and bf16, no label smoothing, the gradient not x), which then writes the
+// plan and call (both null, or neither): a plan of register clusters or cluster_rows for the rows of
+// x and o.grad (fp32, fp16 and bf16, no label smoothing, the gradient not x), which then writes the
 // gradient (launch_register_clusters_ce, launch_cluster_rows_ce).
 cudaError_t launch_cross_entropy(const ConsumerCall& c, const softlight_cross_entropy_options& o, cudaStream_t stream,
-                                 const Plan* plan = nullptr, const Call* call = nullptr);
+                                 const Plan* plan, const Call* call);
 // Cross-entropy's loss, lse and gradient (into call.y) by the register clusters of plan.
 cudaError_t launch_register_clusters_ce(const Plan& plan, const Call& call, const int64_t* target,
                                         const CrossEntropyArgs<float>& args, cudaStream_t stream);
