@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "bindings.hpp"
 #include "../src/devices.hpp"
 #include "../src/plan.hpp"
 #include "softlight/softlight.h"
@@ -85,6 +86,12 @@ py::tuple dlpack_view(py::capsule cap) {
                         py::make_tuple(int(t->device.device_type), int(t->device.device_id)), readonly);
 }
 
+}  // namespace
+
+// The layout of an array along an axis and the two calls of the C ABI, shared with torch_entry.cpp
+// (bindings.hpp).
+namespace softlight_py {
+
 // Layout errors of an array along an axis, as negative codes beside the C ABI's statuses (Python
 // turns them into messages).
 constexpr int kDimOutOfRange = -1;
@@ -92,8 +99,6 @@ constexpr int kBeforeDoNotMerge = -2;
 constexpr int kAfterDoNotMerge = -3;
 constexpr int kNegativeStride = -4;
 constexpr int kShapeMismatch = -5;
-
-using Dims = std::vector<int64_t>;
 
 // (extent, stride) of the axes [a, b) as one evenly strided axis (axes of extent 1 take no part;
 // none at all: (1, 0)); false where they do not form one.
@@ -228,6 +233,12 @@ bool contiguous(const Dims& shape, Dims* out) {
   }
   return true;
 }
+
+}  // namespace softlight_py
+
+namespace {
+
+using namespace softlight_py;
 
 bool as_u(PyObject* o, uintptr_t* v) {
   *v = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(o));
@@ -530,6 +541,7 @@ PYBIND11_MODULE(_C, m) {
     if (f == nullptr) throw py::error_already_set();
     m.add_object(def.ml_name, py::reinterpret_steal<py::object>(f));
   }
+  if (!softlight_py::add_torch_entries(m.ptr())) throw py::error_already_set();
   m.def("layout_code", [](const Dims& shape, const Dims& strides, int64_t dim) {
     const int d = normalize_dim(dim, shape.size());
     int64_t n[3], s[3];

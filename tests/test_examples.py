@@ -22,26 +22,25 @@ def _example():
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_training_losses_follow_torchs(device):
-    import softlight.torch as slt
     ex = _example()
     kw = dict(vocab=32000, d=32, layers=1, heads=2, context=16, batch=4, steps=8, device=device,
               backend="aot_eager" if device == "cpu" else "inductor")
-    ref, _ = ex.train(torch.log_softmax, **kw)
-    torch._dynamo.reset()
-    ours, _ = ex.train(slt.log_softmax, **kw)
-    assert len(ref) == len(ours) == 8
-    for a, b in zip(ref, ours):
-        assert abs(a - b) <= 1e-3 * abs(a), (ref, ours)
+    ref, _ = ex.train(ex.LOSSES["torch"], **kw)
     assert ref[-1] < ref[0]  # it learns
+    for name in ("softlight", "softlight-fused"):
+        torch._dynamo.reset()
+        ours, _ = ex.train(ex.LOSSES[name], **kw)
+        assert len(ref) == len(ours) == 8
+        for a, b in zip(ref, ours):
+            assert abs(a - b) <= 1e-3 * abs(a), (name, ref, ours)
 
 
 def test_log_softmax_time_from_the_profiler():
     """The example's --profile path on the CPU: softlight's log-softmax is found in the profile (its
     operator), and takes part of the step, not all of it."""
-    import softlight.torch as slt
     ex = _example()
     kw = dict(vocab=1000, d=32, layers=1, heads=2, context=16, batch=4, steps=3, device="cpu", backend="aot_eager")
-    for fn in (torch.log_softmax, slt.log_softmax):
+    for name, loss in ex.LOSSES.items():
         torch._dynamo.reset()
-        ls, total = ex.log_softmax_time(fn, **kw)
-        assert 0 < ls < total, (fn, ls, total)
+        ls, total = ex.log_softmax_time(loss, **kw)
+        assert 0 < ls < total, (name, ls, total)

@@ -183,3 +183,102 @@ def test_compile_inductor_on_the_gpu():
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     for a, p in zip(grads, (emb.weight, head.weight)):
         torch.testing.assert_close(a, p.grad, atol=1e-5, rtol=1e-4)
+
+
+def _general(x, dim, t):
+    """The general path's result (the DLPack API on a contiguous copy)."""
+    from softlight import _api
+    return _api.log_softmax(x.contiguous(), dim, temperature=t)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_eager_path_in_c_equals_the_general_path(device, dtype):
+    """softlight.torch's eager calls read in C (_C.torch_forward / torch_backward) give the general
+    path's results bit for bit, over shapes with empty, single and many-element axes, every dim and
+    a temperature; the inputs, poisoned outputs aside, are left as they were."""
+    from softlight import _C, _api
+    g = torch.Generator().manual_seed(5)
+    for shape in [(), (0,), (7,), (3, 1, 5), (2, 0, 4), (1, 1), (4, 300), (2, 3, 257)]:
+        x = (torch.randn(shape, generator=g) * 4).to(dtype).to(device)
+        if x.numel() > 2:
+            x.view(-1)[:3] = torch.tensor([float("inf"), -float("inf"), float("nan")], dtype=dtype)
+        x0 = x.clone()
+        for dim in range(-max(x.dim(), 1), max(x.dim(), 1)):
+            for t in (1.0, 0.7):
+                y = _C.torch_forward(x, dim, t, True)
+                assert y is not None and y.shape == x.shape and y.dtype == dtype and y.is_contiguous()
+                want = _general(x, dim, t)
+                assert torch.equal(y.nan_to_num(7.0), want.nan_to_num(7.0))
+                assert torch.equal(y.isnan(), want.isnan())
+                assert torch.equal(slt.log_softmax(x, dim, temperature=t).nan_to_num(7.0), want.nan_to_num(7.0))
+                gr = torch.randn(shape, generator=g).to(dtype).to(device)
+                dx = _C.torch_backward(gr, want, dim)
+                assert dx is not None
+                ref = _api.log_softmax_backward(gr, want, dim)
+                assert torch.equal(dx.nan_to_num(7.0), ref.nan_to_num(7.0)) and torch.equal(dx.isnan(), ref.isnan())
+        assert torch.equal(x.nan_to_num(7.0), x0.nan_to_num(7.0))
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace` is deprecated:DeprecationWarning")
+def test_eager_path_in_c_leaves_to_the_general_path_what_it_must():
+    """None (the general path takes the call) for everything the C path must not take as it is;
+    and then softlight.torch still gives the right result, or softlight's error."""
+    from softlight import _C
+    from torch.utils._python_dispatch import TorchDispatchMode
+    x = torch.randn(4, 6)
+    assert _C.torch_forward(x, -1, 1.0, True) is not None
+    refused = {
+        "subclass": (torch.nn.Parameter(x), -1, 1.0),
+        "not contiguous": (x.t(), 0, 1.0),
+        "negative bit": (torch._neg_view(x), -1, 1.0),
+        "int dtype": (torch.ones(2, 3, dtype=torch.int32), -1, 1.0),
+        "complex dtype": (torch.ones(2, 3, dtype=torch.complex64), -1, 1.0),
+        "meta": (torch.empty(2, 3, device="meta"), -1, 1.0),
+        "dim out of range": (x, 2, 1.0),
+        "dim not an int": (x, 1.0, 1.0),
+        "temperature an int": (x, -1, 2),
+        "temperature zero": (x, -1, 0.0),
+        "temperature inf": (x, -1, float("inf")),
+        "temperature nan": (x, -1, float("nan")),
+        "not a tensor": (x.numpy(), -1, 1.0),
+    }
+    for what, (a, dim, t) in refused.items():
+        assert _C.torch_forward(a, dim, t, True) is None, what
+        assert _C.torch_forward(a, dim, t, False) is None, what
+    xg = x.clone().requires_grad_()
+    assert _C.torch_forward(xg, -1, 1.0, True) is None  # autograd must see it
+    assert _C.torch_forward(xg, -1, 1.0, False) is not None  # (below autograd)
+    with torch.no_grad():
+        assert _C.torch_forward(xg, -1, 1.0, True) is not None
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Seen() as mode:
+        assert _C.torch_forward(x, -1, 1.0, True) is None
+        y = slt.log_softmax(x, -1)
+    assert any("softlight.log_softmax" in op for op in mode.ops), mode.ops  # the mode sees the operator
+    torch.testing.assert_close(y, torch.log_softmax(x, -1))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert _C.torch_forward(x, -1, 1.0, True) is None
+    seen = []
+    torch.func.vmap(lambda r: seen.append(_C.torch_forward(r, -1, 1.0, True)) or r)(x)
+    assert seen == [None]
+    traced = torch.jit.trace(lambda a: slt.log_softmax(a, -1) * 2, (x,))  # the tracer records the operator
+    z = torch.randn(4, 6)
+    torch.testing.assert_close(traced(z), torch.log_softmax(z, -1) * 2)
+    # Backward: mismatched pairs are left to the general path, which says what is wrong.
+    y = torch.log_softmax(x, -1)
+    for what, (gr, yy) in {"dtype": (x.double(), y), "shape": (x[:2], y), "layout": (x.t(), y.t()),
+                           "subclass": (torch.nn.Parameter(x), y)}.items():
+        assert _C.torch_backward(gr, yy, -1) is None, what
+    import softlight
+    with pytest.raises(softlight.InvalidArgumentError):
+        torch.ops.softlight.log_softmax_backward(x[:2], y, -1)

@@ -1,14 +1,18 @@
 """Train a small causal transformer language model on synthetic tokens under
-torch.compile(fullgraph=True), once with torch.log_softmax and once with softlight's, from the same
-seed, and print the two loss curves and step times side by side.
+torch.compile(fullgraph=True), from the same seed, with three losses, and print the loss curves and
+step times side by side:
+
+- "torch": torch.log_softmax, then the negative log-likelihood (F.nll_loss) of the next token;
+- "softlight": softlight.torch.log_softmax, then F.nll_loss;
+- "softlight-fused": softlight.torch.cross_entropy, the same loss in one pass over the logits that
+  also writes their gradient (docs/consumers.md).
 
     python examples/torch/train_lm.py                    # on the GPU if there is one
     python examples/torch/train_lm.py --steps 50 --device cpu --backend aot_eager
     python examples/torch/train_lm.py --profile 20      # and each run's log-softmax time (torch.profiler)
 
 The tokens follow a rule the model can learn (each is a fixed function of the one before, with some
-noise), so the loss falls. The model's last step is a log-softmax over the vocabulary followed by the
-negative log-likelihood of the next token: `log_softmax` is the only thing that differs between runs.
+noise), so the loss falls. The loss is the only thing that differs between runs.
 """
 import argparse
 import time
@@ -62,16 +66,23 @@ def batches(vocab, batch, context, steps, seed, device):
         yield t[:, :-1].to(device), t[:, 1:].to(device)
 
 
-def make_step(log_softmax, *, vocab, d, layers, heads, context, seed, device, backend, lr):
-    """One AdamW step of a fresh model (seeded) on (tokens, targets), the loss compiled with
-    fullgraph=True; it returns the loss."""
+# loss(logits (batch, context, vocab), targets (batch, context)) -> the mean loss
+LOSSES = {
+    "torch": lambda logits, targets: F.nll_loss(torch.log_softmax(logits, -1).flatten(0, 1), targets.flatten()),
+    "softlight": lambda logits, targets: F.nll_loss(slt.log_softmax(logits, -1).flatten(0, 1), targets.flatten()),
+    "softlight-fused": lambda logits, targets: slt.cross_entropy(logits.flatten(0, 1), targets.flatten()),
+}
+
+
+def make_step(loss, *, vocab, d, layers, heads, context, seed, device, backend, lr):
+    """One AdamW step of a fresh model (seeded) on (tokens, targets), the loss (a LOSSES value)
+    compiled with fullgraph=True; it returns the loss."""
     torch.manual_seed(seed)
     model = LM(vocab, d, layers, heads, context).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
 
     def loss_fn(tokens, targets):
-        logp = log_softmax(model(tokens), -1)
-        return F.nll_loss(logp.flatten(0, 1), targets.flatten())
+        return loss(model(tokens), targets)
 
     loss_fn = torch.compile(loss_fn, fullgraph=True, backend=backend)
 
@@ -85,35 +96,35 @@ def make_step(log_softmax, *, vocab, d, layers, heads, context, seed, device, ba
     return step
 
 
-def train(log_softmax, *, vocab=32000, d=128, layers=2, heads=4, context=64, batch=16, steps=300, seed=0,
+def train(loss, *, vocab=32000, d=128, layers=2, heads=4, context=64, batch=16, steps=300, seed=0,
           device="cpu", backend="inductor", lr=3e-3):
     """Losses and step times (s) of `steps` AdamW steps; the loss compiled with fullgraph=True."""
-    step = make_step(log_softmax, vocab=vocab, d=d, layers=layers, heads=heads, context=context, seed=seed,
+    step = make_step(loss, vocab=vocab, d=d, layers=layers, heads=heads, context=context, seed=seed,
                      device=device, backend=backend, lr=lr)
     losses, times = [], []
     for tokens, targets in batches(vocab, batch, context, steps, seed, device):
         if device != "cpu":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        loss = step(tokens, targets)
+        value = step(tokens, targets)
         if device != "cpu":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
-        losses.append(float(loss.detach()))
+        losses.append(float(value.detach()))
     return losses, times
 
 
-def log_softmax_time(log_softmax, *, steps=20, vocab=32000, d=128, layers=2, heads=4, context=64, batch=16,
+def log_softmax_time(loss, *, steps=20, vocab=32000, d=128, layers=2, heads=4, context=64, batch=16,
                      seed=0, device="cpu", backend="inductor", lr=3e-3):
     """(log-softmax time, all time) a step in ms, from torch.profiler over `steps` steps after three
     unprofiled ones: the self time of the kernels (on the CPU, the operators) whose name holds
     "log_softmax" (torch's, fused by inductor with what surrounds them: the NLL, the gradient's
-    pieces) or "softlight" (softlight's), and of all of them. On the GPU the kernels' device time
+    pieces) or "softlight" (softlight's, the fused loss's whole pass included), and of all of them. On the GPU the kernels' device time
     (the operators that launch them are left out, which would count it twice), on the CPU the
     operators' CPU time."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
-    step = make_step(log_softmax, vocab=vocab, d=d, layers=layers, heads=heads, context=context, seed=seed,
+    step = make_step(loss, vocab=vocab, d=d, layers=layers, heads=heads, context=context, seed=seed,
                      device=device, backend=backend, lr=lr)
     data = list(batches(vocab, batch, context, steps + 3, seed, device))
     for tokens, targets in data[:3]:
@@ -146,26 +157,32 @@ def main(argv=None):
                     help="then profile this many steps of each and print their log-softmax time")
     args = ap.parse_args(argv)
     kw = dict(vocab=args.vocab, device=args.device, backend=args.backend)
-    ref, ref_t = train(torch.log_softmax, steps=args.steps, **kw)
-    torch._dynamo.reset()
-    ours, ours_t = train(slt.log_softmax, steps=args.steps, **kw)
-    worst = max(abs(a - b) / abs(a) for a, b in zip(ref, ours))
-    print(f"{'step':>5s} {'torch loss':>11s} {'softlight loss':>15s} {'torch ms':>9s} {'softlight ms':>13s}")
+    runs = {}
+    for name, loss in LOSSES.items():
+        torch._dynamo.reset()
+        runs[name] = train(loss, steps=args.steps, **kw)
+    ref = runs["torch"][0]
+    worst = {name: max(abs(a - b) / abs(a) for a, b in zip(ref, runs[name][0])) for name in runs if name != "torch"}
+    print(f"{'step':>5s}" + "".join(f" {name + ' loss':>21s}" for name in runs) +
+          "".join(f" {name + ' ms':>19s}" for name in runs))
     for i in range(0, len(ref), max(1, len(ref) // 20)):
-        print(f"{i:5d} {ref[i]:11.5f} {ours[i]:15.5f} {1e3 * ref_t[i]:9.2f} {1e3 * ours_t[i]:13.2f}")
+        print(f"{i:5d}" + "".join(f" {r[0][i]:21.5f}" for r in runs.values()) +
+              "".join(f" {1e3 * r[1][i]:19.2f}" for r in runs.values()))
     half = len(ref) // 2  # the first steps include compilation
-    print(f"median step, second half: torch {1e3 * sorted(ref_t[half:])[len(ref_t[half:]) // 2]:.2f} ms, "
-          f"softlight {1e3 * sorted(ours_t[half:])[len(ours_t[half:]) // 2]:.2f} ms")
-    print(f"largest relative difference of the losses: {worst:.2e}")
+    print("median step, second half: " + ", ".join(
+        f"{name} {1e3 * sorted(t[half:])[len(t[half:]) // 2]:.2f} ms" for name, (_, t) in runs.items()))
+    print("largest relative difference of the losses from torch's: " +
+          ", ".join(f"{name} {w:.2e}" for name, w in worst.items()))
     if args.profile:
         shares = {}
-        for name, fn in (("torch", torch.log_softmax), ("softlight", slt.log_softmax)):
+        for name, loss in LOSSES.items():
             torch._dynamo.reset()
-            shares[name] = log_softmax_time(fn, steps=args.profile, **kw)
+            shares[name] = log_softmax_time(loss, steps=args.profile, **kw)
             ls, total = shares[name]
             print(f"{name}: log-softmax {ls:.3f} ms a step of {total:.3f} ms profiled ({100 * ls / total:.1f} %)")
-        print(f"torch's log-softmax time / softlight's: {shares['torch'][0] / shares['softlight'][0]:.2f}")
-    return 0 if worst <= 1e-3 else 1
+        print("torch's log-softmax time / softlight's: " +
+              ", ".join(f"{name} {shares['torch'][0] / shares[name][0]:.2f}" for name in shares if name != "torch"))
+    return 0 if max(worst.values()) <= 1e-3 else 1
 
 
 if __name__ == "__main__":

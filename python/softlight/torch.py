@@ -20,10 +20,10 @@ The consumers of the log-sum-exp (cross_entropy, token_logprobs, entropy, logsum
 docs/consumers.md) are the operators row_stats, row_stats_backward and cross_entropy, on the CPU and
 on CUDA.
 
-`log_softmax` calls softlight directly where no compiler, autocast, subclass or torch.func transform
-is involved (a torch operator's dispatch costs several microseconds a call): without autograd the
-forward alone, under eager autograd an autograd.Function over the same kernels; all paths give the
-same results.
+`log_softmax` calls softlight directly where no compiler, autocast, tensor subclass, torch.func
+transform, dispatch mode or jit tracer is involved (a torch operator's dispatch costs several
+microseconds a call): without autograd the forward alone, read in C (python/torch_entry.cpp), under
+eager autograd an autograd.Function over the same kernels; all paths give the same results.
 """
 import torch
 
@@ -41,14 +41,33 @@ def _readable(t, dim):
     return t if t.is_contiguous() or _C.layout_code(t.shape, t.stride(), dim) == 0 else t.contiguous()
 
 
+# Whether autocast is on for any device (one query; torch.is_autocast_enabled(x.device.type) costs
+# ~0.8 us a call, most of it in x.device).
+_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or \
+    (lambda: torch.is_autocast_enabled("cuda") or torch.is_autocast_enabled("cpu"))
+
+# The eager calls read in C (python/torch_entry.cpp): the output, or None where the general path
+# below is to take the call. torch's objects are handed over once, here.
+_C.torch_setup(torch.Tensor, torch.strided, (torch.float32, torch.float16, torch.bfloat16, torch.float64),
+               torch.empty_like, getattr(torch._C, "_cuda_getCurrentRawStream", None), torch.is_grad_enabled,
+               _any_autocast, torch._C._are_functorch_transforms_active, torch._C._len_torch_dispatch_stack,
+               torch._C._get_tracing_state, check)
+_eager_forward, _eager_backward = _C.torch_forward, _C.torch_backward
+
+
 def _forward(x, dim, temperature=1.0):
+    y = _eager_forward(x, dim, temperature, False)
+    if y is not None:
+        return y
     x = _readable(x, dim)
     return _api.log_softmax(x, dim, temperature=temperature)
 
 
 def _backward(grad, y, dim, temperature=1.0):
-    grad, y = _readable(grad, dim), _readable(y, dim)
-    dx = _api.log_softmax_backward(grad, y, dim)
+    dx = _eager_backward(grad, y, dim)
+    if dx is None:
+        grad, y = _readable(grad, dim), _readable(y, dim)
+        dx = _api.log_softmax_backward(grad, y, dim)
     return dx if temperature == 1.0 else dx.div_(temperature)
 
 
@@ -83,23 +102,10 @@ def _check(x, dim):
     return code
 
 
-def _setup_forward(ctx, inputs, output):
-    _, dim, temperature = (tuple(inputs) + (1.0,))[:3]
-    ctx.dim, ctx.temperature = dim, temperature
-    ctx.save_for_backward(output)
-
-
 def _grad_forward(ctx, grad):
+    """The forward's gradient through the backward operator (which has a derivative of its own)."""
     (y,) = ctx.saved_tensors
     return torch.ops.softlight.log_softmax_backward(grad, y, ctx.dim, ctx.temperature), None, None
-
-
-
-
-def _setup_backward(ctx, inputs, output):
-    grad, y, dim, temperature = (tuple(inputs) + (1.0,))[:4]
-    ctx.dim, ctx.temperature = dim, temperature
-    ctx.save_for_backward(grad, y)
 
 
 def _grad_backward(ctx, h):
@@ -115,32 +121,40 @@ def _grad_backward(ctx, h):
 
 
 # The two operators' autograd, registered at the Autograd key by hand: register_autograd's kernel
-# costs about 9 us a call even where nothing requires grad; this one checks, and otherwise goes on below
-# autograd at once. Where grad is needed, an autograd.Function.
+# costs about 9 us a call even where nothing requires grad; this one checks, and otherwise computes
+# at once (the eager path in C, where no mode or transform must see the call) or goes on below
+# autograd. Where grad is needed, an autograd.Function whose forward runs the operator below
+# autograd, so that tracers and fake tensors see the operator itself.
 class _LogSoftmaxGrad(torch.autograd.Function):
-    """log_softmax's autograd. `direct`: called by log_softmax below in plain eager autograd, it runs
-    the operators' bodies without their dispatch (several microseconds each way: the same kernels,
-    the same results); otherwise (the operator's Autograd kernel) its forward runs the operator below
-    autograd, so that tracers and fake tensors see the operator itself. A backward that builds a
-    graph (create_graph) runs the backward operator, which has a derivative of its own."""
+    @staticmethod
+    def forward(ctx, x, dim, temperature):  # (not setup_context's form: binding costs ~40 us)
+        with torch._C._AutoDispatchBelowAutograd():
+            y = torch.ops.softlight.log_softmax(x, dim, temperature)
+        ctx.save_for_backward(y)
+        ctx.dim, ctx.temperature = dim, temperature
+        return y
+
+    backward = staticmethod(_grad_forward)
+
+
+class _LogSoftmaxGradEager(torch.autograd.Function):
+    """log_softmax's autograd in plain eager autograd (log_softmax below): the operators' bodies
+    without their dispatch (several microseconds each way: the same kernels, the same results). A
+    backward that builds a graph (create_graph) runs the backward operator."""
 
     @staticmethod
-    def forward(ctx, x, dim, temperature, direct):  # (not setup_context's form: binding costs ~40 us)
-        if direct:
-            y = _forward(x, dim, temperature)
-        else:
-            with torch._C._AutoDispatchBelowAutograd():
-                y = torch.ops.softlight.log_softmax(x, dim, temperature)
-        _setup_forward(ctx, (x, dim, temperature), y)
-        ctx.direct = direct
+    def forward(ctx, x, dim, temperature):
+        y = _forward(x, dim, temperature)
+        ctx.save_for_backward(y)
+        ctx.dim, ctx.temperature = dim, temperature
         return y
 
     @staticmethod
     def backward(ctx, grad):
-        if ctx.direct and not torch.is_grad_enabled():
-            (y,) = ctx.saved_tensors
-            return _backward(grad, y, ctx.dim, ctx.temperature), None, None, None
-        return _grad_forward(ctx, grad) + (None,)
+        if torch.is_grad_enabled():
+            return _grad_forward(ctx, grad)
+        (y,) = ctx.saved_tensors
+        return _backward(grad, y, ctx.dim, ctx.temperature), None, None
 
 
 class _LogSoftmaxBackwardGrad(torch.autograd.Function):
@@ -148,7 +162,8 @@ class _LogSoftmaxBackwardGrad(torch.autograd.Function):
     def forward(ctx, grad, y, dim, temperature):
         with torch._C._AutoDispatchBelowAutograd():
             dx = torch.ops.softlight.log_softmax_backward(grad, y, dim, temperature)
-        _setup_backward(ctx, (grad, y, dim, temperature), dx)
+        ctx.save_for_backward(grad, y)
+        ctx.dim, ctx.temperature = dim, temperature
         return dx
 
     backward = staticmethod(_grad_backward)
@@ -156,7 +171,10 @@ class _LogSoftmaxBackwardGrad(torch.autograd.Function):
 
 def _forward_autograd(x, dim, temperature=1.0):
     if torch.is_grad_enabled() and x.requires_grad:
-        return _LogSoftmaxGrad.apply(x, dim, temperature, False)
+        return _LogSoftmaxGrad.apply(x, dim, temperature)
+    y = _eager_forward(x, dim, temperature, True)
+    if y is not None:
+        return y
     with torch._C._AutoDispatchBelowAutograd():
         return torch.ops.softlight.log_softmax(x, dim, temperature)
 
@@ -176,24 +194,23 @@ for _device in ("cpu", "cuda"):
     torch.library.register_autocast("softlight::log_softmax_backward", _device, torch.float32)
 
 
-# Whether autocast is on for any device (torch.is_autocast_enabled(x.device.type) costs ~0.8 us a
-# call, most of it in x.device); where torch has no such query, x's device is asked.
-_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None)
-
-
 def _plain(x):
-    """Whether nothing but eager torch sees a call on x: no tracer or compiler, no autocast, no tensor
-    subclass and no torch.func transform (otherwise the operator takes the call)."""
-    return type(x) is torch.Tensor and not torch.compiler.is_compiling() and \
-        not (_any_autocast() if _any_autocast is not None else torch.is_autocast_enabled(x.device.type)) and \
-        not torch._C._are_functorch_transforms_active()
+    """Whether nothing but eager torch sees a call on x: no compiler, autocast, tensor subclass,
+    torch.func transform, dispatch mode or jit tracer (otherwise the operator takes the call)."""
+    return type(x) is torch.Tensor and not torch.compiler.is_compiling() and not _any_autocast() and \
+        not torch._C._are_functorch_transforms_active() and not torch._C._len_torch_dispatch_stack() and \
+        torch._C._get_tracing_state() is None
 
 
 def log_softmax(x, dim=-1, *, temperature=1.0):
     """log_softmax(x / temperature) along dim, as torch.log_softmax (with autograd and torch.compile)."""
+    if not torch.compiler.is_compiling():
+        y = _eager_forward(x, dim, temperature, True)  # no grad, plain eager: at once
+        if y is not None:
+            return y
     if _plain(x):
         if x.requires_grad and torch.is_grad_enabled():
-            return _LogSoftmaxGrad.apply(x, dim, temperature, True)
+            return _LogSoftmaxGradEager.apply(x, dim, temperature)
         return _forward(x, dim, temperature)
     return torch.ops.softlight.log_softmax(x, dim, temperature)
 
