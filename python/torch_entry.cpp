@@ -126,10 +126,10 @@ bool read(PyObject* t, Read* r) {
   return ok;
 }
 
-// Whether nothing but eager torch sees a call on x: no autograd wanted, no autocast, torch.func
-// transform, dispatch mode or jit tracer (each of those must see the operator itself).
-bool plain(PyObject* x) {
-  if (attr_is(x, names_.requires_grad, Py_True) && call_true(torch_.grad_enabled) != 0) return false;
+// Whether nothing but eager torch (and autograd, where `grad` is set) sees a call on x, an exact
+// torch.Tensor: no autocast, torch.func transform, dispatch mode or jit tracer (each of those must see
+// the operator itself). `grad`: whether autograd is to record the call.
+bool plain(PyObject* x, bool* grad) {
   if (call_true(torch_.any_autocast) != 0 || call_true(torch_.transforms) != 0) return false;
   if (int_of(PyObject_CallNoArgs(torch_.dispatch_modes), 1) != 0) return false;
   PyObject* tracing = PyObject_CallNoArgs(torch_.tracing);
@@ -138,7 +138,10 @@ bool plain(PyObject* x) {
     return false;
   }
   Py_DECREF(tracing);
-  return tracing == Py_None;
+  if (tracing != Py_None) return false;
+  const int needs = attr_is(x, names_.requires_grad, Py_True) ? call_true(torch_.grad_enabled) : 0;
+  *grad = needs != 0;
+  return needs >= 0;
 }
 
 // A new tensor like t (torch.empty_like; contiguous, as t is) and its pointer; nullptr with an
@@ -190,15 +193,22 @@ PyObject* finish(int status, PyObject* out) {
   return nullptr;
 }
 
-// torch_forward(x, dim, temperature, check_plain) -> y, or None where the general path is to take the
-// call. check_plain: refuse calls that autograd, autocast, a transform, mode or tracer must see (the
-// operators' own kernels, below all of those, pass False).
+// torch_forward(x, dim, temperature, check_plain) -> y; None where the general path is to take the
+// call; True (check_plain only) where the call is plain eager but autograd is to record it. check_plain:
+// refuse calls that autograd, autocast, a transform, mode or tracer must see (the operators' own
+// kernels, below all of those, pass False).
 PyObject* torch_forward(PyObject*, PyObject* const* a, Py_ssize_t n) {
   if (n != 4) {
     PyErr_SetString(PyExc_TypeError, "torch_forward takes 4 positional arguments");
     return nullptr;
   }
   PyObject *x = a[0], *dim_o = a[1], *t_o = a[2];
+  if (torch_.tensor == nullptr || Py_TYPE(x) != reinterpret_cast<PyTypeObject*>(torch_.tensor)) Py_RETURN_NONE;
+  if (a[3] == Py_True) {
+    bool grad = false;
+    if (!plain(x, &grad)) Py_RETURN_NONE;
+    if (grad) Py_RETURN_TRUE;
+  }
   if (!PyLong_CheckExact(dim_o) || !PyFloat_CheckExact(t_o)) Py_RETURN_NONE;
   const double t = PyFloat_AS_DOUBLE(t_o);
   if (!(t > 0.0 && t < HUGE_VAL)) Py_RETURN_NONE;
@@ -209,7 +219,6 @@ PyObject* torch_forward(PyObject*, PyObject* const* a, Py_ssize_t n) {
     PyErr_Clear();
     Py_RETURN_NONE;
   }
-  if (a[3] == Py_True && !plain(x)) Py_RETURN_NONE;
   Dims strides;
   if (!contiguous(r.shape, &strides)) {  // (sizes past 64 bits: the general path says so)
     PyErr_Clear();
@@ -274,7 +283,8 @@ PyObject* torch_setup(PyObject*, PyObject* const* a, Py_ssize_t n) {
 
 PyMethodDef kTorchMethods[] = {
     {"torch_forward", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(torch_forward)), METH_FASTCALL,
-     "torch_forward(x, dim, temperature, check_plain) -> y, or None: the general path takes the call"},
+     "torch_forward(x, dim, temperature, check_plain) -> y; None: the general path takes the call; True: the "
+     "call is plain eager but autograd is to record it"},
     {"torch_backward", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(torch_backward)), METH_FASTCALL,
      "torch_backward(grad, y, dim) -> dx, or None: the general path takes the call"},
     {"torch_setup", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(torch_setup)), METH_FASTCALL,

@@ -222,8 +222,9 @@ def test_eager_path_in_c_equals_the_general_path(device, dtype):
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.trace` is deprecated:DeprecationWarning")
 def test_eager_path_in_c_leaves_to_the_general_path_what_it_must():
-    """None (the general path takes the call) for everything the C path must not take as it is;
-    and then softlight.torch still gives the right result, or softlight's error."""
+    """None (the general path takes the call) for everything the C path must not take as it is, True
+    where autograd is to record a plain call; and then softlight.torch still gives the right result,
+    or softlight's error."""
     from softlight import _C
     from torch.utils._python_dispatch import TorchDispatchMode
     x = torch.randn(4, 6)
@@ -246,11 +247,18 @@ def test_eager_path_in_c_leaves_to_the_general_path_what_it_must():
     for what, (a, dim, t) in refused.items():
         assert _C.torch_forward(a, dim, t, True) is None, what
         assert _C.torch_forward(a, dim, t, False) is None, what
+
     xg = x.clone().requires_grad_()
-    assert _C.torch_forward(xg, -1, 1.0, True) is None  # autograd must see it
+    assert _C.torch_forward(xg, -1, 1.0, True) is True  # plain, but autograd is to record it
     assert _C.torch_forward(xg, -1, 1.0, False) is not None  # (below autograd)
     with torch.no_grad():
         assert _C.torch_forward(xg, -1, 1.0, True) is not None
+    # With grad wanted, a plain call is True whatever its layout: the Function's forward reads it, or
+    # leaves it to the general path.
+    xt = x.t().clone().requires_grad_()
+    assert not xt.is_contiguous() and _C.torch_forward(xt, 0, 1.0, True) is True
+    (dx,) = torch.autograd.grad(slt.log_softmax(xt, 0), xt, torch.ones(6, 4))
+    torch.testing.assert_close(dx, 1 - 6 * torch.softmax(xt.detach(), 0))
 
     class Seen(TorchDispatchMode):
         def __init__(self):

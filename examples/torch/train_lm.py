@@ -96,22 +96,25 @@ def make_step(loss, *, vocab, d, layers, heads, context, seed, device, backend, 
     return step
 
 
-def train(loss, *, vocab=32000, d=128, layers=2, heads=4, context=64, batch=16, steps=300, seed=0,
+def train(losses, *, vocab=32000, d=128, layers=2, heads=4, context=64, batch=16, steps=300, seed=0,
           device="cpu", backend="inductor", lr=3e-3):
-    """Losses and step times (s) of `steps` AdamW steps; the loss compiled with fullgraph=True."""
-    step = make_step(loss, vocab=vocab, d=d, layers=layers, heads=heads, context=context, seed=seed,
-                     device=device, backend=backend, lr=lr)
-    losses, times = [], []
+    """{name: (losses, step times in s)} of `steps` AdamW steps of a fresh model for each loss in
+    `losses` ({name: a LOSSES value}), compiled with fullgraph=True. The runs take turns step by step,
+    on the same batches, so that their step times are measured in the same stretch of time."""
+    steps_of = {name: make_step(loss, vocab=vocab, d=d, layers=layers, heads=heads, context=context, seed=seed,
+                                device=device, backend=backend, lr=lr) for name, loss in losses.items()}
+    runs = {name: ([], []) for name in losses}
     for tokens, targets in batches(vocab, batch, context, steps, seed, device):
-        if device != "cpu":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        value = step(tokens, targets)
-        if device != "cpu":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-        losses.append(float(value.detach()))
-    return losses, times
+        for name, step in steps_of.items():
+            if device != "cpu":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            value = step(tokens, targets)
+            if device != "cpu":
+                torch.cuda.synchronize()
+            runs[name][1].append(time.perf_counter() - t0)
+            runs[name][0].append(float(value.detach()))
+    return runs
 
 
 def log_softmax_time(loss, *, steps=20, vocab=32000, d=128, layers=2, heads=4, context=64, batch=16,
@@ -157,10 +160,7 @@ def main(argv=None):
                     help="then profile this many steps of each and print their log-softmax time")
     args = ap.parse_args(argv)
     kw = dict(vocab=args.vocab, device=args.device, backend=args.backend)
-    runs = {}
-    for name, loss in LOSSES.items():
-        torch._dynamo.reset()
-        runs[name] = train(loss, steps=args.steps, **kw)
+    runs = train(LOSSES, steps=args.steps, **kw)
     ref = runs["torch"][0]
     worst = {name: max(abs(a - b) / abs(a) for a, b in zip(ref, runs[name][0])) for name in runs if name != "torch"}
     print(f"{'step':>5s}" + "".join(f" {name + ' loss':>21s}" for name in runs) +

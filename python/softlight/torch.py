@@ -172,7 +172,7 @@ class _LogSoftmaxBackwardGrad(torch.autograd.Function):
 def _forward_autograd(x, dim, temperature=1.0):
     if torch.is_grad_enabled() and x.requires_grad:
         return _LogSoftmaxGrad.apply(x, dim, temperature)
-    y = _eager_forward(x, dim, temperature, True)
+    y = _eager_forward(x, dim, temperature, True)  # (never True here: grad is not needed)
     if y is not None:
         return y
     with torch._C._AutoDispatchBelowAutograd():
@@ -205,13 +205,15 @@ def _plain(x):
 def log_softmax(x, dim=-1, *, temperature=1.0):
     """log_softmax(x / temperature) along dim, as torch.log_softmax (with autograd and torch.compile)."""
     if not torch.compiler.is_compiling():
-        y = _eager_forward(x, dim, temperature, True)  # no grad, plain eager: at once
+        y = _eager_forward(x, dim, temperature, True)  # plain eager without grad: at once
+        if y is True:  # plain eager, recorded by autograd
+            return _LogSoftmaxGradEager.apply(x, dim, temperature)
         if y is not None:
             return y
-    if _plain(x):
-        if x.requires_grad and torch.is_grad_enabled():
-            return _LogSoftmaxGradEager.apply(x, dim, temperature)
-        return _forward(x, dim, temperature)
+        if _plain(x):  # (plain, but the C path does not read x as it is)
+            if x.requires_grad and torch.is_grad_enabled():
+                return _LogSoftmaxGradEager.apply(x, dim, temperature)
+            return _forward(x, dim, temperature)
     return torch.ops.softlight.log_softmax(x, dim, temperature)
 
 
