@@ -345,7 +345,7 @@ template <class T, int U, bool Backward, bool Peel> struct ClusterCta {
       *rows_started = static_cast<int>(iter + 1);
     }
     const A log_sum = log_acc(row.s);
-    const auto w = out.row(row_index, row.m, log_sum, rank == 0 && gtid == 0);
+    const auto w = out.row(row_index, row.m, row.s, log_sum, rank == 0 && gtid == 0 ? 0 : -1, 1);
     if (Peel && rank == 0 && gtid < 2 * V) {
       // The edges of a peeled row: thread i < V writes the head's element i, V + i the tail's.
       const Edges g = edges_of(head, interior);

@@ -1,9 +1,11 @@
 // What a rows kernel writes for a row's elements once it has the row's max and log-sum: the
-// log-softmax (LogSoftmaxOut), or cross-entropy's gradient with the row's loss (CrossEntropyOut,
-// docs/consumers.md). A kernel calls row(r, m, log_sum, leader) once a row (the leader thread
-// writes the row's own values) and writes each 16-byte block of the row through what it returns:
-// pack(dst, p, col[, evict_first]) a whole block, part(dst, p, lo, hi, col) its elements [lo, hi);
-// col is the row's column of the block's element 0. element(v, col) is one element's output.
+// log-softmax (LogSoftmaxOut), cross-entropy's gradient with the row's loss (CrossEntropyOut,
+// docs/consumers.md), or nothing but the row's statistics (RowStatsOut). A kernel calls
+// row(r, m, s, log_sum, lane, lanes) once a row, s the sum of exp((x - m) * scale) and log_sum its
+// log, lane the thread's place among the `lanes` threads that write the row's own values (-1 for
+// the others; lane 0 is the leader), and writes each 16-byte block of the row through what it
+// returns: pack(dst, p, col[, evict_first]) a whole block, part(dst, p, lo, hi, col) its elements
+// [lo, hi); col is the row's column of the block's element 0. element(v, col) is one element's output.
 #pragma once
 
 #include <cstdint>
@@ -43,8 +45,8 @@ template <class T> struct LogSoftmaxOut {
     }
     __device__ __forceinline__ A element(A v, int64_t) const { return log_softmax_out_scaled(v, m, scale, log_sum); }
   };
-  __device__ __forceinline__ Row row(int64_t r, A m, A log_sum, bool leader) const {
-    if (lse != nullptr && leader) lse[r] = m * scale + log_sum;
+  __device__ __forceinline__ Row row(int64_t r, A m, A, A log_sum, int lane, int) const {
+    if (lse != nullptr && lane == 0) lse[r] = m * scale + log_sum;
     return {m, scale, log_sum};
   }
 };
@@ -88,7 +90,8 @@ template <class T> struct CrossEntropyOut {
     }
     __device__ __forceinline__ A element(A v, int64_t col) const { return skip ? none : value(v, col); }
   };
-  __device__ __forceinline__ Row row(int64_t r, A m, A log_sum, bool leader) const {
+  __device__ __forceinline__ Row row(int64_t r, A m, A, A log_sum, int lane, int) const {
+    const bool leader = lane == 0;
     const double g = a.mean ? (*a.count > 0 ? 1.0 / static_cast<double>(*a.count) : 0.0) : 1.0;
     const int64_t t = target[r];
     const bool ignored = a.ignore && t == a.ignore_index;
@@ -128,5 +131,42 @@ cudaError_t with_cross_entropy_out(const Call& a, const int64_t* target, const C
     }
   });
 }
+
+// The statistics that a row's max and sum give, and no element written (row_stats without the
+// entropy, its moment or the row's sum): lse, max and sumexp from the leader, each token's picked
+// logit and log-prob over the lanes. As consumer_rows.cu's row_stats_kernel computes them (a token
+// outside the row picks 0 from a shard, NaN otherwise).
+template <class T> struct RowStatsOut {
+  using A = acc_t<T>;
+  const T* x;
+  int64_t xs, cols;
+  A scale;
+  ConsumerArgs<A> a;
+  struct Row {
+    __device__ __forceinline__ void pack(T*, uint4, int64_t) const {}
+    __device__ __forceinline__ void part(T*, uint4, int, int, int64_t) const {}
+  };
+  __device__ __forceinline__ Row row(int64_t r, A m, A s, A log_sum, int lane, int lanes) const {
+    if (lane < 0) return {};
+    const A shift = m == neg_inf<A>() ? A(0) : m;
+    if (lane == 0) {
+      const A mz = m * scale;
+      if (a.lse) a.lse[r] = mz + log_sum;
+      if (a.max) a.max[r] = mz;
+      if (a.sumexp) a.sumexp[r] = s;
+    }
+    const T* xr = x + r * xs;
+    for (int64_t q = lane; q < a.count; q += lanes) {
+      const int64_t token = a.index[r * a.index_stride + q];
+      const int64_t j = token - a.offset;
+      const bool inside = token >= a.offset && j < cols;
+      const A none = a.shard ? A(0) : A(NAN);
+      const A v = inside ? to_acc(xr[j]) : A(0);
+      if (a.picked) a.picked[r * a.count + q] = inside ? v * scale : none;
+      if (a.logprobs) a.logprobs[r * a.count + q] = inside ? scaled_difference(v, shift, scale, A(1)) - log_sum : none;
+    }
+    return {};
+  }
+};
 
 }  // namespace softlight

@@ -252,10 +252,11 @@ template <class A> ConsumerArgs<A> consumer_args(const softlight_row_stats_optio
 constexpr int kRingGradientThreads = 512;
 
 // Where the log-softmax would hold the rows of x, written to y, on chip: in register clusters (rows
-// of 32000 to 128256 columns in 16 bits, to 128256 in fp32) or in a ring of cluster_rows at least
-// kRingGradientThreads wide; not float64. True, with that plan and its call.
+// of 32000 to 128256 columns in 16 bits, to 128256 in fp32) or, with `ring`, in a ring of
+// cluster_rows at least kRingGradientThreads wide; not float64. True, with that plan and its call.
 bool on_chip_plan(const void* x, int64_t x_stride, void* y, int64_t y_stride, int64_t rows, int64_t cols,
-                  softlight_dtype dtype, double temperature, const DeviceInfo& info, Plan* plan, Call* call) {
+                  softlight_dtype dtype, double temperature, bool ring, const DeviceInfo& info, Plan* plan,
+                  Call* call) {
   if (dtype == SOFTLIGHT_FLOAT64 || rows <= 0 || cols <= 1) return false;
   const softlight_forward_options fo{temperature, nullptr};
   softlight_status st;
@@ -264,7 +265,7 @@ bool on_chip_plan(const void* x, int64_t x_stride, void* y, int64_t y_stride, in
   if (st != SOFTLIGHT_SUCCESS || noop) return false;
   *plan = plan_rows(rows_problem(*call), info, forced_tuning().rows);
   if (plan->family == Family::warp_rows) return plan->cluster > 0 && plan->warp.flat_rows == 0;
-  return plan->family == Family::cluster_rows && plan->threads >= kRingGradientThreads;
+  return ring && plan->family == Family::cluster_rows && plan->threads >= kRingGradientThreads;
 }
 
 template <class A> GradArgs<A> grad_args(const softlight_row_stats_grad& g) {
@@ -345,8 +346,18 @@ extern "C" softlight_status softlight_row_stats(const void* x, int64_t x_row_str
   CallDevice dev;
   st = open_consumer(&dev, {x, o.index.ids, o.lse, o.entropy, o.logprobs, o.picked, o.sum, o.max, o.sumexp, o.moment});
   if (st != SOFTLIGHT_SUCCESS) return st;
-  const cudaError_t e = launch_row_stats(c, consumer_args<float>(o), consumer_args<double>(o),
-                                         static_cast<cudaStream_t>(stream));
+  // Rows that the log-softmax holds in register clusters give the statistics of their max and sum
+  // from there (all of a row's loads in flight at once), where neither the entropy, its moment nor
+  // the row's sum is asked; any other, consumer_rows.cu's kernel.
+  Plan plan;
+  Call call;
+  const bool clusters = o.entropy == nullptr && o.moment == nullptr && o.sum == nullptr &&
+                        on_chip_plan(x, x_row_stride, const_cast<void*>(x), x_row_stride, rows, cols, dtype,
+                                     o.temperature, false, dev.info, &plan, &call);
+  const cudaError_t e = clusters ? launch_register_clusters_stats(plan, call, consumer_args<float>(o),
+                                                                  static_cast<cudaStream_t>(stream))
+                                 : launch_row_stats(c, consumer_args<float>(o), consumer_args<double>(o),
+                                                    static_cast<cudaStream_t>(stream));
   return e == cudaSuccess ? SOFTLIGHT_SUCCESS : cuda_status(e);
 }
 
@@ -392,7 +403,7 @@ extern "C" softlight_status softlight_cross_entropy(const void* x, int64_t x_row
   Call call;
   const bool on_chip = o.grad != nullptr && o.grad != x && o.label_smoothing == 0.0 &&
                        on_chip_plan(x, x_row_stride, o.grad, o.grad_row_stride, rows, cols, dtype, o.temperature,
-                                    dev.info, &plan, &call);
+                                    true, dev.info, &plan, &call);
   // (No rows: the reduction of nothing, 0 or NaN, is still written, on the device.)
   const cudaError_t e = launch_cross_entropy(c, o, static_cast<cudaStream_t>(stream), on_chip ? &plan : nullptr,
                                              on_chip ? &call : nullptr);

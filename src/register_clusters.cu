@@ -37,10 +37,11 @@ namespace {
 // packs that do not start on 128 bytes (bf16 rows of 50 264: six CTAs of 80 registers, 8 % slower).
 // Other CTAs of 128 threads keep the compiler's choice (register_cluster_kernel), which was 2 %
 // faster in bf16 rows on 128 bytes than the bound.
-// Out: what the row's elements become, given its max and log-sum (LogSoftmaxOut, or
-// CrossEntropyOut's gradient): Out::row(row, m, log_sum, leader) writes the row's own values (the
-// leader thread) and gives the writer of its elements, whose pack(dst, p, col) and part(dst, p, lo,
-// hi, col) write one block (col: the row's column of the block's element 0).
+// Out: what the row's elements become, given its max and log-sum (LogSoftmaxOut, CrossEntropyOut's
+// gradient, or nothing: RowStatsOut): Out::row(row, m, s, log_sum, lane, lanes) writes the row's own
+// values (CTA 0's threads, lane their index) and gives the writer of its elements, whose pack(dst,
+// p, col) and part(dst, p, lo, hi, col) write one block (col: the row's column of the block's
+// element 0).
 template <class T, int ITERS, bool Peel, bool Bounded, class Out>
 __device__ __forceinline__ void register_cluster_row(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t ys,
                                                      int cols, int span, acc_t<T> scale, const Out& out) {
@@ -104,7 +105,7 @@ __device__ __forceinline__ void register_cluster_row(const T* __restrict__ x, in
   MaxSum<A> r{neg_inf<A>(), A(0)};
   for (uint32_t k = 0; k < csize; ++k) r = merge_max_sum(r, partials[k], f);
   const A log_sum = log_acc(r.s);
-  const auto w = out.row(row, r.m, log_sum, rank == 0 && tid == 0);
+  const auto w = out.row(row, r.m, r.s, log_sum, rank == 0 ? tid : -1, threads);
   T* yb = y + row * ys - lead;  // y's blocks: y is off 16 bytes as x is
   if (tail_thread) w.part(yb + full * V, last, 0, tail, int64_t{full} * V - lead);
   if constexpr (Bounded) {
@@ -153,10 +154,30 @@ register_cluster_ce_bounded_kernel(const T* __restrict__ x, int64_t xs, T* __res
   register_cluster_row<T, kWarpRowsMaxIters, Peel, true>(x, xs, grad, gs, cols, span, scale, out);
 }
 
+// The row's statistics alone (RowStatsOut): the row is read once and nothing of it is written (y is
+// x, untouched). The packs die at the reduction: no kernel keeps them for a write.
+template <class T, int ITERS, bool Peel>
+__global__ void __launch_bounds__(kRegisterClusterMaxThreads)
+register_cluster_stats_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t ys, int cols, int span,
+                              acc_t<T> scale, RowStatsOut<T> out) {
+  register_cluster_row<T, ITERS, Peel, false>(x, xs, y, ys, cols, span, scale, out);
+}
+
+template <class T, bool Peel>
+__global__ void __launch_bounds__(kRegisterClusterMaxThreads, kRegisterClusterMinBlocks)
+register_cluster_stats_bounded_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t ys, int cols,
+                                      int span, acc_t<T> scale, RowStatsOut<T> out) {
+  register_cluster_row<T, kWarpRowsMaxIters, Peel, false>(x, xs, y, ys, cols, span, scale, out);
+}
+
 // The kernels of each output: ITERS packs a thread (4 or 8), bounded or not, peeled or not.
 template <class T> struct LogSoftmaxKernels {
   template <int I, bool P> static constexpr auto plain = register_cluster_kernel<T, I, P>;
   template <bool P> static constexpr auto bounded = register_cluster_bounded_kernel<T, P>;
+};
+template <class T> struct RowStatsKernels {
+  template <int I, bool P> static constexpr auto plain = register_cluster_stats_kernel<T, I, P>;
+  template <bool P> static constexpr auto bounded = register_cluster_stats_bounded_kernel<T, P>;
 };
 template <class T> struct CrossEntropyKernels {
   template <int I, bool P> static constexpr auto plain = register_cluster_ce_kernel<T, I, P>;
@@ -203,6 +224,19 @@ cudaError_t launch_register_clusters_ce(const Plan& p, const Call& a, const int6
   return with_cross_entropy_out(a, target, args, [&](auto tag, const auto& out) {
     using T = decltype(tag);
     return launch_clusters<CrossEntropyKernels<T>, T>(p, a, out, stream);
+  });
+}
+
+cudaError_t launch_register_clusters_stats(const Plan& p, const Call& a, const ConsumerArgs<float>& args,
+                                           cudaStream_t stream) {
+  return with_element_type(a.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (sizeof(T) == 8) {
+      return cudaErrorInvalidValue;
+    } else {
+      const RowStatsOut<T> out{static_cast<const T*>(a.x()), a.x_stride(), a.cols(), static_cast<float>(a.scale), args};
+      return launch_clusters<RowStatsKernels<T>, T>(p, a, out, stream);
+    }
   });
 }
 

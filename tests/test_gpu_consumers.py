@@ -145,6 +145,40 @@ def _on_chip(rows, cols, dtype):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("shape", [(64, 32000), (33, 50257), (16, 128256)], ids=str)
+def test_row_stats_in_register_clusters(dtype, shape):
+    """Rows the log-softmax holds in register clusters (asserted from the planner) give the statistics
+    of their max and sum from there where no entropy, moment or sum is asked: lse, max, sumexp, and
+    picked and logprobs of 1 and 3 tokens, against float64, with special values, T = 1 and 0.6, and a
+    shard's tokens (outside it: 0); max and sumexp against the kernel that takes the other statistics."""
+    rows, cols = shape
+    assert _on_chip(rows, cols, dtype) == "registers", shape
+    want = ("lse", "max", "sumexp", "picked", "logprobs")
+    for seed, (T, k, shard) in enumerate(((1.0, 1, False), (0.6, 3, False), (1.0, 2, True))):
+        x = _logits(shape, dtype, True, 41 + seed)
+        index = torch.randint(0, cols, (rows, k), generator=torch.Generator().manual_seed(42 + seed))
+        offset = 0
+        if shard:  # the shard holds tokens 1000 .. 1000 + cols - 1; token 5 of row 0 lies before it
+            offset = 1000
+            index += offset
+            index[0, 0] = 5
+        st = softlight.row_stats(x.cuda(), index.cuda(), stats=want, temperature=T, index_offset=offset, shard=shard)
+        z = x.double().numpy() / T
+        ref = stats_ref(z, np.clip(index.numpy() - offset, 0, cols - 1))
+        what = f"{dtype} {shape} T={T} k={k} shard={shard}"
+        outside = (index.numpy() < offset) | (index.numpy() >= offset + cols)
+        for s in ("picked", "logprobs"):
+            ref[s] = np.where(outside, 0.0, ref[s])
+        for s in ("lse", "picked", "logprobs"):
+            _check(st[s], ref[s], dtype, f"{what} {s}")
+        # max and sumexp as consumer_rows.cu's kernel gives them (asking the entropy too takes it).
+        other = softlight.row_stats(x.cuda(), index.cuda(), stats=want + ("entropy",), temperature=T,
+                                    index_offset=offset, shard=shard)
+        for s in ("max", "sumexp"):
+            _check(st[s], other[s].double().cpu().numpy(), dtype, f"{what} {s}")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("shape", [(64, 32000, "registers", "registers"), (33, 50257, "registers", "registers"),
                                    (16, 128256, "registers", "registers"), (64, 151936, "ring", "ring"),
                                    (40, 262144, "ring", None), (16, 200003, "ring", "ring")], ids=str)
