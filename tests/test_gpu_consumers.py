@@ -144,13 +144,16 @@ def _on_chip(rows, cols, dtype):
     return "ring" if p["family"] == "cluster_rows" and p["threads"] >= 512 else None
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-@pytest.mark.parametrize("shape", [(64, 32000), (33, 50257), (16, 128256)], ids=str)
+@pytest.mark.parametrize("dtype, shape", [(d, (64, 32000)) for d in ("float32", "float16", "bfloat16")] +
+                         [(d, (33, 50257)) for d in ("float16", "bfloat16")] +
+                         [("float32", (33, 50257)), ("bfloat16", (16, 128256))], ids=str)
 def test_row_stats_in_register_clusters(dtype, shape):
-    """Rows the log-softmax holds in register clusters (asserted from the planner) give the statistics
-    of their max and sum from there where no entropy, moment or sum is asked: lse, max, sumexp, and
-    picked and logprobs of 1 and 3 tokens, against float64, with special values, T = 1 and 0.6, and a
-    shard's tokens (outside it: 0); max and sumexp against the kernel that takes the other statistics."""
+    """Rows of at most 128 KiB that the log-softmax holds in register clusters (asserted from the
+    planner) give the statistics of their max and sum from there where no entropy, moment or sum is
+    asked; longer ones (the last two cases) take consumer_rows.cu's kernel (src/gpu_api.cpp,
+    kStatsClusterRowBytes). Either way: lse, max, sumexp, and picked and logprobs of 1 and 3 tokens,
+    against float64, with special values, T = 1 and 0.6, and a shard's tokens (outside it: 0); max and
+    sumexp against the kernel that takes the other statistics."""
     rows, cols = shape
     assert _on_chip(rows, cols, dtype) == "registers", shape
     want = ("lse", "max", "sumexp", "picked", "logprobs")
