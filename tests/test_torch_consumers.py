@@ -124,6 +124,10 @@ def test_gradcheck_and_opcheck():
         torch.library.opcheck(torch.ops.softlight.row_stats.default, (xd, idx, 0.9, 0, False, mask))
     torch.library.opcheck(torch.ops.softlight.cross_entropy.default, (xd, t, -100, 0.1, 0.0, 1.0, 2, True))
     torch.library.opcheck(torch.ops.softlight.cross_entropy.default, (xd, t, -100, 0.0, 0.0, 1.0, 0, False))
+    torch.library.opcheck(torch.ops.softlight.cross_entropy_backward.default,
+                          (xd, t, torch.tensor(0.7, dtype=torch.float64), -100, 0.1, 0.01, 1.0, 2))
+    torch.library.opcheck(torch.ops.softlight.cross_entropy_backward.default,
+                          (xd, t, torch.randn(6, dtype=torch.float64), -100, 0.0, 0.0, 0.8, 0))
     lse = torch.logsumexp(xd, -1)
     ent = -(torch.softmax(xd, -1) * torch.log_softmax(xd, -1)).sum(-1)
     d = torch.randn(6, dtype=torch.float64)
@@ -158,6 +162,42 @@ def test_compile_fullgraph_without_graph_breaks(dynamic):
         gx, = torch.autograd.grad(got, x)
         wx, = torch.autograd.grad(want, x)
         assert torch.allclose(gx, wx, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_compiled_cross_entropy_writes_the_gradient_in_the_backward(reduction):
+    """Under torch.compile the forward reads the logits for the loss alone and the backward writes the
+    gradient for the upstream gradient it is given (cross_entropy_backward: a traced graph cannot know
+    that it is 1, and would scale a forward's gradient with a pass of its own); the gradient equals
+    eager's, which is written in the forward."""
+    from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
+
+    graphs = []
+
+    def backend(gm, example_inputs):
+        def keep(g, _):
+            graphs.append([line for line in str(g.graph).splitlines() if "softlight" in line or "aten.mul" in line])
+            return make_boxed_func(g.forward)
+        return aot_module_simplified(gm, example_inputs, fw_compiler=keep, bw_compiler=keep)
+
+    g = torch.Generator().manual_seed(8)
+    w = torch.randn(16, 300, generator=g, requires_grad=True)
+    h = torch.randn(12, 16, generator=g)
+    t = torch.randint(0, 300, (12,), generator=g)
+    t[3] = -100
+    up = torch.rand(12 if reduction == "none" else (), generator=g) + 0.5
+
+    def f(h, t):
+        return slt.cross_entropy(h @ w, t, z_loss=1e-3, reduction=reduction)
+
+    torch._dynamo.reset()
+    got, = torch.autograd.grad(torch.compile(f, fullgraph=True, backend=backend)(h, t), w, up)
+    want, = torch.autograd.grad(f(h, t), w, up)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    forward, backward = graphs
+    assert len(forward) == 1 and "softlight.cross_entropy.default" in forward[0], forward
+    assert "True" not in forward[0], forward  # with_grad left False: no gradient written there
+    assert len(backward) == 1 and "softlight.cross_entropy_backward.default" in backward[0], backward
 
 
 def test_autocast_gives_float32():

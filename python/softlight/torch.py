@@ -256,6 +256,11 @@ _lib.define("cross_entropy(Tensor logits, Tensor target, int ignore_index=-100, 
 # cross_entropy's gradient (written for an upstream gradient of 1) times the loss's upstream gradient,
 # in place; rows whose factor is 1 are left alone, decided where d_loss is (no read of it on the host).
 _lib.define("cross_entropy_grad_scale_(Tensor(a!) grad, Tensor d_loss) -> ()")
+# cross_entropy's gradient for the loss's upstream gradient d_loss, written by the forward's kernel and
+# scaled by d_loss in place (a traced graph's backward: it depends on d_loss, so the compiler keeps it
+# there, and nothing of it is functionalized).
+_lib.define("cross_entropy_backward(Tensor logits, Tensor target, Tensor d_loss, int ignore_index=-100, "
+            "float label_smoothing=0.0, float z_loss=0.0, float temperature=1.0, int reduction=2) -> Tensor")
 
 _REDUCTIONS = {"none": 0, "sum": 1, "mean": 2}
 
@@ -369,11 +374,19 @@ def _cross_entropy_grad_scale(grad, d_loss):
                                       _check(grad, -1), f.data_ptr(), f.numel(), 0, gpu, stream))
 
 
+def _cross_entropy_backward(logits, target, d_loss, ignore_index=-100, label_smoothing=0.0, z_loss=0.0,
+                            temperature=1.0, reduction=2):
+    grad = _cross_entropy(logits, target, ignore_index, label_smoothing, z_loss, temperature, reduction, True)[2]
+    _cross_entropy_grad_scale(grad, d_loss)
+    return grad
+
+
 for _key in ("CPU", "CUDA"):
     _lib.impl("row_stats", _row_stats, _key)
     _lib.impl("row_stats_backward", _row_stats_backward, _key)
     _lib.impl("cross_entropy", _cross_entropy, _key)
     _lib.impl("cross_entropy_grad_scale_", _cross_entropy_grad_scale, _key)
+    _lib.impl("cross_entropy_backward", _cross_entropy_backward, _key)
 
 
 @torch.library.register_fake("softlight::cross_entropy_grad_scale_")
@@ -406,6 +419,13 @@ def _cross_entropy_fake(logits, target, ignore_index=-100, label_smoothing=0.0, 
     return loss, logits.new_empty((rows,), dtype=acc), grad
 
 
+@torch.library.register_fake("softlight::cross_entropy_backward")
+def _cross_entropy_backward_fake(logits, target, d_loss, ignore_index=-100, label_smoothing=0.0, z_loss=0.0,
+                                 temperature=1.0, reduction=2):
+    _check(logits, -1)
+    return torch.empty_like(logits, memory_format=torch.contiguous_format)
+
+
 def _setup_stats(ctx, inputs, output):
     logits, index, temperature, index_offset, shard = (tuple(inputs) + (1.0, 0, False))[:5]  # (stats: not needed)
     ctx.args = (temperature, index_offset, shard)
@@ -427,46 +447,49 @@ torch.library.register_autograd("softlight::row_stats", _grad_stats, setup_conte
 
 
 def _no_double_backward(ctx, *grads):
-    raise InvalidArgumentError("softlight: the gradient of row statistics has no derivative of its own "
-                               "(double backward is not supported)")
+    raise InvalidArgumentError("softlight: the gradient of row statistics or cross-entropy has no derivative of "
+                               "its own (double backward is not supported)")
 
 
-torch.library.register_autograd("softlight::row_stats_backward", _no_double_backward,
-                                setup_context=lambda ctx, inputs, output: None)
+for _name in ("row_stats_backward", "cross_entropy_backward"):
+    torch.library.register_autograd(f"softlight::{_name}", _no_double_backward,
+                                    setup_context=lambda ctx, inputs, output: None)
 
 
 def _setup_ce(ctx, inputs, output):
     logits, target, ignore_index, label_smoothing, z_loss, temperature, reduction, with_grad = \
         (tuple(inputs) + (-100, 0.0, 0.0, 1.0, 2, False))[:8]
-    ctx.with_grad, ctx.temperature = with_grad, temperature
-    ctx.ce = (ignore_index, label_smoothing, z_loss, temperature, reduction, with_grad)
+    ctx.temperature = temperature
+    ctx.ce = (ignore_index, label_smoothing, z_loss, temperature, reduction, True)  # the kernel writing the gradient
     ctx.set_materialize_grads(False)
     ctx.mark_non_differentiable(output[2])
-    if torch.compiler.is_compiling():  # a traced graph: the backward multiplies (below)
+    ctx.traced = torch.compiler.is_compiling()
+    if with_grad and ctx.traced:  # a traced graph's gradient of the forward: multiplied below
         ctx.save_for_backward(logits, target, output[1], output[2])
         ctx.grad = None
-    else:  # eager: the backward scales the forward's gradient in place, so it is kept untracked
+    else:  # eager: the forward's gradient, if any, is scaled in place by the backward, so it is kept untracked
         ctx.save_for_backward(logits, target, output[1])
-        ctx.grad = output[2]
+        ctx.grad = output[2] if with_grad else None
 
 
 def _grad_ce(ctx, d_loss, d_lse, _):
     saved = ctx.saved_tensors
     logits, target, lse = saved[:3]
-    if not ctx.with_grad:
-        raise InvalidArgumentError("softlight: cross_entropy was called with with_grad=False: no gradient was kept")
     dx = None
     if d_loss is not None and len(saved) == 4:
         dx = saved[3] * (d_loss.unsqueeze(-1) if d_loss.dim() else d_loss).to(saved[3].dtype)
     elif d_loss is not None:
-        # The gradient written in the forward (for an upstream gradient of 1), scaled in place by d_loss
-        # (nothing done where it is 1: loss.backward() of the loss itself) and handed out as it is. A
-        # second backward through the graph (retain_graph) writes it again with the forward's kernel,
-        # so that it gives the same bits.
-        grad = ctx.grad if ctx.grad is not None else torch.ops.softlight.cross_entropy(logits, target, *ctx.ce)[2]
-        ctx.grad = None
-        torch.ops.softlight.cross_entropy_grad_scale_(grad, d_loss)
-        dx = grad
+        # The gradient for an upstream gradient of 1: the forward's (with_grad), or written here by the
+        # forward's kernel (without it, and in a second backward through the graph, retain_graph, so
+        # that it gives the same bits); then scaled in place by d_loss (nothing done where it is 1:
+        # loss.backward() of the loss itself) and handed out as it is.
+        if ctx.grad is None and ctx.traced:
+            dx = torch.ops.softlight.cross_entropy_backward(logits, target, d_loss, *ctx.ce[:5])
+        else:
+            grad = ctx.grad if ctx.grad is not None else torch.ops.softlight.cross_entropy(logits, target, *ctx.ce)[2]
+            ctx.grad = None
+            torch.ops.softlight.cross_entropy_grad_scale_(grad, d_loss)
+            dx = grad
     if d_lse is not None:
         extra = torch.ops.softlight.row_stats_backward(logits, lse, lse, None, d_lse, None, None, None, None,
                                                        ctx.temperature)
@@ -541,7 +564,10 @@ def cross_entropy(logits, target, *, ignore_index=-100, label_smoothing=0.0, red
     lead = tuple(x.shape[:-1])
     if tuple(target.shape) != lead:
         raise InvalidArgumentError(f"softlight: target has shape {tuple(target.shape)}, expected {lead}")
-    with_grad = logits.requires_grad and torch.is_grad_enabled()
+    # The logits' gradient is written in the forward's pass where they need one (one read and one write
+    # in all); under torch.compile by the backward instead, a read and a write there: a traced graph
+    # cannot know that the loss's upstream gradient is 1, and scaling the forward's costs a pass more.
+    with_grad = logits.requires_grad and torch.is_grad_enabled() and not torch.compiler.is_compiling()
     loss, lse, _ = torch.ops.softlight.cross_entropy(x.reshape(-1, x.shape[-1]), target.reshape(-1), int(ignore_index),
                                                      float(label_smoothing), float(z_loss), float(temperature),
                                                      _REDUCTIONS[reduction], with_grad)
