@@ -44,9 +44,8 @@ bool attr_is(PyObject* o, PyObject* name, PyObject* want) {
   return v == want;
 }
 
-// The truth of o.name() (-1 on error, cleared).
-int method_true(PyObject* o, PyObject* name) {
-  PyObject* v = PyObject_CallMethodNoArgs(o, name);
+// The truth of v, a new reference that this releases (-1 where v is nullptr or has none; cleared).
+int truth(PyObject* v) {
   if (v == nullptr) {
     PyErr_Clear();
     return -1;
@@ -56,6 +55,10 @@ int method_true(PyObject* o, PyObject* name) {
   if (t < 0) PyErr_Clear();
   return t;
 }
+
+// The truth of o.name() and of f() (-1 on error, cleared).
+int method_true(PyObject* o, PyObject* name) { return truth(PyObject_CallMethodNoArgs(o, name)); }
+int call_true(PyObject* f) { return truth(PyObject_CallNoArgs(f)); }
 
 // The int in v, a new reference that this releases (`fallback` where v is nullptr or no int; cleared).
 int64_t int_of(PyObject* v, int64_t fallback) {
@@ -70,19 +73,6 @@ int64_t int_of(PyObject* v, int64_t fallback) {
     return fallback;
   }
   return r;
-}
-
-// The truth of f() (-1 on error, cleared).
-int call_true(PyObject* f) {
-  PyObject* v = PyObject_CallNoArgs(f);
-  if (v == nullptr) {
-    PyErr_Clear();
-    return -1;
-  }
-  const int t = PyObject_IsTrue(v);
-  Py_DECREF(v);
-  if (t < 0) PyErr_Clear();
-  return t;
 }
 
 // What the C ABI needs of a tensor this path takes: dtype code, device (-1: CPU) and shape; false if
