@@ -132,6 +132,25 @@ cudaError_t with_cross_entropy_out(const Call& a, const int64_t* target, const C
   });
 }
 
+// Row r's picked logits and log-probs of its tokens (a.picked, a.logprobs; tokens q = first, first +
+// step, ...), xr the row, shift its max (0 for a row of -inf), sc the scale, log_sum its log-sum. A
+// token outside the row picks 0 from a shard, and NaN otherwise: a call already queued cannot refuse
+// it (the CPU entries do). (References and the callers' index type: the kernels compile as they did
+// with the loop written in each.)
+template <class T, class A, class I>
+__device__ __forceinline__ void pick_tokens(const ConsumerArgs<A>& a, const T* xr, int64_t r, const int64_t& cols,
+                                            const A& shift, const A& sc, const A& log_sum, I first, I step) {
+  for (int64_t q = first; q < a.count; q += step) {
+    const int64_t token = a.index[r * a.index_stride + q];
+    const int64_t j = token - a.offset;
+    const bool inside = token >= a.offset && j < cols;
+    const A none = a.shard ? A(0) : A(NAN);
+    const A v = inside ? to_acc(xr[j]) : A(0);
+    if (a.picked) a.picked[r * a.count + q] = inside ? v * sc : none;
+    if (a.logprobs) a.logprobs[r * a.count + q] = inside ? scaled_difference(v, shift, sc, A(1)) - log_sum : none;
+  }
+}
+
 // The statistics that a row's max and sum give, and no element written (row_stats without the
 // entropy, its moment or the row's sum): lse, max and sumexp from the leader, each token's picked
 // logit and log-prob over the lanes. As consumer_rows.cu's row_stats_kernel computes them (a token
@@ -155,16 +174,7 @@ template <class T> struct RowStatsOut {
       if (a.max) a.max[r] = mz;
       if (a.sumexp) a.sumexp[r] = s;
     }
-    const T* xr = x + r * xs;
-    for (int64_t q = lane; q < a.count; q += lanes) {
-      const int64_t token = a.index[r * a.index_stride + q];
-      const int64_t j = token - a.offset;
-      const bool inside = token >= a.offset && j < cols;
-      const A none = a.shard ? A(0) : A(NAN);
-      const A v = inside ? to_acc(xr[j]) : A(0);
-      if (a.picked) a.picked[r * a.count + q] = inside ? v * scale : none;
-      if (a.logprobs) a.logprobs[r * a.count + q] = inside ? scaled_difference(v, shift, scale, A(1)) - log_sum : none;
-    }
+    pick_tokens(a, x + r * xs, r, cols, shift, scale, log_sum, lane, lanes);
     return {};
   }
 };

@@ -216,17 +216,7 @@ __global__ void __launch_bounds__(kThreads) row_stats_kernel(const T* __restrict
       if (a.sumexp) a.sumexp[r] = p.s;
       if (a.moment) a.moment[r] = p.t;
     }
-    for (int64_t q = threadIdx.x; q < a.count; q += blockDim.x) {
-      const int64_t token = a.index[r * a.index_stride + q];
-      const int64_t j = token - a.offset;
-      const bool inside = token >= a.offset && j < cols;
-      // A token outside the row picks 0 from a shard, and NaN otherwise: a call already queued
-      // cannot refuse it (the CPU entries do).
-      const A none = a.shard ? A(0) : A(NAN);
-      const A v = inside ? to_acc(xr[j]) : A(0);
-      if (a.picked) a.picked[r * a.count + q] = inside ? v * sc : none;
-      if (a.logprobs) a.logprobs[r * a.count + q] = inside ? scaled_difference(v, shift, sc, A(1)) - log_sum : none;
-    }
+    pick_tokens(a, xr, r, cols, shift, sc, log_sum, threadIdx.x, blockDim.x);
   }
 }
 
