@@ -11,7 +11,8 @@ they are installed, side by side in one run, over vocabularies of 32000 to 26214
   use. Its floor is one read.
 - entropy times `-(softmax * log_softmax).sum(-1)`. Its floor is one read.
 
-"copy" (x.clone(): one read and one write) is the yardstick. Every provider is checked against
+Each provider gets a copy of the logits of its own (Liger's cross-entropy writes its gradient over its
+input, as softlight's in-place mode does). "copy" (x.clone(): one read and one write) is the yardstick. Every provider is checked against
 float64 before it is timed (the loss, or the values, and for cross_entropy the gradient too); a wrong
 or failing one is recorded as such. The GPU is timed with CUDA events, the CPU with perf_counter,
 each timed call right after an untimed one of its own.
@@ -159,8 +160,6 @@ def run(args, argv, torch, commit):
         x = (torch.randn(rows, vocab, device=device, generator=gen) * 3).to(getattr(torch, dtype))
         t = torch.randint(0, vocab, (rows,), device=device, generator=gen)
         want, want_grad = reference(torch, op, x, t, t)
-        xg = x.detach().clone().requires_grad_(op == "cross_entropy")
-        xi = x.detach().clone() if "softlight-in-place" in provs else None
         case = []
         row = {"op": op, "device": device, "provider": "copy", "shape": [rows, vocab], "dtype": dtype,
                "status": "ok", "ms": time_ms(torch, lambda: x.clone(), device, args.reps)}
@@ -170,7 +169,9 @@ def run(args, argv, torch, commit):
                    "status": "ok", "ms": None}
             if op == "cross_entropy" and name.startswith("softlight"):
                 row["mode"] = "in-place" if name == "softlight-in-place" else "new"
-            arg = xi if name == "softlight-in-place" else xg
+            # A copy of its own: Liger's cross-entropy, like softlight's in-place mode, writes the
+            # gradient over the logits it is given, which the next provider would otherwise read.
+            arg = x.detach().clone().requires_grad_(op == "cross_entropy" and name != "softlight-in-place")
             try:
                 wrong = check(torch, op, fn(arg, t, t), want, want_grad, dtype)
                 row["status"] = wrong or "ok"
@@ -178,13 +179,14 @@ def run(args, argv, torch, commit):
             except Exception as e:  # noqa: BLE001 - a provider that fails is reported, not fatal
                 row["status"] = f"failed: {type(e).__name__}: {str(e)[:160]}"
             case.append(row)
+            del arg
         copy_ms = case[0]["ms"]
         for r in case:
             r["copy_ms"] = copy_ms
         line = "  ".join(f"{r['provider']} {r['ms']:.3f}" if r["ms"] else f"{r['provider']} -" for r in case)
         print(f"{rows}x{vocab} {dtype:9s} ms: {line}", flush=True)
         rows_out += case
-        del x, xg, xi, want, want_grad
+        del x, want, want_grad
         if device == "cuda":
             torch.cuda.empty_cache()
     meta = {("gpu" if device == "cuda" else "cpu"): _device_name(torch, device), "commit": commit,
