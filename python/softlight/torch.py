@@ -26,6 +26,7 @@ microseconds a call): without autograd the forward alone, read in C (python/torc
 eager autograd an autograd.Function over the same kernels; all paths give the same results.
 """
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from . import _C, _api, _arrays
 from ._consumers import STATS
@@ -463,7 +464,9 @@ def _setup_ce(ctx, inputs, output):
     ctx.ce = (ignore_index, label_smoothing, z_loss, temperature, reduction, True)  # the kernel writing the gradient
     ctx.set_materialize_grads(False)
     ctx.mark_non_differentiable(output[2])
-    ctx.traced = torch.compiler.is_compiling()
+    # A traced graph: the compiler's own flag, or fake inputs (torch 2.11 raises the flag only while
+    # Dynamo reads the code, not while AOTAutograd traces the forward and backward).
+    ctx.traced = torch.compiler.is_compiling() or is_fake(logits)
     if with_grad and ctx.traced:  # a traced graph's gradient of the forward: multiplied below
         ctx.save_for_backward(logits, target, output[1], output[2])
         ctx.grad = None
