@@ -252,3 +252,32 @@ def test_consumer_bench_runs_checks_and_writes_its_results(tmp_path):
         # (The plot needs matplotlib, the bench extra; without it the run says so and writes none.)
         assert (tmp_path / f"{op}-cpu.png").exists() == (importlib.util.find_spec("matplotlib") is not None)
         test_committed_results_follow_the_schema(tmp_path / f"{op}-cpu.json")
+
+
+def test_consumer_bench_gives_each_provider_its_own_logits(tmp_path, monkeypatch):
+    """A provider that writes over its logits (Liger's cross-entropy writes its gradient there) leaves
+    the next provider's input as it was."""
+    pytest.importorskip("torch")
+    from softlight import bench_consumers
+
+    plain = bench_consumers.providers
+
+    def with_a_writer(torch, op, device, no_compile):
+        p = plain(torch, op, device, no_compile)
+        right = p.pop("torch")
+
+        def writer(x, t, idx):
+            out = right(x, t, idx)
+            with torch.no_grad():
+                x.fill_(0.0)  # over its own input, after its result is taken
+            return out
+        return {"writer": writer, "torch": right, **p}
+
+    monkeypatch.setattr(bench_consumers, "providers", with_a_writer)
+    for op in ("cross_entropy", "entropy"):
+        assert bench.main(["--device", "cpu", "--op", op, "--vocabs", "1000", "--dtypes", "float32",
+                           "--sweep-gb", "0.0005", "--reps", "1", "--no-compile", "--out-dir", str(tmp_path),
+                           "--commit", "test"]) == 0
+        rows = json.loads((tmp_path / f"{op}-cpu.json").read_text())["rows"]
+        assert [r["provider"] for r in rows][:3] == ["copy", "writer", "torch"]
+        assert all(r["status"] == "ok" for r in rows), [(r["provider"], r["status"]) for r in rows]
