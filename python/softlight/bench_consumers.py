@@ -12,10 +12,10 @@ they are installed, side by side in one run, over vocabularies of 32000 to 26214
 - entropy times `-(softmax * log_softmax).sum(-1)`. Its floor is one read.
 
 Each provider gets a copy of the logits of its own (Liger's cross-entropy writes its gradient over its
-input, as softlight's in-place mode does). "copy" (x.clone(): one read and one write) is the yardstick. Every provider is checked against
-float64 before it is timed (the loss, or the values, and for cross_entropy the gradient too); a wrong
-or failing one is recorded as such. The GPU is timed with CUDA events, the CPU with perf_counter,
-each timed call right after an untimed one of its own.
+input, as softlight's in-place mode does). "copy" (x.clone(): one read and one write) is the
+yardstick. Every provider is checked against float64 before it is timed (the loss, or the values, and
+for cross_entropy the gradient too); a wrong or failing one is recorded as such. The GPU is timed
+with CUDA events, the CPU with perf_counter, each timed call right after an untimed one of its own.
 """
 import datetime
 import math
