@@ -16,9 +16,6 @@
 
 namespace softlight {
 
-// exp(d) for a scaled difference d (exp_base takes d * exp_factor(1)).
-template <class A> __device__ __forceinline__ A exp_of(A d) { return exp_base(d * exp_factor(A(1))); }
-
 // scaled_difference(v, m, sc, 1) with the row's halving h and factor c hoisted: fma(v, h, -m h) * c.
 template <class A> struct Difference {
   A h, mh, c;
@@ -33,6 +30,7 @@ template <class A> struct Difference {
 
 template <class T> struct LogSoftmaxOut {
   using A = acc_t<T>;
+  static constexpr bool kMoment = false;
   A scale;
   A* lse;  // the row's log-sum-exp, where asked
   struct Row {
@@ -58,6 +56,7 @@ template <class T> struct LogSoftmaxOut {
 // consumer_rows.cu's cross_entropy_kernel computes them. The gradient must not be x.
 template <class T> struct CrossEntropyOut {
   using A = acc_t<T>;
+  static constexpr bool kMoment = false;
   const T* x;
   int64_t xs, cols;
   const int64_t* target;
@@ -151,12 +150,14 @@ __device__ __forceinline__ void pick_tokens(const ConsumerArgs<A>& a, const T* x
   }
 }
 
-// The statistics that a row's max and sum give, and no element written (row_stats without the
-// entropy, its moment or the row's sum): lse, max and sumexp from the leader, each token's picked
-// logit and log-prob over the lanes. As consumer_rows.cu's row_stats_kernel computes them (a token
-// outside the row picks 0 from a shard, NaN otherwise).
-template <class T> struct RowStatsOut {
+// The statistics of a row that its max and sum give, and no element written (row_stats without the
+// row's sum): lse, max and sumexp from the leader, each token's picked logit and log-prob over the
+// lanes; where Moment, the entropy and the moment too (the row(r, m, s, t, ...) form). As
+// consumer_rows.cu's row_stats_kernel computes them (a token outside the row picks 0 from a shard,
+// NaN otherwise).
+template <class T, bool Moment = false> struct RowStatsOut {
   using A = acc_t<T>;
+  static constexpr bool kMoment = Moment;
   const T* x;
   int64_t xs, cols;
   A scale;
@@ -176,6 +177,13 @@ template <class T> struct RowStatsOut {
     }
     pick_tokens(a, x + r * xs, r, cols, shift, scale, log_sum, lane, lanes);
     return {};
+  }
+  __device__ __forceinline__ Row row(int64_t r, A m, A s, A t, A log_sum, int lane, int lanes) const {
+    if (lane == 0) {
+      if (a.entropy) a.entropy[r] = log_sum - t / s;
+      if (a.moment) a.moment[r] = t;
+    }
+    return row(r, m, s, log_sum, lane, lanes);
   }
 };
 

@@ -125,25 +125,11 @@ __device__ __forceinline__ Stats<acc_t<T>> thread_stats(const T* __restrict__ x,
   return p;
 }
 
-// a and b merged: each moved onto the larger max (a partial of max -inf counts 0 times its sums, so
-// that a NaN in them stays).
+// a and b merged (merge_moment; the sums of x added).
 template <class A> __device__ __forceinline__ Stats<A> merge(Stats<A> a, Stats<A> b, A sc) {
-  const A m = max_acc(a.m, b.m);
-  Stats<A> r{m, A(0), A(0), a.sx + b.sx};
-  const auto move = [&](const Stats<A>& p) {
-    if (p.m == neg_inf<A>()) {
-      r.s += p.s * A(0);
-      r.t += p.t * A(0);
-      return;
-    }
-    const A d = scaled_difference(p.m, m, sc, A(1));
-    const A k = exp_of(d);
-    r.s += p.s * k;
-    r.t += k == A(0) ? p.t * A(0) : k * (p.t + (p.s == A(0) ? A(0) : p.s * d));
-  };
-  move(a);
-  move(b);
-  return r;
+  const double sx = a.sx + b.sx;
+  const MaxSumMoment<A> r = merge_moment(MaxSumMoment<A>{a.m, a.s, a.t}, MaxSumMoment<A>{b.m, b.s, b.t}, sc);
+  return {r.m, r.s, r.t, sx};
 }
 
 template <class A> __device__ __forceinline__ Stats<A> shfl_xor(Stats<A> p, int o) {

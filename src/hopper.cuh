@@ -127,6 +127,19 @@ __device__ __forceinline__ void send_pair(uint32_t raddr, double m, double s, ui
       "d"(m), "d"(s), "r"(rbar)
       : "memory");
 }
+// Store a (max, sum, moment) partial of floats, as 16 bytes (the last word 0), likewise.
+__device__ __forceinline__ void send_moment(uint32_t raddr, float m, float s, float t, uint32_t rbar) {
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(raddr),
+      "f"(m), "f"(s), "f"(t), "f"(0.0f), "r"(rbar)
+      : "memory");
+}
+// Completes `bytes` of this CTA's barrier `bar` after its own stores to shared memory (the fence
+// orders them before the barrier's phase).
+__device__ __forceinline__ void complete_local(uint32_t bar, uint32_t bytes) {
+  asm volatile("fence.acq_rel.cta;" ::: "memory");
+  asm volatile("mbarrier.complete_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
 // Sends a (max, sum) pair to `slot` in every CTA of a cluster of `csize`, completing on each one's
 // barrier `bar` (shared::cta addresses of this CTA). A cluster of one CTA stores into its own shared
 // memory and completes the transaction by hand (compute-sanitizer rejects distributed shared
@@ -141,9 +154,18 @@ template <class A> __device__ __forceinline__ void broadcast_pair(uint32_t slot,
   } else {
     asm volatile("st.shared::cta.v2.f64 [%0], {%1, %2};" ::"r"(slot), "d"(m), "d"(s) : "memory");
   }
-  asm volatile("fence.acq_rel.cta;" ::: "memory");
-  asm volatile("mbarrier.complete_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(uint32_t{2 * sizeof(A)})
+  complete_local(bar, uint32_t{2 * sizeof(A)});
+}
+// The same for a (max, sum, moment) partial of floats (16 bytes a CTA).
+__device__ __forceinline__ void broadcast_moment(uint32_t slot, float m, float s, float t, uint32_t bar,
+                                                 uint32_t csize) {
+  if (csize > 1) {
+    for (uint32_t r = 0; r < csize; ++r) send_moment(cluster_map(slot, r), m, s, t, cluster_map(bar, r));
+    return;
+  }
+  asm volatile("st.shared::cta.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(slot), "f"(m), "f"(s), "f"(t), "f"(0.0f)
                : "memory");
+  complete_local(bar, 16);
 }
 
 // Single-copy atomic 64-bit messages between CTAs of a cooperative grid, through L2 (past L1).

@@ -155,8 +155,8 @@ template <class A> struct CrossEntropyArgs {
 // gradient (launch_register_clusters_ce, launch_cluster_rows_ce).
 cudaError_t launch_cross_entropy(const ConsumerCall& c, const softlight_cross_entropy_options& o, cudaStream_t stream,
                                  const Plan* plan, const Call* call);
-// row_stats's lse, max, sumexp, picked and logprobs (not the entropy, its moment or the sum) by the
-// register clusters of plan, for the rows of call.x (call.y is x, not written; fp32, fp16, bf16).
+// row_stats's lse, max, sumexp, picked, logprobs, entropy and moment (not the sum) by the register
+// clusters of plan, for the rows of call.x (call.y is x, not written; fp32, fp16, bf16).
 cudaError_t launch_register_clusters_stats(const Plan& plan, const Call& call, const ConsumerArgs<float>& args,
                                            cudaStream_t stream);
 // Cross-entropy's loss, lse and gradient (into call.y) by the register clusters of plan.

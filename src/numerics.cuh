@@ -90,6 +90,34 @@ __device__ __forceinline__ MaxSum<A> merge_max_sum(MaxSum<A> a, MaxSum<A> b, A f
   const A m = max_acc(a.m, b.m);
   return {m, a.s * rescale(a.m, m, f) + b.s * rescale(b.m, m, f)};
 }
+// exp(d) for a scaled difference d (exp_base takes d * exp_factor(1)).
+template <class A> __device__ __forceinline__ A exp_of(A d) { return exp_base(d * exp_factor(A(1))); }
+
+// A (max, sum, moment) partial: s as MaxSum's, t = sum exp((x - m) * sc) (x - m) * sc, a term
+// whose exp is 0 counting 0 (x = -inf). The entropy is log(s) - t / s. Merged onto the larger max
+// with the scale sc; a partial of max -inf counts 0 times its sums, so that a NaN in them stays.
+template <class A> struct MaxSumMoment {
+  A m, s, t;
+};
+template <class A>
+__device__ __forceinline__ MaxSumMoment<A> merge_moment(MaxSumMoment<A> a, MaxSumMoment<A> b, A sc) {
+  const A m = max_acc(a.m, b.m);
+  MaxSumMoment<A> r{m, A(0), A(0)};
+  const auto move = [&](const MaxSumMoment<A>& p) {
+    if (p.m == neg_inf<A>()) {
+      r.s += p.s * A(0);
+      r.t += p.t * A(0);
+      return;
+    }
+    const A d = scaled_difference(p.m, m, sc, A(1));
+    const A k = exp_of(d);
+    r.s += p.s * k;
+    r.t += k == A(0) ? p.t * A(0) : k * (p.t + (p.s == A(0) ? A(0) : p.s * d));
+  };
+  move(a);
+  move(b);
+  return r;
+}
 // A (max, sum) pair of fp32 values as one 64-bit word (a single-copy atomic message between CTAs,
 // hopper.cuh): the max in the low half.
 __device__ __forceinline__ uint64_t pack_pair(float m, float s) {

@@ -2,6 +2,8 @@
 // blocks, and the per-thread tier of the reductions (a thread's max and sum over its packs).
 #pragma once
 
+#include <limits>
+
 #include "numerics.cuh"
 
 namespace softlight {
@@ -278,6 +280,36 @@ __device__ __forceinline__ MaxSum<acc_t<T>> packs_max_sum(const uint4 (&p)[N], a
   const acc_t<T> m = packs_max<T, N>(p);
   const ShiftedExp<acc_t<T>> e = shifted_exp(m, scale);
   return {m, packs_exp_sum<T, N>(p, e) * exp_base(-e.lo)};
+}
+
+// The (max, sum, moment) partial of the elements of N 16-byte packs (MaxSumMoment), the moment from
+// the sum's exps: with u = fma(x, f, -hi), (x - m) * scale is (u - lo) * scale / f, so
+// t = exp_base(-lo) * scale / f * (sum e u - lo * sum e), e = exp_base(u), a term of e 0 counting 0
+// (u is -inf for x -inf; the clamp keeps 0 * u finite). scale / f is 1 / exp_factor(1) but where f
+// is shifted_exp's power of two: there every term but the max's (whose u - lo is 0) is negligible,
+// and t is 0 (NaN from a NaN sum).
+template <class T, int N>
+__device__ __forceinline__ MaxSumMoment<acc_t<T>> packs_max_sum_moment(const uint4 (&p)[N], acc_t<T> scale) {
+  using A = acc_t<T>;
+  constexpr int V = 16 / sizeof(T);
+  const A m = packs_max<T, N>(p);
+  const ShiftedExp<A> e = shifted_exp(m, scale);
+  A s[2] = {A(0), A(0)}, w[2] = {A(0), A(0)};
+#pragma unroll
+  for (int u = 0; u < N; ++u) {
+    A v[V];
+    unpack<T, V>(p[u], v);
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const A d = fma(v[j], e.f, -e.hi);
+      const A x = exp_base(d);
+      s[j & 1] += x;
+      w[j & 1] = fma(x, max_acc(d, -std::numeric_limits<A>::max()), w[j & 1]);
+    }
+  }
+  const A sum = s[0] + s[1], r = exp_base(-e.lo);
+  const A k = e.f == exp_factor(scale) ? A(1) / exp_factor(A(1)) : A(0);
+  return {m, sum * r, r * k * ((w[0] + w[1]) - e.lo * sum)};
 }
 
 // Folds N packs into a running (max of x, sum of exp((x - max) * scale)).

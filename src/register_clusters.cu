@@ -11,6 +11,19 @@
 namespace softlight {
 namespace {
 
+// The partial of N packs: (max, sum), or (max, sum, moment) where Moment.
+template <class T, bool Moment, int N>
+__device__ __forceinline__ auto packs_partial(const uint4 (&p)[N], acc_t<T> scale) {
+  if constexpr (Moment) return packs_max_sum_moment<T, N>(p, scale);
+  else return packs_max_sum<T, N>(p, scale);
+}
+
+// A partial of no elements: max -inf, sums 0.
+template <class P> __device__ __forceinline__ P empty_partial() {
+  if constexpr (sizeof(P) == 3 * sizeof(P::m)) return {neg_inf<decltype(P::m)>(), 0, 0};
+  else return {neg_inf<decltype(P::m)>(), 0};
+}
+
 // Rows in registers over a cluster (Hopper): rows too long for one CTA's registers, one row to a
 // cluster of C CTAs (the grid is rows * C CTAs, not persistent), CTA k holding packs
 // [k * span, (k + 1) * span) of the row, ITERS a thread. Each thread reduces its packs to a
@@ -41,15 +54,19 @@ namespace {
 // gradient, or nothing: RowStatsOut): Out::row(row, m, s, log_sum, lane, lanes) writes the row's own
 // values (CTA 0's threads, lane their index) and gives the writer of its elements, whose pack(dst,
 // p, col) and part(dst, p, lo, hi, col) write one block (col: the row's column of the block's
-// element 0).
+// element 0). An Out whose kMoment is set (the entropy's statistics) takes the row's moment too,
+// row(row, m, s, t, log_sum, lane, lanes): the pairs are then (max, sum, moment) partials
+// (MaxSumMoment), merged alike, 16 bytes each between CTAs.
 template <class T, int ITERS, bool Peel, bool Bounded, class Out>
 __device__ __forceinline__ void register_cluster_row(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t ys,
                                                      int cols, int span, acc_t<T> scale, const Out& out) {
 #ifdef SOFTLIGHT_HOPPER
   using A = acc_t<T>;
   constexpr int V = 16 / sizeof(T);
-  __shared__ MaxSum<A> warp_pairs[kRegisterClusterMaxThreads / 32];
-  __shared__ alignas(16) MaxSum<A> partials[kMaxCluster];
+  constexpr bool Moment = Out::kMoment;
+  using P = std::conditional_t<Moment, MaxSumMoment<A>, MaxSum<A>>;  // a partial
+  __shared__ P warp_pairs[kRegisterClusterMaxThreads / 32];
+  __shared__ alignas(16) std::conditional_t<Moment, float4, MaxSum<A>> partials[kMaxCluster];
   __shared__ alignas(8) uint64_t arrived;
   const uint32_t rank = cluster_rank();
   uint32_t csize;
@@ -85,27 +102,40 @@ __device__ __forceinline__ void register_cluster_row(const T* __restrict__ x, in
   uint4 last = tail_thread && !tail_out ? xv[full] : neg_inf_pack<T>();
   if (head_thread) p[0] = cut_block(xb, p[0], lead, V, head_out);
   // This thread's pair, then the warp's, then the CTA's.
-  MaxSum<A> q = packs_max_sum<T, ITERS>(p, scale);
+  const auto merge = [&](const P& a, const P& b) {
+    if constexpr (Moment) return merge_moment(a, b, scale);
+    else return merge_max_sum(a, b, f);
+  };
+  P q = packs_partial<T, Moment>(p, scale);
   if (tail_thread) {
     const uint4 t[1] = {cut_block(xb + full * V, last, 0, tail, tail_out)};
     last = t[0];
-    q = merge_max_sum(q, packs_max_sum<T, 1>(t, scale), f);
+    q = merge(q, packs_partial<T, Moment>(t, scale));
   }
-  q = shfl_merge_max_sum(q, f);
+  if constexpr (Moment) q = shfl_merge_moment(q, scale);
+  else q = shfl_merge_max_sum(q, f);
   if ((threadIdx.x & 31) == 0) warp_pairs[threadIdx.x >> 5] = q;
   __syncthreads();
   asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");  // every CTA's mbarrier is ready
   if (tid == 0) {
-    MaxSum<A> c{neg_inf<A>(), A(0)};
-    for (int w = 0; w < threads / 32; ++w) c = merge_max_sum(c, warp_pairs[w], f);
-    mbar_arrive_expect_tx(bar, csize * uint32_t{2 * sizeof(A)});
-    broadcast_pair(smem_addr(&partials[rank]), c.m, c.s, bar, csize);
+    P c = empty_partial<P>();
+    for (int w = 0; w < threads / 32; ++w) c = merge(c, warp_pairs[w]);
+    mbar_arrive_expect_tx(bar, csize * uint32_t{sizeof(partials[0])});
+    if constexpr (Moment) broadcast_moment(smem_addr(&partials[rank]), c.m, c.s, c.t, bar, csize);
+    else broadcast_pair(smem_addr(&partials[rank]), c.m, c.s, bar, csize);
   }
   mbar_wait(bar, 0);
-  MaxSum<A> r{neg_inf<A>(), A(0)};
-  for (uint32_t k = 0; k < csize; ++k) r = merge_max_sum(r, partials[k], f);
+  P r = empty_partial<P>();
+  for (uint32_t k = 0; k < csize; ++k) {
+    if constexpr (Moment) r = merge(r, P{partials[k].x, partials[k].y, partials[k].z});
+    else r = merge(r, partials[k]);
+  }
   const A log_sum = log_acc(r.s);
-  const auto w = out.row(row, r.m, r.s, log_sum, rank == 0 ? tid : -1, threads);
+  const int lane = rank == 0 ? tid : -1;
+  const auto w = [&] {
+    if constexpr (Moment) return out.row(row, r.m, r.s, r.t, log_sum, lane, threads);
+    else return out.row(row, r.m, r.s, log_sum, lane, threads);
+  }();
   T* yb = y + row * ys - lead;  // y's blocks: y is off 16 bytes as x is
   if (tail_thread) w.part(yb + full * V, last, 0, tail, int64_t{full} * V - lead);
   if constexpr (Bounded) {
@@ -154,19 +184,20 @@ register_cluster_ce_bounded_kernel(const T* __restrict__ x, int64_t xs, T* __res
   register_cluster_row<T, kWarpRowsMaxIters, Peel, true>(x, xs, grad, gs, cols, span, scale, out);
 }
 
-// The row's statistics alone (RowStatsOut): the row is read once and nothing of it is written (y is
-// x, untouched). The packs die at the reduction: no kernel keeps them for a write.
-template <class T, int ITERS, bool Peel>
+// The row's statistics alone (RowStatsOut; with the moment where Moment): the row is read once and
+// nothing of it is written (y is x, untouched). The packs die at the reduction: no kernel keeps them
+// for a write.
+template <class T, int ITERS, bool Peel, bool Moment>
 __global__ void __launch_bounds__(kRegisterClusterMaxThreads)
 register_cluster_stats_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t ys, int cols, int span,
-                              acc_t<T> scale, RowStatsOut<T> out) {
+                              acc_t<T> scale, RowStatsOut<T, Moment> out) {
   register_cluster_row<T, ITERS, Peel, false>(x, xs, y, ys, cols, span, scale, out);
 }
 
-template <class T, bool Peel>
+template <class T, bool Peel, bool Moment>
 __global__ void __launch_bounds__(kRegisterClusterMaxThreads, kRegisterClusterMinBlocks)
 register_cluster_stats_bounded_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t ys, int cols,
-                                      int span, acc_t<T> scale, RowStatsOut<T> out) {
+                                      int span, acc_t<T> scale, RowStatsOut<T, Moment> out) {
   register_cluster_row<T, kWarpRowsMaxIters, Peel, false>(x, xs, y, ys, cols, span, scale, out);
 }
 
@@ -175,9 +206,9 @@ template <class T> struct LogSoftmaxKernels {
   template <int I, bool P> static constexpr auto plain = register_cluster_kernel<T, I, P>;
   template <bool P> static constexpr auto bounded = register_cluster_bounded_kernel<T, P>;
 };
-template <class T> struct RowStatsKernels {
-  template <int I, bool P> static constexpr auto plain = register_cluster_stats_kernel<T, I, P>;
-  template <bool P> static constexpr auto bounded = register_cluster_stats_bounded_kernel<T, P>;
+template <class T, bool Moment> struct RowStatsKernels {
+  template <int I, bool P> static constexpr auto plain = register_cluster_stats_kernel<T, I, P, Moment>;
+  template <bool P> static constexpr auto bounded = register_cluster_stats_bounded_kernel<T, P, Moment>;
 };
 template <class T> struct CrossEntropyKernels {
   template <int I, bool P> static constexpr auto plain = register_cluster_ce_kernel<T, I, P>;
@@ -234,8 +265,13 @@ cudaError_t launch_register_clusters_stats(const Plan& p, const Call& a, const C
     if constexpr (sizeof(T) == 8) {
       return cudaErrorInvalidValue;
     } else {
-      const RowStatsOut<T> out{static_cast<const T*>(a.x()), a.x_stride(), a.cols(), static_cast<float>(a.scale), args};
-      return launch_clusters<RowStatsKernels<T>, T>(p, a, out, stream);
+      const auto launch = [&](auto moment) {
+        constexpr bool M = decltype(moment)::value;
+        const RowStatsOut<T, M> out{static_cast<const T*>(a.x()), a.x_stride(), a.cols(), static_cast<float>(a.scale),
+                                    args};
+        return launch_clusters<RowStatsKernels<T, M>, T>(p, a, out, stream);
+      };
+      return args.entropy || args.moment ? launch(std::true_type{}) : launch(std::false_type{});
     }
   });
 }

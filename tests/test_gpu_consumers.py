@@ -149,16 +149,20 @@ def _on_chip(rows, cols, dtype):
                          [("float32", (33, 50257)), ("bfloat16", (16, 128256))], ids=str)
 def test_row_stats_in_register_clusters(dtype, shape):
     """Rows of at most 128 KiB that the log-softmax holds in register clusters (asserted from the
-    planner) give the statistics of their max and sum from there where no entropy, moment or sum is
-    asked; longer ones (the last two cases) take consumer_rows.cu's kernel (src/gpu_api.cpp,
-    kStatsClusterRowBytes). Either way: lse, max, sumexp, and picked and logprobs of 1 and 3 tokens,
-    against float64, with special values, T = 1 and 0.6, and a shard's tokens (outside it: 0); max and
-    sumexp against the kernel that takes the other statistics."""
+    planner) give every statistic but the row's sum from there, the entropy and moment only rows of at
+    most 64 KiB (the 16-bit rows of 32000); longer ones (the last two cases) take consumer_rows.cu's
+    kernel (src/gpu_api.cpp, kStatsClusterRowBytes, kMomentClusterRowBytes). Either way: lse, entropy, max,
+    sumexp, moment, and picked and logprobs of 1 and 3 tokens, against float64, with special values,
+    T = 1 and 0.6, and a shard's tokens (outside it: 0); max, sumexp and moment against
+    consumer_rows.cu's kernel, which asking the sum too takes; the entropy alone (the entropy
+    function's call) as with the rest."""
     rows, cols = shape
     assert _on_chip(rows, cols, dtype) == "registers", shape
-    want = ("lse", "max", "sumexp", "picked", "logprobs")
+    want = ("lse", "entropy", "max", "sumexp", "moment", "picked", "logprobs")
     for seed, (T, k, shard) in enumerate(((1.0, 1, False), (0.6, 3, False), (1.0, 2, True))):
         x = _logits(shape, dtype, True, 41 + seed)
+        if dtype != "float16":
+            x[6] *= 1e10  # a row past the exp's split of its max (packs.cuh, shifted_exp)
         index = torch.randint(0, cols, (rows, k), generator=torch.Generator().manual_seed(42 + seed))
         offset = 0
         if shard:  # the shard holds tokens 1000 .. 1000 + cols - 1; token 5 of row 0 lies before it
@@ -174,11 +178,18 @@ def test_row_stats_in_register_clusters(dtype, shape):
             ref[s] = np.where(outside, 0.0, ref[s])
         for s in ("lse", "picked", "logprobs"):
             _check(st[s], ref[s], dtype, f"{what} {s}")
-        # max and sumexp as consumer_rows.cu's kernel gives them (asking the entropy too takes it).
-        other = softlight.row_stats(x.cuda(), index.cuda(), stats=want + ("entropy",), temperature=T,
+        _check(st["entropy"], ref["entropy"], dtype, f"{what} entropy", 1.0 + np.abs(ref["lse"]))
+        alone = softlight.row_stats(x.cuda(), stats=("entropy",), temperature=T)["entropy"]
+        assert torch.allclose(alone, st["entropy"], rtol=0, atol=0, equal_nan=True), what
+        # max, sumexp and moment as consumer_rows.cu's kernel gives them (asking the sum too takes it).
+        other = softlight.row_stats(x.cuda(), index.cuda(), stats=want + ("sum",), temperature=T,
                                     index_offset=offset, shard=shard)
         for s in ("max", "sumexp"):
             _check(st[s], other[s].double().cpu().numpy(), dtype, f"{what} {s}")
+        # The moment, a sum of terms up to |x - max| / T times the sumexp's: scaled by that.
+        spread = np.nan_to_num(np.abs(z - np.nanmax(np.where(np.isinf(z), np.nan, z), -1, keepdims=True)), nan=0.0)
+        _check(st["moment"], other["moment"].double().cpu().numpy(), dtype, f"{what} moment",
+               np.abs(other["sumexp"].double().cpu().numpy()) * (1.0 + spread.max(-1)))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])

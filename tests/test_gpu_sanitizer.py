@@ -67,8 +67,10 @@ CASES = {
     "cross_entropy_ring": dict(op="cross_entropy", shape=(9, 151936), dtype="bfloat16", smoothing=0.0),
     "cross_entropy_ring_peeled": dict(op="cross_entropy", shape=(5, 200003), dtype="float32", offset=(3, 3),
                                       smoothing=0.0),
-    # Only the statistics of the max and sum, in the register clusters of the log-softmax (peeled).
+    # Only the statistics of the max and sum, in the register clusters of the log-softmax (peeled);
+    # and with the entropy and moment (every statistic but the row's sum), rows on 16 bytes.
     "row_stats_clusters": dict(op="row_stats", shape=(9, 50257), dtype="bfloat16", offset=(3, 0), stats="max_sum"),
+    "row_stats_clusters_moment": dict(op="row_stats", shape=(9, 32000), dtype="float16", stats="no_sum"),
     "grad_scale": dict(op="grad_scale", shape=(37, 3001), dtype="float64", offset=(1, 1)),
 }
 CONSUMERS = ("row_stats", "row_stats_grad", "cross_entropy", "grad_scale")
@@ -105,13 +107,13 @@ def kernel_of(name):
     import gpu_util
     c = _case(name)
     if c["op"] in CONSUMERS:
-        if (c["op"] == "cross_entropy" and c.get("smoothing", 0.1) == 0.0) or c.get("stats") == "max_sum":
+        if (c["op"] == "cross_entropy" and c.get("smoothing", 0.1) == 0.0) or c.get("stats") in ("max_sum", "no_sum"):
             # (row_stats plans its rows with x as y: the library writes no element)
             flags = _rows_flags(dict(c, offset=(c["offset"][0],) * 2) if c["op"] == "row_stats" else c,
                                 ELEM[c["dtype"]])
             p = gpu_util.plan(*c["shape"], ELEM[c["dtype"]], flags.pop("aligned16"), **flags, **_device())
             if p["family"] == "warp_rows" and p["cluster"] > 0 and p["flat_rows"] == 0:
-                return c["op"] + "_clusters"
+                return c["op"] + "_clusters" + ("_moment" if c.get("stats") == "no_sum" else "")
             if c["op"] == "cross_entropy" and p["family"] == "cluster_rows" and p["threads"] >= 512:
                 return "cross_entropy_ring" + ("_peeled" if p["peel"] else "")
         return c["op"]
@@ -212,8 +214,10 @@ CHILD = textwrap.dedent(r"""
             host = [small(rows), small(rows), small(2 * rows), small(2 * rows)] + [small(rows) for _ in range(4)]
             outs = [dev(h, c["offset"][1]) for h in host]
             ir = dev(idx)
-            # lse, entropy, logprobs, picked, sum, max, sumexp, moment: all, or those of the max and sum
-            asked = [True] * 8 if c.get("stats") != "max_sum" else [True, False, True, True, False, True, True, False]
+            # lse, entropy, logprobs, picked, sum, max, sumexp, moment: all, those of the max and sum, or
+            # all but the sum
+            asked = {"max_sum": [True, False, True, True, False, True, True, False],
+                     "no_sum": [True, True, True, True, False, True, True, True]}.get(c.get("stats"), [True] * 8)
             assert softlight._C.row_stats(xr.ptr, cols, rows, cols, code, 1.3, ir.ptr, 2, 2, 0, False,
                                           [o.ptr if a else 0 for o, a in zip(outs, asked)], 0, True, 0) == 0
             assert softlight._C.row_stats(xh.ctypes.data, cols, rows, cols, code, 1.3, idx.ctypes.data, 2, 2, 0,
