@@ -62,34 +62,39 @@ template <class T> struct CrossEntropyOut {
   const int64_t* target;
   A scale;
   CrossEntropyArgs<A> a;
+  // An element's gradient: softmax * ca * scale = exp_base(fma(v, f, -hi)) * k (shifted_exp of the
+  // row's max: the sum's exps again, k holding exp_base(-lo) / s), less g1 at the target.
   struct Row {
-    Difference<A> diff;
-    A log_sum, ca, scale, g1, none;
+    A f, hi, k, g1, none;
     int64_t t;
     bool skip;
-    __device__ __forceinline__ A value(A v, int64_t col) const {
-      const A q = exp_of(diff(v) - log_sum);
-      return (q * ca) * scale - (col == t ? g1 : A(0));
-    }
+    __device__ __forceinline__ A value(A v) const { return exp_base(fma(v, f, -hi)) * k; }
     __device__ __forceinline__ void pack(T* dst, uint4 p, int64_t col, bool evict_first = false) const {
       constexpr int V = 16 / sizeof(T);
       A v[V];
       unpack<T, V>(p, v);
 #pragma unroll
-      for (int j = 0; j < V; ++j) v[j] = skip ? none : value(v[j], col + j);
+      for (int j = 0; j < V; ++j) v[j] = skip ? none : value(v[j]);
+      const uint64_t at = static_cast<uint64_t>(t - col);  // the target's place in the block, if it is there
+      if (!skip && at < uint64_t{V}) {
+#pragma unroll
+        for (int j = 0; j < V; ++j) v[j] -= j == static_cast<int>(at) ? g1 : A(0);
+      }
       store_pack<T, V>(dst, v, evict_first);
     }
-    __device__ __forceinline__ void part(T* dst, uint4 p, int lo, int hi, int64_t col) const {
+    __device__ __forceinline__ void part(T* dst, uint4 p, int lo, int hi_, int64_t col) const {
       constexpr int V = 16 / sizeof(T);
       A v[V];
       unpack<T, V>(p, v);
 #pragma unroll
       for (int k = 0; k < V; ++k)
-        if (k >= lo && k < hi) dst[k] = from_acc<T>(element(v[k], col + k));
+        if (k >= lo && k < hi_) dst[k] = from_acc<T>(element(v[k], col + k));
     }
-    __device__ __forceinline__ A element(A v, int64_t col) const { return skip ? none : value(v, col); }
+    __device__ __forceinline__ A element(A v, int64_t col) const {
+      return skip ? none : value(v) - (col == t ? g1 : A(0));
+    }
   };
-  __device__ __forceinline__ Row row(int64_t r, A m, A, A log_sum, int lane, int) const {
+  __device__ __forceinline__ Row row(int64_t r, A m, A s, A log_sum, int lane, int) const {
     const bool leader = lane == 0;
     const double g = a.mean ? (*a.count > 0 ? 1.0 / static_cast<double>(*a.count) : 0.0) : 1.0;
     const int64_t t = target[r];
@@ -110,8 +115,10 @@ template <class T> struct CrossEntropyOut {
       else a.loss[r] = static_cast<A>(loss);
       if (a.lse) a.lse[r] = m * scale + log_sum;
     }
-    return {Difference<A>(shift, scale), log_sum, static_cast<A>(g * (1.0 + 2.0 * a.z_loss * lse)), scale,
-            static_cast<A>(g) * scale, bad ? A(NAN) : A(0), t, ignored || bad};
+    const ShiftedExp<A> e = shifted_exp(m, scale);
+    const A ca = static_cast<A>(g * (1.0 + 2.0 * a.z_loss * lse));
+    return {e.f, e.hi, exp_base(-e.lo) * (ca * scale) / s, static_cast<A>(g) * scale, bad ? A(NAN) : A(0), t,
+            ignored || bad};
   }
 };
 

@@ -211,6 +211,8 @@ def test_cross_entropy_on_chip(dtype, shape):
     for seed, (T, reduction, z, special) in enumerate(((1.0, "none", 1e-3, True), (0.6, "mean", 0.0, False),
                                                        (1.0, "sum", 1e-4, False))):
         x0 = _logits(shape, dtype, special, 31 + seed).cuda()
+        if special and dtype != "float16":
+            x0[6] *= 1e10  # a row past the exp's split of its max (packs.cuh, shifted_exp)
         x = x0.detach().clone().requires_grad_()
         loss, lse = slt.cross_entropy(x, t, reduction=reduction, z_loss=z, temperature=T, return_lse=True)
         x64 = x0.detach().double().requires_grad_()
