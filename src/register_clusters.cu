@@ -20,8 +20,9 @@ __device__ __forceinline__ auto packs_partial(const uint4 (&p)[N], acc_t<T> scal
 
 // A partial of no elements: max -inf, sums 0.
 template <class P> __device__ __forceinline__ P empty_partial() {
-  if constexpr (sizeof(P) == 3 * sizeof(P::m)) return {neg_inf<decltype(P::m)>(), 0, 0};
-  else return {neg_inf<decltype(P::m)>(), 0};
+  using A = decltype(P::m);
+  if constexpr (std::is_same_v<P, MaxSumMoment<A>>) return {neg_inf<A>(), A(0), A(0)};
+  else return {neg_inf<A>(), A(0)};
 }
 
 // Rows in registers over a cluster (Hopper): rows too long for one CTA's registers, one row to a
