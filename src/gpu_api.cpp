@@ -247,10 +247,6 @@ template <class A> ConsumerArgs<A> consumer_args(const softlight_row_stats_optio
   return {o.index.ids, o.index.count, o.index.row_stride, o.index.offset, o.index.shard != 0, p(o.lse),
           p(o.entropy), p(o.logprobs), p(o.picked), p(o.sum), p(o.max), p(o.sumexp), p(o.moment)};
 }
-// The narrowest CTAs of a cluster_rows ring that writes cross-entropy's gradient: narrower rings
-// (288 threads, rows of 262144 in 16 bits) are slower at it than a second read (docs/consumers.md).
-constexpr int kRingGradientThreads = 512;
-
 // The longest row (bytes) whose statistics come from the register clusters: longer ones ran faster in
 // consumer_rows.cu's kernel on an H200 (docs/decisions/consumers.md).
 constexpr int64_t kStatsClusterRowBytes = 128 << 10;
@@ -260,7 +256,7 @@ constexpr int64_t kMomentClusterRowBytes = 64 << 10;
 
 // Where the log-softmax would hold the rows of x, written to y, on chip: in register clusters (rows
 // of 32000 to 128256 columns in 16 bits, to 128256 in fp32) or, with `ring`, in a ring of
-// cluster_rows at least kRingGradientThreads wide; not float64. True, with that plan and its call.
+// cluster_rows; not float64. True, with that plan and its call.
 bool on_chip_plan(const void* x, int64_t x_stride, void* y, int64_t y_stride, int64_t rows, int64_t cols,
                   softlight_dtype dtype, double temperature, bool ring, const DeviceInfo& info, Plan* plan,
                   Call* call) {
@@ -272,7 +268,7 @@ bool on_chip_plan(const void* x, int64_t x_stride, void* y, int64_t y_stride, in
   if (st != SOFTLIGHT_SUCCESS || noop) return false;
   *plan = plan_rows(rows_problem(*call), info, forced_tuning().rows);
   if (plan->family == Family::warp_rows) return plan->cluster > 0 && plan->warp.flat_rows == 0;
-  return ring && plan->family == Family::cluster_rows && plan->threads >= kRingGradientThreads;
+  return ring && plan->family == Family::cluster_rows;
 }
 
 template <class A> GradArgs<A> grad_args(const softlight_row_stats_grad& g) {

@@ -133,15 +133,14 @@ def test_rows_off_a_16_byte_boundary(dtype, skip):
 
 def _on_chip(rows, cols, dtype):
     """Where cross-entropy holds rows of x and a fresh gradient (both contiguous) on chip, as the
-    planner says: "registers" (register clusters), "ring" (cluster_rows, CTAs of 512 threads or more:
-    kRingGradientThreads, src/gpu_api.cpp), or None."""
+    planner says: "registers" (register clusters), "ring" (cluster_rows), or None."""
     import gpu_util
     e = torch.empty((), dtype=tdtype(dtype)).element_size()
     p = gpu_util.plan(rows, cols, e, cols * e % 16 == 0, aligned8=cols * e % 8 == 0, rows128=cols * e % 128 == 0,
                       peelable=True, flat16=True, **gpu_util.device_plan_args())
     if p["family"] == "warp_rows" and p["cluster"] > 0 and p["flat_rows"] == 0:
         return "registers"
-    return "ring" if p["family"] == "cluster_rows" and p["threads"] >= 512 else None
+    return "ring" if p["family"] == "cluster_rows" else None
 
 
 @pytest.mark.parametrize("dtype, shape", [(d, (64, 32000)) for d in ("float32", "float16", "bfloat16")] +
@@ -195,13 +194,14 @@ def test_row_stats_in_register_clusters(dtype, shape):
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("shape", [(64, 32000, "registers", "registers"), (33, 50257, "registers", "registers"),
                                    (16, 128256, "registers", "registers"), (64, 151936, "ring", "ring"),
-                                   (40, 262144, "ring", None), (16, 200003, "ring", "ring")], ids=str)
+                                   (40, 262144, "ring", "ring"), (16, 200003, "ring", "ring"),
+                                   (16, 5000, None, None)], ids=str)
 def test_cross_entropy_on_chip(dtype, shape):
-    """Rows the log-softmax holds on chip, in register clusters or a wide enough ring of cluster_rows
-    (asserted from the planner, fp32 and 16-bit rows; 200003 columns are peeled), write cross-entropy's
-    gradient from there; the others (16-bit rows of 262144 columns) take consumer_rows.cu's kernel:
-    loss, lse and gradient against torch in float64, with an ignored row, each reduction, z-loss,
-    T = 1 and 0.6, and special values (NaN and 0 gradient rows)."""
+    """Rows the log-softmax holds on chip, in register clusters or cluster_rows' ring (asserted from
+    the planner, fp32 and 16-bit rows; 200003 columns are peeled), write cross-entropy's gradient from
+    there; the others (rows of 5000) take consumer_rows.cu's kernel: loss, lse and gradient against
+    torch in float64, with an ignored row, each reduction, z-loss, T = 1 and 0.6, and special values
+    (NaN and 0 gradient rows)."""
     rows, cols, where32, where16 = shape
     shape = (rows, cols)
     assert _on_chip(rows, cols, dtype) == (where32 if dtype == "float32" else where16), shape

@@ -114,7 +114,7 @@ def kernel_of(name):
             p = gpu_util.plan(*c["shape"], ELEM[c["dtype"]], flags.pop("aligned16"), **flags, **_device())
             if p["family"] == "warp_rows" and p["cluster"] > 0 and p["flat_rows"] == 0:
                 return c["op"] + "_clusters" + ("_moment" if c.get("stats") == "no_sum" else "")
-            if c["op"] == "cross_entropy" and p["family"] == "cluster_rows" and p["threads"] >= 512:
+            if c["op"] == "cross_entropy" and p["family"] == "cluster_rows":
                 return "cross_entropy_ring" + ("_peeled" if p["peel"] else "")
         return c["op"]
     elem = ELEM[c["dtype"]]
