@@ -53,12 +53,13 @@ template <class T> struct LogSoftmaxOut {
 // reduction) and lse, and its gradient for an upstream gradient of 1 (of the mean: 1 / *a.count),
 // (softmax - onehot(target)) * g * (1 + 2 z lse) * scale, the target's term where the block holds
 // it. A target outside the row gives a NaN loss and gradient row; an ignored one 0. As
-// consumer_rows.cu's cross_entropy_kernel computes them. The gradient must not be x.
+// consumer_rows.cu's cross_entropy_kernel computes them. The loss is written by the thread that
+// writes the target's element, from the logit it holds: nothing of x is read after the row's first
+// read, so the gradient may be x itself.
 template <class T> struct CrossEntropyOut {
   using A = acc_t<T>;
   static constexpr bool kMoment = false;
-  const T* x;
-  int64_t xs, cols;
+  int64_t cols;
   const int64_t* target;
   A scale;
   CrossEntropyArgs<A> a;
@@ -68,17 +69,31 @@ template <class T> struct CrossEntropyOut {
     A f, hi, k, g1, none;
     int64_t t;
     bool skip;
+    // The loss from the target's logit v: base (log_sum + z lse^2) less v's scaled difference from
+    // the row's max, into *at (a double where reduced).
+    A shift, sc;
+    double base;
+    void* at;
+    bool wide;
     __device__ __forceinline__ A value(A v) const { return exp_base(fma(v, f, -hi)) * k; }
+    __device__ __forceinline__ void loss(A v) const {
+      const double l = base - scaled_difference(static_cast<double>(v), static_cast<double>(shift),
+                                                static_cast<double>(sc), 1.0);
+      if (wide) *static_cast<double*>(at) = l;
+      else *static_cast<A*>(at) = static_cast<A>(l);
+    }
     __device__ __forceinline__ void pack(T* dst, uint4 p, int64_t col, bool evict_first = false) const {
       constexpr int V = 16 / sizeof(T);
+      const uint64_t at_ = static_cast<uint64_t>(t - col);  // the target's place in the block, if it is there
+      const bool here = !skip && at_ < uint64_t{V};
+      if (here) loss(pack_element<T>(p, static_cast<int>(at_)));
       A v[V];
       unpack<T, V>(p, v);
 #pragma unroll
       for (int j = 0; j < V; ++j) v[j] = skip ? none : value(v[j]);
-      const uint64_t at = static_cast<uint64_t>(t - col);  // the target's place in the block, if it is there
-      if (!skip && at < uint64_t{V}) {
+      if (here) {
 #pragma unroll
-        for (int j = 0; j < V; ++j) v[j] -= j == static_cast<int>(at) ? g1 : A(0);
+        for (int j = 0; j < V; ++j) v[j] -= j == static_cast<int>(at_) ? g1 : A(0);
       }
       store_pack<T, V>(dst, v, evict_first);
     }
@@ -91,34 +106,32 @@ template <class T> struct CrossEntropyOut {
         if (k >= lo && k < hi_) dst[k] = from_acc<T>(element(v[k], col + k));
     }
     __device__ __forceinline__ A element(A v, int64_t col) const {
-      return skip ? none : value(v) - (col == t ? g1 : A(0));
+      if (skip) return none;
+      if (col != t) return value(v);
+      loss(v);
+      return value(v) - g1;
     }
   };
   __device__ __forceinline__ Row row(int64_t r, A m, A s, A log_sum, int lane, int) const {
-    const bool leader = lane == 0;
     const double g = a.mean ? (*a.count > 0 ? 1.0 / static_cast<double>(*a.count) : 0.0) : 1.0;
     const int64_t t = target[r];
     const bool ignored = a.ignore && t == a.ignore_index;
     const bool bad = !ignored && (t < 0 || t >= cols);
     const A shift = m == neg_inf<A>() ? A(0) : m;
-    const double mx = shift, ls = log_sum, dsc = scale;
-    const double lse = mx * dsc + ls;
-    if (leader) {
-      double loss = 0;
-      if (bad) {
-        loss = NAN;
-      } else if (!ignored) {
-        const double nll = ls - scaled_difference(static_cast<double>(to_acc(x[r * xs + t])), mx, dsc, 1.0);
-        loss = nll + (a.z_loss == 0.0 ? 0.0 : a.z_loss * lse * lse);
+    const double ls = log_sum;
+    const double lse = static_cast<double>(shift) * static_cast<double>(scale) + ls;
+    void* const at = a.reduce ? static_cast<void*>(a.losses + r) : static_cast<void*>(a.loss + r);
+    if (lane == 0) {  // the leader: the lse, and the loss of a row without a target in it
+      if (ignored || bad) {
+        if (a.reduce) a.losses[r] = bad ? NAN : 0.0;
+        else a.loss[r] = bad ? A(NAN) : A(0);
       }
-      if (a.reduce) a.losses[r] = loss;
-      else a.loss[r] = static_cast<A>(loss);
       if (a.lse) a.lse[r] = m * scale + log_sum;
     }
     const ShiftedExp<A> e = shifted_exp(m, scale);
     const A ca = static_cast<A>(g * (1.0 + 2.0 * a.z_loss * lse));
-    return {e.f, e.hi, exp_base(-e.lo) * (ca * scale) / s, static_cast<A>(g) * scale, bad ? A(NAN) : A(0), t,
-            ignored || bad};
+    return {e.f,  e.hi, exp_base(-e.lo) * (ca * scale) / s, static_cast<A>(g) * scale, bad ? A(NAN) : A(0), t,
+            ignored || bad, shift, scale, ls + (a.z_loss == 0.0 ? 0.0 : a.z_loss * lse * lse), at, a.reduce};
   }
 };
 
@@ -132,8 +145,7 @@ cudaError_t with_cross_entropy_out(const Call& a, const int64_t* target, const C
     if constexpr (sizeof(T) == 8) {
       return cudaErrorInvalidValue;
     } else {
-      return launch(tag, CrossEntropyOut<T>{static_cast<const T*>(a.x()), a.x_stride(), a.cols(), target,
-                                            static_cast<float>(a.scale), args});
+      return launch(tag, CrossEntropyOut<T>{a.cols(), target, static_cast<float>(a.scale), args});
     }
   });
 }

@@ -403,11 +403,11 @@ extern "C" softlight_status softlight_cross_entropy(const void* x, int64_t x_row
   st = open_consumer(&dev, {x, target, o.loss, o.lse, o.grad});
   if (st != SOFTLIGHT_SUCCESS) return st;
   // Rows that the log-softmax holds on chip, in register clusters or cluster_rows' ring, write the
-  // gradient from there (one read, one write), where there is no label smoothing (which needs the
-  // row's sum) and the gradient is not x; any other, consumer_rows.cu's kernel (a second read).
+  // gradient from there (one read, one write; x itself too), where there is no label smoothing (which
+  // needs the row's sum); any other, consumer_rows.cu's kernel (a second read).
   Plan plan;
   Call call;
-  const bool on_chip = o.grad != nullptr && o.grad != x && o.label_smoothing == 0.0 &&
+  const bool on_chip = o.grad != nullptr && o.label_smoothing == 0.0 &&
                        on_chip_plan(x, x_row_stride, o.grad, o.grad_row_stride, rows, cols, dtype, o.temperature,
                                     true, dev.info, &plan, &call);
   // (No rows: the reduction of nothing, 0 or NaN, is still written, on the device.)

@@ -151,7 +151,7 @@ template <class A> struct CrossEntropyArgs {
   A* lse;
 };
 // plan and call (both null, or neither): a plan of register clusters or cluster_rows for the rows of
-// x and o.grad (fp32, fp16 and bf16, no label smoothing, the gradient not x), which then writes the
+// x and o.grad (fp32, fp16 and bf16, no label smoothing; the gradient may be x), which then writes the
 // gradient (launch_register_clusters_ce, launch_cluster_rows_ce).
 cudaError_t launch_cross_entropy(const ConsumerCall& c, const softlight_cross_entropy_options& o, cudaStream_t stream,
                                  const Plan* plan, const Call* call);

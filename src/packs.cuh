@@ -45,6 +45,26 @@ template <class T> __device__ __forceinline__ void unpack_words16(const uint32_t
     out[2 * i + 1] = to_acc(hi);
   }
 }
+// Element j of a 16-byte pack of 2- or 4-byte T, in the accumulation type: selects of its word and
+// half, no array (which the compiler would index through local memory).
+template <class T> __device__ __forceinline__ acc_t<T> pack_element(uint4 p, int j) {
+  static_assert(sizeof(T) == 2 || sizeof(T) == 4, "2- or 4-byte elements");
+  const int w = j / static_cast<int>(4 / sizeof(T));
+  const uint32_t u = w == 0 ? p.x : w == 1 ? p.y : w == 2 ? p.z : p.w;
+  if constexpr (sizeof(T) == 4) {
+    return __uint_as_float(u);
+  } else {
+    const uint32_t bits = (j & 1) != 0 ? u >> 16 : u & 0xffffu;
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      return __uint_as_float(bits << 16);
+    } else {
+      T h;
+      const unsigned short b = static_cast<unsigned short>(bits);
+      memcpy(&h, &b, 2);
+      return to_acc(h);
+    }
+  }
+}
 __device__ __forceinline__ uint32_t pair_bits(__half, float a, float b) {
   const __half2 h = __floats2half2_rn(a, b);
   uint32_t u;

@@ -243,6 +243,46 @@ def test_cross_entropy_on_chip(dtype, shape):
         assert torch.isnan(gx[~fine]).all(), what
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("shape", [(64, 32000), (40, 50257), (40, 128256), (64, 151936), (40, 262144),
+                                   (40, 200003), (40, 5000)], ids=str)
+def test_cross_entropy_over_the_logits(dtype, shape):
+    """The gradient written over the logits (grad=x) takes the plan a fresh gradient takes (on chip
+    where _on_chip says so; rows of 5000 consumer_rows.cu's kernel): the same bits of loss, lse and
+    gradient as a fresh gradient, with targets at each row's first and last columns and next to them
+    (a peeled row's edges), an ignored row, one outside the row (NaN), special values, each
+    reduction, z-loss and T = 0.6; the loss against float64."""
+    rows, cols = shape
+    assert (_on_chip(rows, cols, dtype) is None) == (cols == 5000), shape
+    x0 = _logits(shape, dtype, True, 41).cuda()
+    t = torch.randint(0, cols, (rows,), generator=torch.Generator().manual_seed(42))
+    for i in range(8):
+        t[9 + i], t[17 + i] = i, cols - 1 - i
+    t[7], t[8] = -100, cols
+    t = t.cuda()
+    for T, reduction, z in ((1.0, "none", 1e-3), (0.6, "mean", 0.0), (1.0, "sum", 1e-4)):
+        what = f"{dtype} {shape} T={T} {reduction}"
+        loss, lse, g = softlight.cross_entropy(x0, t, reduction=reduction, z_loss=z, temperature=T,
+                                               return_lse=True, grad=True)
+        x = x0.clone()
+        loss2, lse2, g2 = softlight.cross_entropy(x, t, reduction=reduction, z_loss=z, temperature=T,
+                                                  return_lse=True, grad=x)
+        assert g2 is x, what
+        bits = {2: torch.int16, 4: torch.int32}[x.element_size()]
+        for a, b, name in ((loss, loss2, "loss"), (lse, lse2, "lse"), (g, g2, "gradient")):
+            assert torch.equal(torch.as_tensor(a).view(torch.int32 if a.dtype == torch.float32 else bits),
+                               torch.as_tensor(b).view(torch.int32 if b.dtype == torch.float32 else bits)), \
+                (what, name)
+        if reduction == "none":
+            z64 = x0.double() / T
+            want_lse = torch.logsumexp(z64, -1)
+            want = torch.nn.functional.cross_entropy(z64, t.clamp(0, cols - 1), reduction="none") + z * want_lse ** 2
+            fine = torch.isfinite(x0.double()).all(-1) & (t >= 0) & (t < cols)
+            _check(loss2[fine], want[fine].cpu().numpy(), dtype, f"{what} loss")
+            assert loss2[7] == 0 and torch.isnan(loss2[8]), what
+            assert (g2[7] == 0).all() and torch.isnan(g2[8]).all(), what
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_cross_entropy_on_the_gpu_equals_torch(dtype, reduction):
