@@ -130,7 +130,7 @@ template <class T> struct CrossEntropyOut {
     }
     const ShiftedExp<A> e = shifted_exp(m, scale);
     const A ca = static_cast<A>(g * (1.0 + 2.0 * a.z_loss * lse));
-    return {e.f,  e.hi, exp_base(-e.lo) * (ca * scale) / s, static_cast<A>(g) * scale, bad ? A(NAN) : A(0), t,
+    return {e.f, e.hi, exp_base(-e.lo) * (ca * scale) / s, static_cast<A>(g) * scale, bad ? A(NAN) : A(0), t,
             ignored || bad, shift, scale, ls + (a.z_loss == 0.0 ? 0.0 : a.z_loss * lse * lse), at, a.reduce};
   }
 };
