@@ -6,6 +6,8 @@
 // the others; lane 0 is the leader), and writes each 16-byte block of the row through what it
 // returns: pack(dst, p, col[, evict_first]) a whole block, part(dst, p, lo, hi, col) its elements
 // [lo, hi); col is the row's column of the block's element 0. element(v, col) is one element's output.
+// kGather: the output writes nothing of the row's elements and its row() needs the statistics only
+// where lane >= 0 (a kernel may then collect them in one CTA alone).
 #pragma once
 
 #include <cstdint>
@@ -30,7 +32,7 @@ template <class A> struct Difference {
 
 template <class T> struct LogSoftmaxOut {
   using A = acc_t<T>;
-  static constexpr bool kMoment = false;
+  static constexpr bool kMoment = false, kGather = false;
   A scale;
   A* lse;  // the row's log-sum-exp, where asked
   struct Row {
@@ -58,7 +60,7 @@ template <class T> struct LogSoftmaxOut {
 // read, so the gradient may be x itself.
 template <class T> struct CrossEntropyOut {
   using A = acc_t<T>;
-  static constexpr bool kMoment = false;
+  static constexpr bool kMoment = false, kGather = false;
   int64_t cols;
   const int64_t* target;
   A scale;
@@ -176,7 +178,7 @@ __device__ __forceinline__ void pick_tokens(const ConsumerArgs<A>& a, const T* x
 // NaN otherwise).
 template <class T, bool Moment = false> struct RowStatsOut {
   using A = acc_t<T>;
-  static constexpr bool kMoment = Moment;
+  static constexpr bool kMoment = Moment, kGather = true;
   const T* x;
   int64_t xs, cols;
   A scale;

@@ -47,11 +47,26 @@ template <class A> __device__ __forceinline__ void add(Stats<A>& p, A v, A sc) {
   p.sx += static_cast<double>(v);
 }
 
-// N 16-byte packs into a partial, as add takes their elements one by one: the packs' max first (the
-// sums move onto it at most once a group), then a difference, an exp and the sums per element. The
-// moment t and the sum sx are kept where asked (Moment, Sum), and stay 0 elsewhere.
+// A thread's running max m as its packs' sums take it: shifted_exp(m) (the shift 0 where m is
+// -inf), r = exp_base(-lo) and the moment's factor k (packs.cuh, moment_factor).
+template <class A> struct Shift {
+  ShiftedExp<A> e;
+  A r, k;
+};
+template <class A> __device__ __forceinline__ Shift<A> shift_of(A m, A sc) {
+  const ShiftedExp<A> e = shifted_exp(m, sc);
+  const A r = exp_base(-e.lo);
+  return {e, r, moment_factor(e, r, sc)};
+}
+
+// N 16-byte packs into a partial whose max's shift is k: the packs' max first (the sums move onto
+// it, and k with them, at most once a group), then each element's exp as the register clusters
+// take it (packs.cuh, packs_exp_moment), a fused multiply-add and an exp, the group's sums added to
+// the partial's once. The moment t and the sum sx are kept where asked (Moment, Sum), and stay 0
+// elsewhere.
 template <class T, int N, bool Moment, bool Sum>
-__device__ __forceinline__ void add_packs(Stats<acc_t<T>>& p, const uint4 (&q)[N], acc_t<T> sc) {
+__device__ __forceinline__ void add_packs(Stats<acc_t<T>>& p, Shift<acc_t<T>>& k, const uint4 (&q)[N],
+                                          acc_t<T> sc) {
   using A = acc_t<T>;
   constexpr int V = 16 / sizeof(T);
   const A mq = packs_max<T, N>(q);
@@ -63,9 +78,9 @@ __device__ __forceinline__ void add_packs(Stats<acc_t<T>>& p, const uint4 (&q)[N
       p.s *= r;
     }
     p.m = mq;
+    k = shift_of(mq, sc);
   }
-  const Difference<A> diff(p.m == neg_inf<A>() ? A(0) : p.m, sc);
-  A s[2] = {A(0), A(0)}, t[2] = {A(0), A(0)};
+  A s[2] = {A(0), A(0)}, w[2] = {A(0), A(0)};
   double sx = 0.0;
 #pragma unroll
   for (int u = 0; u < N; ++u) {
@@ -73,15 +88,16 @@ __device__ __forceinline__ void add_packs(Stats<acc_t<T>>& p, const uint4 (&q)[N
     unpack<T, V>(q[u], v);
 #pragma unroll
     for (int j = 0; j < V; ++j) {
-      const A d = diff(v[j]);
-      const A e = exp_of(d);
+      const A d = fma(v[j], k.e.f, -k.e.hi);
+      const A e = exp_base(d);
       s[j & 1] += e;
-      if constexpr (Moment) t[j & 1] += e == A(0) ? A(0) : e * d;
+      if constexpr (Moment) w[j & 1] = fma(e, max_acc(d, -std::numeric_limits<A>::max()), w[j & 1]);
       if constexpr (Sum) sx += static_cast<double>(v[j]);
     }
   }
-  p.s += s[0] + s[1];
-  if constexpr (Moment) p.t += t[0] + t[1];
+  const A sq = s[0] + s[1];
+  p.s = fma(sq, k.r, p.s);
+  if constexpr (Moment) p.t = fma(k.k, fma(-k.e.lo, sq, w[0] + w[1]), p.t);
   if constexpr (Sum) p.sx += sx;
 }
 
@@ -106,6 +122,7 @@ __device__ __forceinline__ Stats<acc_t<T>> thread_stats(const T* __restrict__ x,
   if constexpr (sizeof(T) < 8) {
     const int64_t head = head_of(x, n);
     for (int64_t j = threadIdx.x; j < head; j += blockDim.x) add(p, to_acc(x[j]), sc);
+    Shift<A> shift = shift_of(p.m, sc);
     const int64_t packs = (n - head) / V, step = blockDim.x;
     const uint4* xp = reinterpret_cast<const uint4*>(x + head);
     int64_t k = threadIdx.x;
@@ -113,11 +130,11 @@ __device__ __forceinline__ Stats<acc_t<T>> thread_stats(const T* __restrict__ x,
       uint4 q[N];
 #pragma unroll
       for (int u = 0; u < N; ++u) q[u] = xp[k + u * step];
-      add_packs<T, N, Moment, Sum>(p, q, sc);
+      add_packs<T, N, Moment, Sum>(p, shift, q, sc);
     }
     for (; k < packs; k += step) {
       const uint4 q[1] = {xp[k]};
-      add_packs<T, 1, Moment, Sum>(p, q, sc);
+      add_packs<T, 1, Moment, Sum>(p, shift, q, sc);
     }
     tail = head + packs * V;
   }
@@ -132,19 +149,20 @@ template <class A> __device__ __forceinline__ Stats<A> merge(Stats<A> a, Stats<A
   return {r.m, r.s, r.t, sx};
 }
 
-template <class A> __device__ __forceinline__ Stats<A> shfl_xor(Stats<A> p, int o) {
+// (The sum of x crosses only where it is kept: Sum.)
+template <bool Sum, class A> __device__ __forceinline__ Stats<A> shfl_xor(Stats<A> p, int o) {
   return {__shfl_xor_sync(0xffffffffu, p.m, o), __shfl_xor_sync(0xffffffffu, p.s, o),
-          __shfl_xor_sync(0xffffffffu, p.t, o), __shfl_xor_sync(0xffffffffu, p.sx, o)};
+          __shfl_xor_sync(0xffffffffu, p.t, o), Sum ? __shfl_xor_sync(0xffffffffu, p.sx, o) : 0.0};
 }
 
 // The CTA's merged partial, in every thread. scratch: 32 partials of shared memory.
-template <class A> __device__ Stats<A> block_merge(Stats<A> p, Stats<A>* scratch, A sc) {
+template <bool Sum, class A> __device__ Stats<A> block_merge(Stats<A> p, Stats<A>* scratch, A sc) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  for (int o = 16; o > 0; o /= 2) p = merge(p, shfl_xor(p, o), sc);
+  for (int o = 16; o > 0; o /= 2) p = merge(p, shfl_xor<Sum>(p, o), sc);
   if (lane == 0) scratch[warp] = p;
   __syncthreads();
   Stats<A> r = lane < warps ? scratch[lane] : empty_stats<A>();
-  for (int o = 16; o > 0; o /= 2) r = merge(r, shfl_xor(r, o), sc);
+  for (int o = 16; o > 0; o /= 2) r = merge(r, shfl_xor<Sum>(r, o), sc);
   __syncthreads();  // (the scratch is free again)
   return r;
 }
@@ -184,13 +202,13 @@ template <class T, class F> __device__ __forceinline__ void map_row(const T* x, 
 }
 
 template <class T, bool Moment, bool Sum>
-__global__ void __launch_bounds__(kThreads) row_stats_kernel(const T* __restrict__ x, int64_t xs, int64_t rows,
+__global__ void __launch_bounds__(kThreads, 3) row_stats_kernel(const T* __restrict__ x, int64_t xs, int64_t rows,
                                                              int64_t cols, acc_t<T> sc, ConsumerArgs<acc_t<T>> a) {
   using A = acc_t<T>;
   __shared__ Stats<A> scratch[32];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + r * xs;
-    const Stats<A> p = block_merge(thread_stats<T, Moment, Sum>(xr, cols, sc), scratch, sc);
+    const Stats<A> p = block_merge<Sum>(thread_stats<T, Moment, Sum>(xr, cols, sc), scratch, sc);
     const A log_sum = log_acc(p.s);
     const A shift = p.m == neg_inf<A>() ? A(0) : p.m;
     if (threadIdx.x == 0) {
@@ -364,7 +382,7 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_kernel(const T* x, int
     const int64_t t = target[r];
     const bool ignored = a.ignore && t == a.ignore_index;
     const bool bad = !ignored && (t < 0 || t >= cols);
-    const Stats<A> p = block_merge(thread_stats<T, false, Sum>(xr, cols, sc), scratch, sc);
+    const Stats<A> p = block_merge<Sum>(thread_stats<T, false, Sum>(xr, cols, sc), scratch, sc);
     const A log_sum = log_acc(p.s);
     const A shift = p.m == neg_inf<A>() ? A(0) : p.m;
     const double mx = shift, ls = log_sum, dsc = sc;

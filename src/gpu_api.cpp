@@ -250,9 +250,6 @@ template <class A> ConsumerArgs<A> consumer_args(const softlight_row_stats_optio
 // The longest row (bytes) whose statistics come from the register clusters: longer ones ran faster in
 // consumer_rows.cu's kernel on an H200 (docs/decisions/consumers.md).
 constexpr int64_t kStatsClusterRowBytes = 128 << 10;
-// ... and where the entropy or the moment is asked: past 64 KiB the moment's exchange made the register
-// clusters slower than consumer_rows.cu's kernel on an H100 (docs/decisions/consumers.md).
-constexpr int64_t kMomentClusterRowBytes = 64 << 10;
 
 // Where the log-softmax would hold the rows of x, written to y, on chip: in register clusters (rows
 // of 32000 to 128256 columns in 16 bits, to 128256 in fp32) or, with `ring`, in a ring of
@@ -349,15 +346,13 @@ extern "C" softlight_status softlight_row_stats(const void* x, int64_t x_row_str
   CallDevice dev;
   st = open_consumer(&dev, {x, o.index.ids, o.lse, o.entropy, o.logprobs, o.picked, o.sum, o.max, o.sumexp, o.moment});
   if (st != SOFTLIGHT_SUCCESS) return st;
-  // Rows of at most kStatsClusterRowBytes (kMomentClusterRowBytes where the entropy or the moment is
-  // asked) that the log-softmax holds in register clusters give the statistics of their max, sum and
-  // moment from there (all of a row's loads in flight at once), where the row's sum is not asked; any
-  // other, consumer_rows.cu's kernel.
+  // Rows of at most kStatsClusterRowBytes that the log-softmax holds in register clusters give the
+  // statistics of their max, sum and moment from there (all of a row's loads in flight at once), where
+  // the row's sum is not asked; any other, consumer_rows.cu's kernel.
   Plan plan;
   Call call;
-  const int64_t limit =
-      o.entropy != nullptr || o.moment != nullptr ? kMomentClusterRowBytes : kStatsClusterRowBytes;
-  const bool clusters = o.sum == nullptr && cols <= limit / static_cast<int64_t>(softlight_dtype_size(dtype)) &&
+  const bool clusters = o.sum == nullptr &&
+                        cols <= kStatsClusterRowBytes / static_cast<int64_t>(softlight_dtype_size(dtype)) &&
                         on_chip_plan(x, x_row_stride, const_cast<void*>(x), x_row_stride, rows, cols, dtype,
                                      o.temperature, false, dev.info, &plan, &call);
   const cudaError_t e = clusters ? launch_register_clusters_stats(plan, call, consumer_args<float>(o),

@@ -144,9 +144,12 @@ __device__ __forceinline__ void complete_local(uint32_t bar, uint32_t bytes) {
 // barrier `bar` (shared::cta addresses of this CTA). A cluster of one CTA stores into its own shared
 // memory and completes the transaction by hand (compute-sanitizer rejects distributed shared
 // memory where a cluster has one CTA); the fence orders the store before the barrier's phase.
-template <class A> __device__ __forceinline__ void broadcast_pair(uint32_t slot, A m, A s, uint32_t bar, uint32_t csize) {
+// `ranks`: the pair goes to CTAs [0, ranks) alone (1: to CTA 0).
+template <class A>
+__device__ __forceinline__ void broadcast_pair(uint32_t slot, A m, A s, uint32_t bar, uint32_t csize,
+                                               uint32_t ranks = ~0u) {
   if (csize > 1) {
-    for (uint32_t r = 0; r < csize; ++r) send_pair(cluster_map(slot, r), m, s, cluster_map(bar, r));
+    for (uint32_t r = 0; r < min(csize, ranks); ++r) send_pair(cluster_map(slot, r), m, s, cluster_map(bar, r));
     return;
   }
   if constexpr (sizeof(A) == 4) {
@@ -158,9 +161,9 @@ template <class A> __device__ __forceinline__ void broadcast_pair(uint32_t slot,
 }
 // The same for a (max, sum, moment) partial of floats (16 bytes a CTA).
 __device__ __forceinline__ void broadcast_moment(uint32_t slot, float m, float s, float t, uint32_t bar,
-                                                 uint32_t csize) {
+                                                 uint32_t csize, uint32_t ranks = ~0u) {
   if (csize > 1) {
-    for (uint32_t r = 0; r < csize; ++r) send_moment(cluster_map(slot, r), m, s, t, cluster_map(bar, r));
+    for (uint32_t r = 0; r < min(csize, ranks); ++r) send_moment(cluster_map(slot, r), m, s, t, cluster_map(bar, r));
     return;
   }
   asm volatile("st.shared::cta.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(slot), "f"(m), "f"(s), "f"(t), "f"(0.0f)

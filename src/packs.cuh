@@ -308,12 +308,14 @@ __device__ __forceinline__ MaxSum<acc_t<T>> packs_max_sum(const uint4 (&p)[N], a
 // (u is -inf for x -inf; the clamp keeps 0 * u finite). scale / f is 1 / exp_factor(1) but where f
 // is shifted_exp's power of two: there every term but the max's (whose u - lo is 0) is negligible,
 // and t is 0 (NaN from a NaN sum).
+// The sums over the elements of N 16-byte packs of e = exp_base(u) and e u, u = fma(x, f, -hi)
+// (shifted_exp's), in two chains each; u is clamped to the type's range, so that a term of e 0
+// (x = -inf: u = -inf) counts 0.
 template <class T, int N>
-__device__ __forceinline__ MaxSumMoment<acc_t<T>> packs_max_sum_moment(const uint4 (&p)[N], acc_t<T> scale) {
+__device__ __forceinline__ void packs_exp_moment(const uint4 (&p)[N], const ShiftedExp<acc_t<T>>& e, acc_t<T>& sum,
+                                                 acc_t<T>& moment) {
   using A = acc_t<T>;
   constexpr int V = 16 / sizeof(T);
-  const A m = packs_max<T, N>(p);
-  const ShiftedExp<A> e = shifted_exp(m, scale);
   A s[2] = {A(0), A(0)}, w[2] = {A(0), A(0)};
 #pragma unroll
   for (int u = 0; u < N; ++u) {
@@ -327,9 +329,36 @@ __device__ __forceinline__ MaxSumMoment<acc_t<T>> packs_max_sum_moment(const uin
       w[j & 1] = fma(x, max_acc(d, -std::numeric_limits<A>::max()), w[j & 1]);
     }
   }
-  const A sum = s[0] + s[1], r = exp_base(-e.lo);
-  const A k = e.f == exp_factor(scale) ? A(1) / exp_factor(A(1)) : A(0);
-  return {m, sum * r, r * k * ((w[0] + w[1]) - e.lo * sum)};
+  sum = s[0] + s[1];
+  moment = w[0] + w[1];
+}
+// The factor of the moment's sums (packs_exp_moment's, less lo times the sum's) that gives the
+// moment: exp_base(-lo) * scale / f, r = exp_base(-lo) (see packs_max_sum_moment).
+template <class A> __device__ __forceinline__ A moment_factor(const ShiftedExp<A>& e, A r, A scale) {
+  return r * (e.f == exp_factor(scale) ? A(1) / exp_factor(A(1)) : A(0));
+}
+
+// The (max, sum, moment) partial of the elements of N 16-byte packs (MaxSumMoment) taken against m,
+// which is at least their max (the partial's max is m), the moment from the sum's exps: with
+// u = fma(x, f, -hi), (x - m) * scale is (u - lo) * scale / f, so
+// t = exp_base(-lo) * scale / f * (sum e u - lo * sum e), e = exp_base(u), a term of e 0 counting 0
+// (u is -inf for x -inf; the clamp keeps 0 * u finite). scale / f is 1 / exp_factor(1) but where f
+// is shifted_exp's power of two: there every term but the max's (whose u - lo is 0) is negligible,
+// and t is 0 (NaN from a NaN sum).
+template <class T, int N>
+__device__ __forceinline__ MaxSumMoment<acc_t<T>> packs_sum_moment(const uint4 (&p)[N], acc_t<T> m,
+                                                                   acc_t<T> scale) {
+  using A = acc_t<T>;
+  const ShiftedExp<A> e = shifted_exp(m, scale);
+  A sum, w;
+  packs_exp_moment<T, N>(p, e, sum, w);
+  const A r = exp_base(-e.lo);
+  return {m, sum * r, moment_factor(e, r, scale) * (w - e.lo * sum)};
+}
+// The same against the packs' own max.
+template <class T, int N>
+__device__ __forceinline__ MaxSumMoment<acc_t<T>> packs_max_sum_moment(const uint4 (&p)[N], acc_t<T> scale) {
+  return packs_sum_moment<T, N>(p, packs_max<T, N>(p), scale);
 }
 
 // Folds N packs into a running (max of x, sum of exp((x - max) * scale)).

@@ -107,24 +107,44 @@ __device__ __forceinline__ void register_cluster_row(const T* __restrict__ x, in
     if constexpr (Moment) return merge_moment(a, b, scale);
     else return merge_max_sum(a, b, f);
   };
-  P q = packs_partial<T, Moment>(p, scale);
-  if (tail_thread) {
-    const uint4 t[1] = {cut_block(xb + full * V, last, 0, tail, tail_out)};
-    last = t[0];
-    q = merge(q, packs_partial<T, Moment>(t, scale));
+  P q;
+  if constexpr (Moment) {
+    // The warp's max first, each thread's sums against it, and the warp's sums added: merging the
+    // threads' (max, sum, moment) partials took two exps and a score of instructions a step.
+    if (tail_thread) last = cut_block(xb + full * V, last, 0, tail, tail_out);
+    const uint4 t[1] = {last};  // (-inf but in the tail's thread)
+    const A m = group_max<32>(max_acc(packs_max<T, ITERS>(p), packs_max<T, 1>(t)));
+    q = packs_sum_moment<T, ITERS>(p, m, scale);
+    if (tail_thread) {
+      const P r = packs_sum_moment<T, 1>(t, m, scale);
+      q.s += r.s;
+      q.t += r.t;
+    }
+    q.s = group_sum<32>(q.s);
+    q.t = group_sum<32>(q.t);
+  } else {
+    q = packs_partial<T, Moment>(p, scale);
+    if (tail_thread) {
+      const uint4 t[1] = {cut_block(xb + full * V, last, 0, tail, tail_out)};
+      last = t[0];
+      q = merge(q, packs_partial<T, Moment>(t, scale));
+    }
+    q = shfl_merge_max_sum(q, f);
   }
-  if constexpr (Moment) q = shfl_merge_moment(q, scale);
-  else q = shfl_merge_max_sum(q, f);
   if ((threadIdx.x & 31) == 0) warp_pairs[threadIdx.x >> 5] = q;
   __syncthreads();
   asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");  // every CTA's mbarrier is ready
+  // Gather (an output that writes no element): the partials go to CTA 0 alone, and the others end.
+  constexpr bool Gather = Out::kGather;
   if (tid == 0) {
     P c = empty_partial<P>();
     for (int w = 0; w < threads / 32; ++w) c = merge(c, warp_pairs[w]);
-    mbar_arrive_expect_tx(bar, csize * uint32_t{sizeof(partials[0])});
-    if constexpr (Moment) broadcast_moment(smem_addr(&partials[rank]), c.m, c.s, c.t, bar, csize);
-    else broadcast_pair(smem_addr(&partials[rank]), c.m, c.s, bar, csize);
+    if (!Gather || rank == 0) mbar_arrive_expect_tx(bar, csize * uint32_t{sizeof(partials[0])});
+    const uint32_t to = Gather ? 1u : csize;
+    if constexpr (Moment) broadcast_moment(smem_addr(&partials[rank]), c.m, c.s, c.t, bar, csize, to);
+    else broadcast_pair(smem_addr(&partials[rank]), c.m, c.s, bar, csize, to);
   }
+  if (Gather && rank != 0) return;
   mbar_wait(bar, 0);
   P r = empty_partial<P>();
   for (uint32_t k = 0; k < csize; ++k) {

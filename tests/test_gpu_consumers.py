@@ -144,13 +144,14 @@ def _on_chip(rows, cols, dtype):
 
 
 @pytest.mark.parametrize("dtype, shape", [(d, (64, 32000)) for d in ("float32", "float16", "bfloat16")] +
+                         [("bfloat16", (33, 32001)), ("float32", (33, 16001))] +
                          [(d, (33, 50257)) for d in ("float16", "bfloat16")] +
                          [("float32", (33, 50257)), ("bfloat16", (16, 128256))], ids=str)
 def test_row_stats_in_register_clusters(dtype, shape):
     """Rows of at most 128 KiB that the log-softmax holds in register clusters (asserted from the
-    planner) give every statistic but the row's sum from there, the entropy and moment only rows of at
-    most 64 KiB (the 16-bit rows of 32000); longer ones (the last two cases) take consumer_rows.cu's
-    kernel (src/gpu_api.cpp, kStatsClusterRowBytes, kMomentClusterRowBytes). Either way: lse, entropy, max,
+    planner) give every statistic but the row's sum from there (rows off 16 bytes from the second row
+    on, 32001 and 16001 columns: peeled); longer ones (the last two cases) take consumer_rows.cu's
+    kernel (src/gpu_api.cpp, kStatsClusterRowBytes). Either way: lse, entropy, max,
     sumexp, moment, and picked and logprobs of 1 and 3 tokens, against float64, with special values,
     T = 1 and 0.6, and a shard's tokens (outside it: 0); max, sumexp and moment against
     consumer_rows.cu's kernel, which asking the sum too takes; the entropy alone (the entropy

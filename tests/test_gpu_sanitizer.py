@@ -68,9 +68,10 @@ CASES = {
     "cross_entropy_ring_peeled": dict(op="cross_entropy", shape=(5, 200003), dtype="float32", offset=(3, 3),
                                       smoothing=0.0),
     # Only the statistics of the max and sum, in the register clusters of the log-softmax (peeled);
-    # and with the entropy and moment (every statistic but the row's sum), rows on 16 bytes.
+    # and with the entropy and moment (every statistic but the row's sum), peeled too.
     "row_stats_clusters": dict(op="row_stats", shape=(9, 50257), dtype="bfloat16", offset=(3, 0), stats="max_sum"),
-    "row_stats_clusters_moment": dict(op="row_stats", shape=(9, 32000), dtype="float16", stats="no_sum"),
+    "row_stats_clusters_moment": dict(op="row_stats", shape=(9, 32001), dtype="bfloat16", offset=(3, 0),
+                                      stats="no_sum"),
     "grad_scale": dict(op="grad_scale", shape=(37, 3001), dtype="float64", offset=(1, 1)),
 }
 CONSUMERS = ("row_stats", "row_stats_grad", "cross_entropy", "grad_scale")
