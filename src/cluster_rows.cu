@@ -547,9 +547,11 @@ cluster_rows_kernel(const T* __restrict__ x, int64_t xs, const T* __restrict__ a
 }
 
 // Cross-entropy's loss, lse and gradient (into y), the row held in the ring between its read and the
-// gradient's write.
+// gradient's write. CTAs of at most kClusterDefaultThreads (on_chip_plan gives no other), so that the
+// writers keep the registers the gradient wants: under the log-softmax's bound of 800 threads the
+// compiler held them to 72 and the fp32 kernel spilled (docs/decisions/consumers.md).
 template <class T, int U, bool Peel>
-__global__ void __launch_bounds__(kClusterMaxThreads, 1)
+__global__ void __launch_bounds__(kClusterDefaultThreads, 1)
 cluster_rows_ce_kernel(const T* __restrict__ x, int64_t xs, const T* __restrict__ aux, int64_t as,
                        T* __restrict__ y, int64_t ys, int64_t rows, int64_t cols, ClusterShape sh,
                        CrossEntropyOut<T> out) {

@@ -252,8 +252,10 @@ template <class A> ConsumerArgs<A> consumer_args(const softlight_row_stats_optio
 constexpr int64_t kStatsClusterRowBytes = 128 << 10;
 
 // Where the log-softmax would hold the rows of x, written to y, on chip: in register clusters (rows
-// of 32000 to 128256 columns in 16 bits, to 128256 in fp32) or, with `ring`, in a ring of
-// cluster_rows; not float64. True, with that plan and its call.
+// of 32000 to 128256 columns in 16 bits, to 128256 in fp32) or, with `ring` (cross-entropy), in a
+// ring of cluster_rows of CTAs of kClusterDefaultThreads (where the 16-bit log-softmax takes CTAs of
+// 288, the gradient's arithmetic wants the writers of 544: docs/decisions/consumers.md); not float64.
+// True, with that plan and its call.
 bool on_chip_plan(const void* x, int64_t x_stride, void* y, int64_t y_stride, int64_t rows, int64_t cols,
                   softlight_dtype dtype, double temperature, bool ring, const DeviceInfo& info, Plan* plan,
                   Call* call) {
@@ -263,9 +265,11 @@ bool on_chip_plan(const void* x, int64_t x_stride, void* y, int64_t y_stride, in
   bool noop;
   *call = rows_forward_call(x, x_stride, y, y_stride, rows, cols, dtype, &fo, &st, &noop);
   if (st != SOFTLIGHT_SUCCESS || noop) return false;
-  *plan = plan_rows(rows_problem(*call), info, forced_tuning().rows);
+  Overrides o = forced_tuning().rows;
+  if (ring && o.threads <= 0) o.threads = kClusterDefaultThreads;
+  *plan = plan_rows(rows_problem(*call), info, o);
   if (plan->family == Family::warp_rows) return plan->cluster > 0 && plan->warp.flat_rows == 0;
-  return ring && plan->family == Family::cluster_rows;
+  return ring && plan->family == Family::cluster_rows && plan->threads <= kClusterDefaultThreads;
 }
 
 template <class A> GradArgs<A> grad_args(const softlight_row_stats_grad& g) {

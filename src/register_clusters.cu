@@ -223,15 +223,21 @@ register_cluster_stats_bounded_kernel(const T* __restrict__ x, int64_t xs, T* __
 }
 
 // The kernels of each output: ITERS packs a thread (4 or 8), bounded or not, peeled or not.
+// kBoundPeeled: peeled rows of eight packs a thread take the bounded kernel whatever the plan says
+// (cross-entropy's gradient: the plain kernel's 76 registers held six CTAs of 128 threads an SM, the
+// bound's 64 eight; docs/decisions/consumers.md).
 template <class T> struct LogSoftmaxKernels {
+  static constexpr bool kBoundPeeled = false;
   template <int I, bool P> static constexpr auto plain = register_cluster_kernel<T, I, P>;
   template <bool P> static constexpr auto bounded = register_cluster_bounded_kernel<T, P>;
 };
 template <class T, bool Moment> struct RowStatsKernels {
+  static constexpr bool kBoundPeeled = false;
   template <int I, bool P> static constexpr auto plain = register_cluster_stats_kernel<T, I, P, Moment>;
   template <bool P> static constexpr auto bounded = register_cluster_stats_bounded_kernel<T, P, Moment>;
 };
 template <class T> struct CrossEntropyKernels {
+  static constexpr bool kBoundPeeled = true;
   template <int I, bool P> static constexpr auto plain = register_cluster_ce_kernel<T, I, P>;
   template <bool P> static constexpr auto bounded = register_cluster_ce_bounded_kernel<T, P>;
 };
@@ -247,7 +253,7 @@ cudaError_t launch_clusters(const Plan& p, const Call& a, O out, cudaStream_t st
   } else {
     if ((p.warp.iters != 4 && p.warp.iters != 8) || p.grid != a.rows()) return cudaErrorInvalidValue;
     auto kernel = p.peel ? K::template plain<4, true> : K::template plain<4, false>;
-    if (p.warp.iters == 8 && p.warp.bounded)
+    if (p.warp.iters == 8 && (p.warp.bounded || (p.peel && K::kBoundPeeled)))
       kernel = p.peel ? K::template bounded<true> : K::template bounded<false>;
     else if (p.warp.iters == 8)
       kernel = p.peel ? K::template plain<8, true> : K::template plain<8, false>;
