@@ -260,3 +260,40 @@ def test_one_pass_gradient_accumulates():
     x.grad = None
     (slt.cross_entropy(x, t) * 3).backward()
     assert torch.allclose(x.grad, 3 * want, rtol=1e-12, atol=1e-15)
+
+
+def _made_by(t):
+    """The autograd node that made t, past views."""
+    f = t.grad_fn
+    while f.name() == "ViewBackward0":
+        f = f.next_functions[0][0]
+    return f.name()
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_eager_cross_entropy_equals_the_operator(dtype):
+    """Plain eager autograd takes cross_entropy's body without the operator's dispatch (an
+    autograd.Function); the operator, which autocast, torch.compile, dispatch modes and transforms take,
+    gives the same bits of loss, lse and gradient, with and without the forward's gradient."""
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(9, 301, generator=g) * 3).to(dtype)
+    t = torch.randint(0, 301, (9,), generator=g)
+    t[2] = -100
+    for reduction, eps, zl in (("mean", 0.0, 0.0), ("none", 0.1, 1e-3), ("sum", 0.0, 1e-4)):
+        red = {"none": 0, "sum": 1, "mean": 2}[reduction]
+        up = torch.rand(9 if reduction == "none" else (), generator=g)
+        a = x.clone().requires_grad_()
+        loss, lse = slt.cross_entropy(a, t, reduction=reduction, label_smoothing=eps, z_loss=zl, return_lse=True)
+        assert _made_by(loss) == "_CrossEntropyEagerBackward"
+        (loss * up.to(loss.dtype)).sum().backward()
+        b = x.clone().requires_grad_()
+        want, want_lse, _ = torch.ops.softlight.cross_entropy(b, t, -100, eps, zl, 1.0, red, True)
+        assert "_CrossEntropyEager" not in _made_by(want)
+        (want * up.to(want.dtype)).sum().backward()
+        assert torch.equal(loss, want) and torch.equal(lse, want_lse), reduction
+        assert torch.equal(a.grad, b.grad), reduction
+        with torch.no_grad():
+            assert torch.equal(slt.cross_entropy(a, t, reduction=reduction, label_smoothing=eps, z_loss=zl), want)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the operator: float32 under autocast
+        loss = slt.cross_entropy(x.float().requires_grad_(), t)
+    assert loss.dtype == torch.float32 and "_CrossEntropyEager" not in _made_by(loss)

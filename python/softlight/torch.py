@@ -457,7 +457,8 @@ for _name in ("row_stats_backward", "cross_entropy_backward"):
                                     setup_context=lambda ctx, inputs, output: None)
 
 
-def _setup_ce(ctx, inputs, output):
+def _setup_ce(ctx, inputs, output, traced=None):
+    """(traced: whether a compiler or fake tensors see the call; found here where None.)"""
     logits, target, ignore_index, label_smoothing, z_loss, temperature, reduction, with_grad = \
         (tuple(inputs) + (-100, 0.0, 0.0, 1.0, 2, False))[:8]
     ctx.temperature = temperature
@@ -466,7 +467,7 @@ def _setup_ce(ctx, inputs, output):
     ctx.mark_non_differentiable(output[2])
     # A traced graph: the compiler's own flag, or fake inputs (torch 2.11 raises the flag only while
     # Dynamo reads the code, not while AOTAutograd traces the forward and backward).
-    ctx.traced = torch.compiler.is_compiling() or is_fake(logits)
+    ctx.traced = (torch.compiler.is_compiling() or is_fake(logits)) if traced is None else traced
     if with_grad and ctx.traced:  # a traced graph's gradient of the forward: multiplied below
         ctx.save_for_backward(logits, target, output[1], output[2])
         ctx.grad = None
@@ -475,7 +476,8 @@ def _setup_ce(ctx, inputs, output):
         ctx.grad = output[2] if with_grad else None
 
 
-def _grad_ce(ctx, d_loss, d_lse, _):
+def _grad_ce(ctx, d_loss, d_lse, _, scale=None):
+    """(scale: what scales the forward's gradient in place, by default the operator.)"""
     saved = ctx.saved_tensors
     logits, target, lse = saved[:3]
     dx = None
@@ -491,7 +493,7 @@ def _grad_ce(ctx, d_loss, d_lse, _):
         else:
             grad = ctx.grad if ctx.grad is not None else torch.ops.softlight.cross_entropy(logits, target, *ctx.ce)[2]
             ctx.grad = None
-            torch.ops.softlight.cross_entropy_grad_scale_(grad, d_loss)
+            (scale or torch.ops.softlight.cross_entropy_grad_scale_)(grad, d_loss)
             dx = grad
     if d_lse is not None:
         extra = torch.ops.softlight.row_stats_backward(logits, lse, lse, None, d_lse, None, None, None, None,
@@ -501,6 +503,26 @@ def _grad_ce(ctx, d_loss, d_lse, _):
 
 
 torch.library.register_autograd("softlight::cross_entropy", _grad_ce, setup_context=_setup_ce)
+
+
+class _CrossEntropyEager(torch.autograd.Function):
+    """cross_entropy's autograd in plain eager autograd (cross_entropy below): the operator's body and
+    its autograd without the dispatch and register_autograd's wrapper, which took a third of a forward
+    and backward's time on the host (docs/consumers.md). The same kernels, the same results; a
+    backward that builds a graph (create_graph) scales through the operator."""
+
+    @staticmethod
+    def forward(ctx, *args):
+        out = _cross_entropy(*args)
+        _setup_ce(ctx, args, out, False)
+        return out
+
+    @staticmethod
+    def backward(ctx, d_loss, d_lse, d_grad):
+        return _grad_ce(ctx, d_loss, d_lse, d_grad, None if torch.is_grad_enabled() else _cross_entropy_grad_scale)
+
+
+_apply_ce_eager = super(torch.autograd.Function, _CrossEntropyEager).apply  # (as _apply_eager)
 
 for _name in ("row_stats", "cross_entropy"):
     for _device in ("cpu", "cuda"):
@@ -571,9 +593,14 @@ def cross_entropy(logits, target, *, ignore_index=-100, label_smoothing=0.0, red
     # in all); under torch.compile by the backward instead, a read and a write there: a traced graph
     # cannot know that the loss's upstream gradient is 1, and scaling the forward's costs a pass more.
     with_grad = logits.requires_grad and torch.is_grad_enabled() and not torch.compiler.is_compiling()
-    loss, lse, _ = torch.ops.softlight.cross_entropy(x.reshape(-1, x.shape[-1]), target.reshape(-1), int(ignore_index),
-                                                     float(label_smoothing), float(z_loss), float(temperature),
-                                                     _REDUCTIONS[reduction], with_grad)
+    args = (x.reshape(-1, x.shape[-1]), target.reshape(-1), int(ignore_index), float(label_smoothing), float(z_loss),
+            float(temperature), _REDUCTIONS[reduction], with_grad)
+    if not (_plain(logits) and type(target) is torch.Tensor):
+        loss, lse, _ = torch.ops.softlight.cross_entropy(*args)
+    elif with_grad:  # plain eager autograd: the operator's body and autograd, without its dispatch
+        loss, lse, _ = _apply_ce_eager(*args)
+    else:
+        loss, lse, _ = _cross_entropy(*args)
     if reduction == "none":
         loss = loss.reshape(lead)
     return (loss, lse.reshape(lead)) if return_lse else loss
