@@ -68,7 +68,6 @@ template <class T, int N, bool Moment, bool Sum>
 __device__ __forceinline__ void add_packs(Stats<acc_t<T>>& p, Shift<acc_t<T>>& k, const uint4 (&q)[N],
                                           acc_t<T> sc) {
   using A = acc_t<T>;
-  constexpr int V = 16 / sizeof(T);
   const A mq = packs_max<T, N>(q);
   if (mq > p.m) {
     if (p.m != neg_inf<A>()) {
@@ -80,24 +79,11 @@ __device__ __forceinline__ void add_packs(Stats<acc_t<T>>& p, Shift<acc_t<T>>& k
     p.m = mq;
     k = shift_of(mq, sc);
   }
-  A s[2] = {A(0), A(0)}, w[2] = {A(0), A(0)};
-  double sx = 0.0;
-#pragma unroll
-  for (int u = 0; u < N; ++u) {
-    A v[V];
-    unpack<T, V>(q[u], v);
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      const A d = fma(v[j], k.e.f, -k.e.hi);
-      const A e = exp_base(d);
-      s[j & 1] += e;
-      if constexpr (Moment) w[j & 1] = fma(e, max_acc(d, -std::numeric_limits<A>::max()), w[j & 1]);
-      if constexpr (Sum) sx += static_cast<double>(v[j]);
-    }
-  }
-  const A sq = s[0] + s[1];
+  A sq, w;
+  double sx;
+  packs_exp_moment<T, N, Moment, Sum>(q, k.e, sq, w, &sx);
   p.s = fma(sq, k.r, p.s);
-  if constexpr (Moment) p.t = fma(k.k, fma(-k.e.lo, sq, w[0] + w[1]), p.t);
+  if constexpr (Moment) p.t = fma(k.k, fma(-k.e.lo, sq, w), p.t);
   if constexpr (Sum) p.sx += sx;
 }
 

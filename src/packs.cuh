@@ -308,15 +308,16 @@ __device__ __forceinline__ MaxSum<acc_t<T>> packs_max_sum(const uint4 (&p)[N], a
 // (u is -inf for x -inf; the clamp keeps 0 * u finite). scale / f is 1 / exp_factor(1) but where f
 // is shifted_exp's power of two: there every term but the max's (whose u - lo is 0) is negligible,
 // and t is 0 (NaN from a NaN sum).
-// The sums over the elements of N 16-byte packs of e = exp_base(u) and e u, u = fma(x, f, -hi)
-// (shifted_exp's), in two chains each; u is clamped to the type's range, so that a term of e 0
-// (x = -inf: u = -inf) counts 0.
-template <class T, int N>
+// The sums over the elements of N 16-byte packs of e = exp_base(u) and, where Moment, e u, u = fma(x,
+// f, -hi) (shifted_exp's), in two chains each; u is clamped to the type's range, so that a term of e
+// 0 (x = -inf: u = -inf) counts 0. Where Sum, *sx gets the elements' own sum, in double.
+template <class T, int N, bool Moment = true, bool Sum = false>
 __device__ __forceinline__ void packs_exp_moment(const uint4 (&p)[N], const ShiftedExp<acc_t<T>>& e, acc_t<T>& sum,
-                                                 acc_t<T>& moment) {
+                                                 acc_t<T>& moment, double* sx = nullptr) {
   using A = acc_t<T>;
   constexpr int V = 16 / sizeof(T);
   A s[2] = {A(0), A(0)}, w[2] = {A(0), A(0)};
+  double xs = 0.0;
 #pragma unroll
   for (int u = 0; u < N; ++u) {
     A v[V];
@@ -326,14 +327,16 @@ __device__ __forceinline__ void packs_exp_moment(const uint4 (&p)[N], const Shif
       const A d = fma(v[j], e.f, -e.hi);
       const A x = exp_base(d);
       s[j & 1] += x;
-      w[j & 1] = fma(x, max_acc(d, -std::numeric_limits<A>::max()), w[j & 1]);
+      if constexpr (Moment) w[j & 1] = fma(x, max_acc(d, -std::numeric_limits<A>::max()), w[j & 1]);
+      if constexpr (Sum) xs += static_cast<double>(v[j]);
     }
   }
   sum = s[0] + s[1];
-  moment = w[0] + w[1];
+  if constexpr (Moment) moment = w[0] + w[1];
+  if constexpr (Sum) *sx = xs;
 }
 // The factor of the moment's sums (packs_exp_moment's, less lo times the sum's) that gives the
-// moment: exp_base(-lo) * scale / f, r = exp_base(-lo) (see packs_max_sum_moment).
+// moment: exp_base(-lo) * scale / f, r = exp_base(-lo) (see packs_sum_moment).
 template <class A> __device__ __forceinline__ A moment_factor(const ShiftedExp<A>& e, A r, A scale) {
   return r * (e.f == exp_factor(scale) ? A(1) / exp_factor(A(1)) : A(0));
 }
@@ -354,11 +357,6 @@ __device__ __forceinline__ MaxSumMoment<acc_t<T>> packs_sum_moment(const uint4 (
   packs_exp_moment<T, N>(p, e, sum, w);
   const A r = exp_base(-e.lo);
   return {m, sum * r, moment_factor(e, r, scale) * (w - e.lo * sum)};
-}
-// The same against the packs' own max.
-template <class T, int N>
-__device__ __forceinline__ MaxSumMoment<acc_t<T>> packs_max_sum_moment(const uint4 (&p)[N], acc_t<T> scale) {
-  return packs_sum_moment<T, N>(p, packs_max<T, N>(p), scale);
 }
 
 // Folds N packs into a running (max of x, sum of exp((x - max) * scale)).

@@ -35,16 +35,6 @@ template <class A> __device__ __forceinline__ MaxSum<A> shfl_merge_max_sum(MaxSu
   return p;
 }
 
-// A (max, sum, moment) partial merged over the lanes of a warp (butterfly), sc the scale.
-template <class A> __device__ __forceinline__ MaxSumMoment<A> shfl_merge_moment(MaxSumMoment<A> p, A sc) {
-  for (int o = 16; o > 0; o /= 2)
-    p = merge_moment(p,
-                     MaxSumMoment<A>{__shfl_xor_sync(0xffffffffu, p.m, o), __shfl_xor_sync(0xffffffffu, p.s, o),
-                                     __shfl_xor_sync(0xffffffffu, p.t, o)},
-                     sc);
-  return p;
-}
-
 // Barrier over the first `threads` threads of the CTA (a multiple of 32), on hardware barrier `id`.
 __device__ __forceinline__ void sync_threads_named(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");

@@ -11,13 +11,6 @@
 namespace softlight {
 namespace {
 
-// The partial of N packs: (max, sum), or (max, sum, moment) where Moment.
-template <class T, bool Moment, int N>
-__device__ __forceinline__ auto packs_partial(const uint4 (&p)[N], acc_t<T> scale) {
-  if constexpr (Moment) return packs_max_sum_moment<T, N>(p, scale);
-  else return packs_max_sum<T, N>(p, scale);
-}
-
 // A partial of no elements: max -inf, sums 0.
 template <class P> __device__ __forceinline__ P empty_partial() {
   using A = decltype(P::m);
@@ -57,7 +50,9 @@ template <class P> __device__ __forceinline__ P empty_partial() {
 // p, col) and part(dst, p, lo, hi, col) write one block (col: the row's column of the block's
 // element 0). An Out whose kMoment is set (the entropy's statistics) takes the row's moment too,
 // row(row, m, s, t, log_sum, lane, lanes): the pairs are then (max, sum, moment) partials
-// (MaxSumMoment), merged alike, 16 bytes each between CTAs.
+// (MaxSumMoment), 16 bytes each between CTAs, a warp's threads taking theirs against the warp's max
+// so that they add. An Out whose kGather is set (RowStatsOut: no element written) has each CTA send
+// its pair to CTA 0 alone, and the others end there.
 template <class T, int ITERS, bool Peel, bool Bounded, class Out>
 __device__ __forceinline__ void register_cluster_row(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t ys,
                                                      int cols, int span, acc_t<T> scale, const Out& out) {
@@ -123,11 +118,11 @@ __device__ __forceinline__ void register_cluster_row(const T* __restrict__ x, in
     q.s = group_sum<32>(q.s);
     q.t = group_sum<32>(q.t);
   } else {
-    q = packs_partial<T, Moment>(p, scale);
+    q = packs_max_sum<T, ITERS>(p, scale);
     if (tail_thread) {
       const uint4 t[1] = {cut_block(xb + full * V, last, 0, tail, tail_out)};
       last = t[0];
-      q = merge(q, packs_partial<T, Moment>(t, scale));
+      q = merge(q, packs_max_sum<T, 1>(t, scale));
     }
     q = shfl_merge_max_sum(q, f);
   }
