@@ -7,6 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import softlight  # noqa: E402
 import softlight.torch as slt  # noqa: E402
+from softlight._consumers import STATS  # noqa: E402
 
 
 def _ref_ce(x, t, reduction="mean", eps=0.0, zl=0.0, temperature=1.0):
@@ -297,3 +298,37 @@ def test_eager_cross_entropy_equals_the_operator(dtype):
     with torch.autocast("cpu", dtype=torch.bfloat16):  # the operator: float32 under autocast
         loss = slt.cross_entropy(x.float().requires_grad_(), t)
     assert loss.dtype == torch.float32 and "_CrossEntropyEager" not in _made_by(loss)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_eager_row_stats_equals_the_operator(dtype):
+    """Plain eager autograd takes row_stats's body and backward without the operator's dispatch (an
+    autograd.Function); the operator gives the same bits of every statistic and of the gradient, with
+    tokens or without; a backward that builds a graph is still refused."""
+    g = torch.Generator().manual_seed(6)
+    x = (torch.randn(7, 203, generator=g) * 3).to(dtype)
+    idx = torch.randint(0, 203, (7, 2), generator=g)
+    names = ("lse", "entropy", "logprobs", "picked", "sum")
+    for index, stats, T in ((idx, names, 0.8), (None, ("lse", "entropy"), 1.0), (idx[:, 0], ("logprobs",), 1.0)):
+        a = x.clone().requires_grad_()
+        got = slt.row_stats(a, index, temperature=T, stats=stats)
+        assert _made_by(got["lse"]) == "_RowStatsEagerBackward"
+        b = x.clone().requires_grad_()
+        mask = sum(1 << STATS.index(n) for n in set(stats) | {"lse"})
+        flat = None if index is None else (index.reshape(-1) if index.dim() == 1 else index)
+        out = dict(zip(STATS, torch.ops.softlight.row_stats(b, flat, T, 0, False, mask)))
+        assert "_RowStatsEager" not in _made_by(out["lse"])
+        loss_a = loss_b = 0
+        for n in got:
+            w = torch.rand(got[n].shape, generator=g)
+            assert torch.equal(got[n], out[n].reshape(got[n].shape)), n
+            if n in ("lse", "entropy", "logprobs", "picked", "sum"):
+                loss_a = loss_a + (got[n] * w).sum()
+                loss_b = loss_b + (out[n].reshape(got[n].shape) * w).sum()
+        loss_a.backward()
+        loss_b.backward()
+        assert torch.equal(a.grad, b.grad), stats
+    a = x.clone().requires_grad_()
+    gx, = torch.autograd.grad(slt.entropy(a).sum(), a, create_graph=True)
+    with pytest.raises(softlight.InvalidArgumentError):
+        gx.sum().backward()

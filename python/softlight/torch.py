@@ -435,16 +435,36 @@ def _setup_stats(ctx, inputs, output):
     ctx.save_for_backward(logits, index, output[0], output[1])
 
 
-def _grad_stats(ctx, d_lse, d_entropy, d_logprobs, d_picked, d_sum, *_):
+def _grad_stats(ctx, d_lse, d_entropy, d_logprobs, d_picked, d_sum, *_, backward=None):
+    """(backward: what computes the gradient, by default the operator.)"""
     logits, index, lse, entropy = ctx.saved_tensors
     if entropy.shape != lse.shape:  # (not asked: then no gradient reaches it, and the backward reads none)
         entropy = lse
-    dx = torch.ops.softlight.row_stats_backward(logits, lse, entropy, index, d_lse, d_entropy, d_logprobs, d_picked,
-                                                d_sum, *ctx.args)
+    dx = (backward or torch.ops.softlight.row_stats_backward)(logits, lse, entropy, index, d_lse, d_entropy,
+                                                              d_logprobs, d_picked, d_sum, *ctx.args)
     return dx, None, None, None, None, None
 
 
 torch.library.register_autograd("softlight::row_stats", _grad_stats, setup_context=_setup_stats)
+
+
+class _RowStatsEager(torch.autograd.Function):
+    """row_stats's autograd in plain eager autograd (row_stats below), as _CrossEntropyEager is
+    cross_entropy's: the operator's body and backward without their dispatch. A backward that builds a
+    graph (create_graph) goes through the backward operator (which refuses a derivative of its own)."""
+
+    @staticmethod
+    def forward(ctx, *args):
+        out = _row_stats(*args)
+        _setup_stats(ctx, args, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return _grad_stats(ctx, *grads, backward=None if torch.is_grad_enabled() else _row_stats_backward)
+
+
+_apply_stats_eager = super(torch.autograd.Function, _RowStatsEager).apply  # (as _apply_eager)
 
 
 def _no_double_backward(ctx, *grads):
@@ -553,7 +573,13 @@ def row_stats(logits, index=None, *, temperature=1.0, dim=-1, stats=None):
         if unknown:
             raise InvalidArgumentError(f"softlight: unknown statistic {unknown[0]!r}; known: {', '.join(STATS)}")
         mask = sum(1 << STATS.index(n) for n in set(stats) | {"lse"})
-    out = torch.ops.softlight.row_stats(x, idx, float(temperature), stats=mask)
+    args = (x, idx, float(temperature), 0, False, mask)
+    if not (_plain(logits) and (index is None or type(index) is torch.Tensor)):
+        out = torch.ops.softlight.row_stats(*args)
+    elif logits.requires_grad and torch.is_grad_enabled():  # plain eager autograd: without the dispatch
+        out = _apply_stats_eager(*args)
+    else:
+        out = _row_stats(*args)
     pick = () if index is None else tuple(index.shape)
     return {n: (t.reshape(pick) if n in ("logprobs", "picked") else t.reshape(lead))
             for i, (n, t) in enumerate(zip(STATS, out))
