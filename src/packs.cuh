@@ -335,10 +335,17 @@ __device__ __forceinline__ void packs_exp_moment(const uint4 (&p)[N], const Shif
   if constexpr (Moment) moment = w[0] + w[1];
   if constexpr (Sum) *sx = xs;
 }
-// The factor of the moment's sums (packs_exp_moment's, less lo times the sum's) that gives the
-// moment: exp_base(-lo) * scale / f, r = exp_base(-lo) (see packs_sum_moment).
-template <class A> __device__ __forceinline__ A moment_factor(const ShiftedExp<A>& e, A r, A scale) {
-  return r * (e.f == exp_factor(scale) ? A(1) / exp_factor(A(1)) : A(0));
+// The shift of a max m as the packs' exp sums take it (shifted_exp(m): the shift 0 where m is -inf),
+// with the factors that turn those sums (packs_exp_moment's) into the partial's: r = exp_base(-lo)
+// for the sum, and k = exp_base(-lo) * scale / f for the moment's, less lo times the sum's.
+template <class A> struct Shift {
+  ShiftedExp<A> e;
+  A r, k;
+};
+template <class A> __device__ __forceinline__ Shift<A> shift_of(A m, A scale) {
+  const ShiftedExp<A> e = shifted_exp(m, scale);
+  const A r = exp_base(-e.lo);
+  return {e, r, r * (e.f == exp_factor(scale) ? A(1) / exp_factor(A(1)) : A(0))};
 }
 
 // The (max, sum, moment) partial of the elements of N 16-byte packs (MaxSumMoment) taken against m,
@@ -352,11 +359,10 @@ template <class T, int N>
 __device__ __forceinline__ MaxSumMoment<acc_t<T>> packs_sum_moment(const uint4 (&p)[N], acc_t<T> m,
                                                                    acc_t<T> scale) {
   using A = acc_t<T>;
-  const ShiftedExp<A> e = shifted_exp(m, scale);
+  const Shift<A> k = shift_of(m, scale);
   A sum, w;
-  packs_exp_moment<T, N>(p, e, sum, w);
-  const A r = exp_base(-e.lo);
-  return {m, sum * r, moment_factor(e, r, scale) * (w - e.lo * sum)};
+  packs_exp_moment<T, N>(p, k.e, sum, w);
+  return {m, sum * k.r, k.k * (w - k.e.lo * sum)};
 }
 
 // Folds N packs into a running (max of x, sum of exp((x - max) * scale)).
