@@ -185,14 +185,18 @@ def test_committed_results_follow_the_schema(path):
                                      "softlight.torch", "softlight_op", "torch_grad", "softlight.torch_grad",
                                      "function_grad")
         return
-    consumer = doc["rows"][0]["op"] in ("cross_entropy", "token_logprobs", "entropy")
+    consumer = doc["rows"][0]["op"] in ("cross_entropy", "token_logprobs", "entropy", "logsumexp")
     for r in doc["rows"]:
         assert r["op"] == doc["rows"][0]["op"] if consumer else r["op"] in ("forward", "backward")
         assert r["provider"] in ("softlight", "copy", "torch", "torch.compile", "quack", "liger") or \
             ("cpu" in doc["meta"] and r["provider"] == "numpy") or (consumer and r["provider"] == "gather-lse") or \
-            (r["op"] == "cross_entropy" and r["provider"] == "softlight-in-place")
+            (r["op"] == "cross_entropy" and r["provider"] == "softlight-in-place") or \
+            (r["op"] == "token_logprobs" and r["provider"] in ("softlight-backward", "torch-backward",
+                                                             "gather-lse-backward", "torch.compile-backward"))
         if r["op"] == "cross_entropy" and r["provider"].startswith("softlight"):
             assert r["mode"] == ("in-place" if r["provider"] == "softlight-in-place" else "new"), r
+        if r["op"] == "token_logprobs" and r["provider"] != "copy" and "mode" in r:  # (older files: forward alone)
+            assert r["mode"] == ("backward" if r["provider"].endswith("-backward") else "forward"), r
         assert r["dtype"] in ("float32", "float16", "bfloat16", "float64")
         assert all(isinstance(v, int) and v > 0 for v in r["shape"])
         assert "copy_ms" in r and "status" in r
@@ -241,17 +245,42 @@ def test_consumer_bench_runs_checks_and_writes_its_results(tmp_path):
     """bench --op on the CPU, small: every provider checked against float64 and timed beside the copy;
     the files follow the results' schema."""
     pytest.importorskip("torch")
-    for op in ("cross_entropy", "token_logprobs", "entropy"):
+    for op in ("cross_entropy", "token_logprobs", "entropy", "logsumexp"):
         code = bench.main(["--device", "cpu", "--op", op, "--vocabs", "1000", "--dtypes", "float32,bfloat16",
                            "--sweep-gb", "0.0005", "--reps", "1", "--no-compile", "--out-dir", str(tmp_path),
                            "--commit", "test"])
         assert code == 0
         doc = json.loads((tmp_path / f"{op}-cpu.json").read_text())
         assert {r["provider"] for r in doc["rows"]} >= {"copy", "softlight", "torch"}
+        if op == "token_logprobs":  # the backward too, each mode named
+            assert {r["provider"] for r in doc["rows"]} >= {"softlight-backward", "torch-backward"}
+            assert {r.get("mode") for r in doc["rows"]} == {None, "forward", "backward"}
         assert all(r["status"] == "ok" and r["ms"] > 0 and r["copy_ms"] > 0 for r in doc["rows"])
         # (The plot needs matplotlib, the bench extra; without it the run says so and writes none.)
         assert (tmp_path / f"{op}-cpu.png").exists() == (importlib.util.find_spec("matplotlib") is not None)
         test_committed_results_follow_the_schema(tmp_path / f"{op}-cpu.json")
+
+
+def test_consumer_bench_finds_a_wrong_gradient(tmp_path, monkeypatch):
+    """token_logprobs' backward mode checks each gradient against float64: one a tenth off is reported
+    wrong (and still timed), beside softlight's, right."""
+    pytest.importorskip("torch")
+    from softlight import bench_consumers
+
+    plain = bench_consumers.providers
+
+    def with_a_wrong_one(torch, op, device, no_compile):
+        p = plain(torch, op, device, no_compile)
+        p["torch-backward"] = bench_consumers.Backward(lambda x, t, idx: p["torch"](x * 1.1, t, idx))
+        return p
+
+    monkeypatch.setattr(bench_consumers, "providers", with_a_wrong_one)
+    assert bench.main(["--device", "cpu", "--op", "token_logprobs", "--vocabs", "1000", "--dtypes", "float32",
+                       "--sweep-gb", "0.0005", "--reps", "1", "--no-compile", "--out-dir", str(tmp_path),
+                       "--commit", "test"]) == 0
+    rows = {r["provider"]: r for r in json.loads((tmp_path / "token_logprobs-cpu.json").read_text())["rows"]}
+    assert rows["torch-backward"]["status"].startswith("wrong gradient") and rows["torch-backward"]["ms"] > 0
+    assert rows["softlight-backward"]["status"] == "ok" and rows["torch"]["status"] == "ok"
 
 
 def test_consumer_bench_gives_each_provider_its_own_logits(tmp_path, monkeypatch):

@@ -344,8 +344,8 @@ def main(argv=None):
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                     help="cpu: the CPU backend's sweep against numpy and torch's CPU kernel (bench_cpu.py)")
     ap.add_argument("--op", default="forward",
-                    choices=["forward", "backward", "cross_entropy", "token_logprobs", "entropy"],
-                    help="cross_entropy, token_logprobs, entropy: the consumers of the log-sum-exp against their "
+                    choices=["forward", "backward", "cross_entropy", "token_logprobs", "entropy", "logsumexp"],
+                    help="cross_entropy, token_logprobs, entropy, logsumexp: the consumers of the log-sum-exp against their "
                          "anchors over vocabularies (bench_consumers.py), on --device cuda or cpu")
     ap.add_argument("--vocabs", default="", help="with a consumer --op: comma-separated vocabulary sizes (default: "
                                                  "32000,50257,128256,151936,262144)")
@@ -375,7 +375,7 @@ def main(argv=None):
                                                "host, sweep, backward or forward, by what is measured)")
     ap.add_argument("--commit", default=None, help="commit to record (default: git rev-parse HEAD)")
     args = ap.parse_args(argv)
-    consumer = args.op in ("cross_entropy", "token_logprobs", "entropy")
+    consumer = args.op in ("cross_entropy", "token_logprobs", "entropy", "logsumexp")
     vp_name = "vocab-parallel" + ("-cpu" if args.device == "cpu" else "")
     args.name = args.name or (vp_name if args.vocab_parallel else f"{args.op}-cpu" if consumer and args.device == "cpu"
                               else args.op if consumer
@@ -394,9 +394,10 @@ def main(argv=None):
     if args.vocab_parallel:
         if torch is None or (args.device == "cuda" and not torch.cuda.is_available()):
             raise SystemExit("softlight bench --vocab-parallel: needs torch, and a GPU unless --device cpu")
-        if args.op == "backward":
-            raise SystemExit("softlight bench --vocab-parallel: times forward ops and cross_entropy's backward")
         from . import bench_vocab_parallel
+        if args.op not in ("forward",) + bench_vocab_parallel.OPS:
+            raise SystemExit(f"softlight bench --vocab-parallel: times {', '.join(bench_vocab_parallel.OPS)} (every one "
+                             f"without --op); not --op {args.op}")
         return bench_vocab_parallel.run(args, argv, torch, args.commit or _git_commit())
     if consumer:
         if torch is None:

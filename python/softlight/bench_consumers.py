@@ -8,8 +8,11 @@ they are installed, side by side in one run, over vocabularies of 32000 to 26214
   (softlight.cross_entropy(x, t, grad=x), "in-place").
 - token_logprobs times the log-probabilities of one chosen token a row: torch's
   `log_softmax(x.float()).gather` and the memory-saving `x.gather - logsumexp(x)` that RL libraries
-  use. Its floor is one read.
-- entropy times `-(softmax * log_softmax).sum(-1)`. Its floor is one read.
+  use. Its floor is one read. Each runs in two modes ("mode"): the forward, and the backward alone
+  ("-backward": the logits' gradient for an upstream gradient of the log-probs, through the graph of
+  one forward, kept), whose floor is a copy.
+- entropy times `-(softmax * log_softmax).sum(-1)`, logsumexp `torch.logsumexp(x, -1)`. Their floor is
+  one read.
 
 Each provider gets a copy of the logits of its own (Liger's cross-entropy writes its gradient over its
 input, as softlight's in-place mode does). "copy" (x.clone(): one read and one write) is the
@@ -25,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-OPS = ("cross_entropy", "token_logprobs", "entropy")
+OPS = ("cross_entropy", "token_logprobs", "entropy", "logsumexp")
 VOCABS = (32000, 50257, 128256, 151936, 262144)
 TOL = {"float32": 1e-4, "bfloat16": 2e-2, "float64": 1e-10}
 
@@ -52,9 +55,17 @@ def with_backward(loss_fn):
     return run
 
 
+class Backward:
+    """A provider timed in its backward alone: the gradient of the logits for an upstream gradient of
+    forward(x, t, idx), through the graph of one forward, kept (retain_graph)."""
+
+    def __init__(self, forward):
+        self.forward = forward
+
+
 def providers(torch, op, device, no_compile):
     """name -> fn(x, t, idx) giving the output that the check reads (for cross_entropy, after its
-    backward: (loss, grad))."""
+    backward: (loss, grad)), or a Backward."""
     import softlight
     import softlight.torch as slt
     F = torch.nn.functional
@@ -85,6 +96,19 @@ def providers(torch, op, device, no_compile):
         p["gather-lse"] = lambda x, t, idx: x.gather(-1, idx[:, None])[:, 0].float() - torch.logsumexp(x.float(), -1)
         if not no_compile:
             p["torch.compile"] = torch.compile(p["torch"])
+        for name in ("softlight", "torch", "gather-lse"):
+            p[f"{name}-backward"] = Backward(p[name])
+        if not no_compile:
+            # Compiled apart, a graph with its backward of its own. A backward run again (retain_graph)
+            # needs the saved buffers kept, and torch compiles the backward at its first call: so
+            # for the whole run (one op a process).
+            torch._functorch.config.donated_buffer = False
+            p["torch.compile-backward"] = Backward(torch.compile(p["torch"]))
+    elif op == "logsumexp":
+        p["softlight"] = lambda x, t, idx: slt.logsumexp(x, -1)
+        p["torch"] = lambda x, t, idx: torch.logsumexp(x, -1)
+        if not no_compile:
+            p["torch.compile"] = torch.compile(p["torch"])
     else:
         p["softlight"] = lambda x, t, idx: slt.entropy(x)
         p["torch"] = lambda x, t, idx: -(torch.softmax(x.float(), -1) * torch.log_softmax(x.float(), -1)).sum(-1)
@@ -93,34 +117,37 @@ def providers(torch, op, device, no_compile):
     return p
 
 
-def reference(torch, op, x, t, idx):
-    """The float64 result (and gradient) the providers are checked against, in chunks of rows."""
+def reference(torch, op, x, t, idx, dy=None):
+    """The float64 result (and gradient: cross_entropy's, or token_logprobs' for the upstream gradient
+    dy) the providers are checked against, in chunks of rows."""
     outs, grads = [], []
     for lo in range(0, x.shape[0], 1024):
-        xd = x[lo:lo + 1024].double()
+        xd = x[lo:lo + 1024].double().requires_grad_(op == "cross_entropy" or dy is not None)
         if op == "cross_entropy":
-            xd.requires_grad_()
-            loss = torch.nn.functional.cross_entropy(xd, t[lo:lo + 1024], reduction="sum") / x.shape[0]
-            loss.backward()
-            outs.append(loss.detach())
-            grads.append(xd.grad.to(x.dtype) if x.dtype != torch.float32 else xd.grad)
+            out = torch.nn.functional.cross_entropy(xd, t[lo:lo + 1024], reduction="sum") / x.shape[0]
+            out.backward()
         elif op == "token_logprobs":
-            outs.append(torch.log_softmax(xd, -1).gather(-1, idx[lo:lo + 1024, None])[:, 0])
+            out = torch.log_softmax(xd, -1).gather(-1, idx[lo:lo + 1024, None])[:, 0]
+            if dy is not None:
+                out.backward(dy[lo:lo + 1024].double())
+        elif op == "logsumexp":
+            out = torch.logsumexp(xd, -1)
         else:
-            outs.append(-(torch.softmax(xd, -1) * torch.log_softmax(xd, -1)).sum(-1))
-    if op == "cross_entropy":
-        return torch.stack(outs).sum(), torch.cat(grads)
-    return torch.cat(outs), None
+            out = -(torch.softmax(xd, -1) * torch.log_softmax(xd, -1)).sum(-1)
+        outs.append(out.detach())
+        if xd.grad is not None:
+            grads.append(xd.grad.to(x.dtype) if x.dtype != torch.float32 else xd.grad)
+    out = torch.stack(outs).sum() if op == "cross_entropy" else torch.cat(outs)
+    return out, torch.cat(grads) if grads else None
 
 
-def check(torch, op, got, want, want_grad, dtype):
-    """None, or what is wrong."""
+def check(torch, op, got, want, want_grad, dtype, backward=False):
+    """None, or what is wrong (backward: got is the logits' gradient alone)."""
     tol = TOL[dtype]
-    if op == "cross_entropy":
-        loss, g = got
-        loss = loss.detach()
-        if not math.isclose(float(loss), float(want), rel_tol=tol, abs_tol=tol):
-            return f"wrong loss ({float(loss):.6g} against {float(want):.6g})"
+    if op == "cross_entropy" or backward:
+        loss, g = got if op == "cross_entropy" else (None, got)
+        if loss is not None and not math.isclose(float(loss.detach()), float(want), rel_tol=tol, abs_tol=tol):
+            return f"wrong loss ({float(loss.detach()):.6g} against {float(want):.6g})"
         err = (g.double() - want_grad.double()).abs().max().item()
         scale = want_grad.double().abs().max().item()
         return None if err <= tol * scale + 1e-12 else f"wrong gradient (max |error| {err:.3g})"
@@ -159,7 +186,9 @@ def run(args, argv, torch, commit):
     for rows, vocab, dtype in cases(args, device):
         x = (torch.randn(rows, vocab, device=device, generator=gen) * 3).to(getattr(torch, dtype))
         t = torch.randint(0, vocab, (rows,), device=device, generator=gen)
-        want, want_grad = reference(torch, op, x, t, t)
+        backward = any(isinstance(fn, Backward) for fn in provs.values())
+        dy = torch.randn(rows, device=device, generator=gen) if backward else None
+        want, want_grad = reference(torch, op, x, t, t, dy)
         case = []
         row = {"op": op, "device": device, "provider": "copy", "shape": [rows, vocab], "dtype": dtype,
                "status": "ok", "ms": time_ms(torch, lambda: x.clone(), device, args.reps)}
@@ -169,17 +198,25 @@ def run(args, argv, torch, commit):
                    "status": "ok", "ms": None}
             if op == "cross_entropy" and name.startswith("softlight"):
                 row["mode"] = "in-place" if name == "softlight-in-place" else "new"
+            if op == "token_logprobs":
+                row["mode"] = "backward" if isinstance(fn, Backward) else "forward"
             # A copy of its own: Liger's cross-entropy, like softlight's in-place mode, writes the
             # gradient over the logits it is given, which the next provider would otherwise read.
-            arg = x.detach().clone().requires_grad_(op == "cross_entropy" and name != "softlight-in-place")
+            arg = x.detach().clone().requires_grad_(op == "cross_entropy" and name != "softlight-in-place"
+                                                    or isinstance(fn, Backward))
             try:
-                wrong = check(torch, op, fn(arg, t, t), want, want_grad, dtype)
+                if isinstance(fn, Backward):
+                    y = fn.forward(arg, t, t)
+                    call = (lambda y: lambda: torch.autograd.grad(y, arg, dy, retain_graph=True)[0])(y)
+                else:
+                    y, call = None, (lambda: fn(arg, t, t))
+                wrong = check(torch, op, call(), want, want_grad, dtype, isinstance(fn, Backward))
                 row["status"] = wrong or "ok"
-                row["ms"] = time_ms(torch, lambda: fn(arg, t, t), device, args.reps)
+                row["ms"] = time_ms(torch, call, device, args.reps)
             except Exception as e:  # noqa: BLE001 - a provider that fails is reported, not fatal
                 row["status"] = f"failed: {type(e).__name__}: {str(e)[:160]}"
             case.append(row)
-            del arg
+            del arg, y
         copy_ms = case[0]["ms"]
         for r in case:
             r["copy_ms"] = copy_ms
