@@ -1,7 +1,7 @@
 // The consumers of a row's log-sum-exp on the GPU (docs/consumers.md): a CTA a row (rows strided
 // over a grid that fills the GPU), its statistics from one read (each thread's running max, sum of
 // exponentials, their moment and the sum of the row, merged over the CTA), and their gradient from
-// one more read of the row (its max, then dx) and one write.
+// one read of the row and one write.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -158,14 +158,31 @@ template <class T, class F> __device__ __forceinline__ void for_row(const T* x, 
 }
 
 // dst[j] = f(x[j]) over a row of n, each element by the thread that reads it (dst may be x): as
-// for_row where x and dst lie as far from a 16-byte boundary, else element by element.
-template <class T, class F> __device__ __forceinline__ void map_row(const T* x, T* dst, int64_t n, F f) {
+// for_row where x and dst lie as far from a 16-byte boundary, else element by element. N: the packs
+// a thread loads before it writes any (N x 16 bytes in flight a thread), the CTA's N x blockDim.x
+// packs a step, then the packs left one at a time.
+template <class T, int N = 1, class F> __device__ __forceinline__ void map_row(const T* x, T* dst, int64_t n, F f) {
   using A = acc_t<T>;
   constexpr int V = 16 / sizeof(T);
   const int64_t head = head_of(x, n);
   const int64_t end = head_of(static_cast<const T*>(dst), n) == head ? head + (n - head) / V * V : head;
   for (int64_t j = threadIdx.x; j < head; j += blockDim.x) dst[j] = from_acc<T>(f(to_acc(x[j])));
-  for (int64_t j = head + int64_t{threadIdx.x} * V; j < end; j += int64_t{blockDim.x} * V) {
+  int64_t j0 = head + int64_t{threadIdx.x} * V;
+  if constexpr (N > 1) {
+    const int64_t step = int64_t{blockDim.x} * V;
+    for (; j0 + (N - 1) * step < end; j0 += N * step) {
+      A v[N][V];
+#pragma unroll
+      for (int u = 0; u < N; ++u) load_pack<T, V>(x + j0 + u * step, v[u]);
+#pragma unroll
+      for (int u = 0; u < N; ++u) {
+#pragma unroll
+        for (int i = 0; i < V; ++i) v[u][i] = f(v[u][i]);
+        store_pack<T, V>(dst + j0 + u * step, v[u]);
+      }
+    }
+  }
+  for (int64_t j = j0; j < end; j += int64_t{blockDim.x} * V) {
     A v[V];
     load_pack<T, V>(x + j, v);
 #pragma unroll
@@ -202,7 +219,8 @@ __global__ void __launch_bounds__(kThreads, 3)
 }
 
 // The gradient of the statistics: dx = sc (p (ca - ce (log p + h)) + cs) + sc sum_q b_q [j == token_q],
-// log p = (x - m) * sc - (lse - m * sc), m the row's max (found again here).
+// log p = x sc - lse in one rounding (a fused multiply-add: no temperature overflows x sc, and no
+// max of the row is needed), from one read of the row, four packs a thread in flight, and one write.
 template <class T>
 __global__ void __launch_bounds__(kThreads) row_stats_grad_kernel(const T* x, int64_t xs, T* dx, int64_t dxs,
                                                                   int64_t rows, int64_t cols, acc_t<T> sc,
@@ -216,8 +234,7 @@ __global__ void __launch_bounds__(kThreads) row_stats_grad_kernel(const T* x, in
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + r * xs;
     T* dr = dx + r * dxs;
-    A m = neg_inf<A>(), lp_sum = A(0);
-    for_row(xr, cols, [&](A v) { m = max_acc(m, v); });
+    A lp_sum = A(0);
     for (int64_t q = threadIdx.x; q < g.count; q += blockDim.x) {
       const int64_t token = g.index[r * g.index_stride + q];
       const int64_t j = token - g.offset;
@@ -226,23 +243,18 @@ __global__ void __launch_bounds__(kThreads) row_stats_grad_kernel(const T* x, in
       tval[q] = inside ? to_acc(xr[j]) : A(0);  // (read before dx, which may be x, is written)
       lp_sum += at(g.d_logprobs, r * g.count + q);
     }
-    m = block_max(m, red, blockDim.x, 1);
     lp_sum = block_sum(lp_sum, red, blockDim.x, 1);  // (its barriers also publish the tokens)
-    const A shift = m == neg_inf<A>() ? A(0) : m;
-    // lse - m * sc with m * sc rounded as the forward rounded it; an lse of +inf (overflowed) says
-    // nothing of p: the row is NaN (docs/consumers.md).
-    const A lse = g.lse[r];
-    const A log_sum = lse == -neg_inf<A>() ? A(NAN) : static_cast<A>(static_cast<double>(lse) - static_cast<double>(shift * sc));
+    // An lse of +inf (overflowed) says nothing of p: the row is NaN (docs/consumers.md).
+    const A lse = g.lse[r] == -neg_inf<A>() ? A(NAN) : g.lse[r];
     const A ca = at(g.d_lse, r) - lp_sum, ce = at(g.d_entropy, r), h = ce == A(0) ? A(0) : g.entropy[r];
     const A cs = at(g.d_sum, r);
-    const Difference<A> diff(shift, sc);
     const auto grad = [&](A v) {
-      const A lp = diff(v) - log_sum;
+      const A lp = fma(v, sc, -lse);
       const A p = exp_of(lp);
       const A term = p == A(0) ? A(0) : (ce == A(0) ? p * ca : p * (ca - ce * (lp + h)));
       return term * sc + cs * sc;
     };
-    map_row(xr, dr, cols, grad);
+    map_row<T, 4>(xr, dr, cols, grad);
     __syncthreads();  // the row's dx written before the tokens' elements are
     for (int64_t q = threadIdx.x; q < g.count; q += blockDim.x) {
       const int64_t j = tcol[q];

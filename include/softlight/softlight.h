@@ -266,7 +266,7 @@ SOFTLIGHT_API softlight_status softlight_row_stats_cpu(
  * The gradient with respect to x of a loss that depends on x through row statistics, given the
  * loss's gradient with respect to each statistic (d_* each NULL for zero, else `rows` values of
  * the accumulation type; d_picked and d_logprobs rows * index.count), in one read of x from memory
- * (its max, then the gradient while the row is in cache) and one write of dx. With p = softmax(z):
+ * and one write of dx. With p = softmax(z):
  *   dz_j = p_j (d_lse - sum_k d_logprobs_k - d_entropy (log p_j + entropy)) + d_sum
  *          + sum_k (d_picked_k + d_logprobs_k) [j == token_k],      dx = dz / temperature.
  * lse (required) and entropy (required with d_entropy) are the forward's, over the whole row (for a
