@@ -72,32 +72,44 @@ def test_row_stats_match_float64(dtype, shape):
 
 
 @pytest.mark.parametrize("dtype", CODES)
-@pytest.mark.parametrize("shape", [(9, 7), (17, 1000), (4, 5001), (2, 128256)], ids=str)
+@pytest.mark.parametrize("shape", [(9, 7), (17, 1000), (4, 5001), (7, 128256)], ids=str)
+@pytest.mark.parametrize("tokens", [0, 1, 3])
 @pytest.mark.parametrize("in_place", [False, True])
-def test_row_stats_backward_matches_cpu(dtype, shape, in_place):
+def test_row_stats_backward_matches_cpu(dtype, shape, tokens, in_place):
     """The GPU's gradient against the CPU backend's on the same inputs (the CPU's is checked against
-    float64 in test_consumers.py), with a token picked twice and every coefficient set."""
+    float64 in test_consumers.py), every coefficient set: no token (nothing but p's terms); one a row,
+    (rows,), added in the same pass, from a shard of the vocabulary (row 0's token lies before it: no
+    term); three a row, one picked twice, written after the row. In place: the same bits as into a
+    new array."""
     rows, cols = shape
     x = _logits(shape, dtype, True, 11)
     g = torch.Generator().manual_seed(12)
-    index = torch.randint(0, cols, (rows, 3), generator=g)
-    index[0, 1] = index[0, 0]
+    index, offset, shard, per = None, 0, False, ()
+    if tokens == 1:  # the shard holds tokens 1000 .. 1000 + cols - 1
+        index, offset, shard = torch.randint(0, cols, (rows,), generator=g) + 1000, 1000, True
+        index[0] = 5
+    elif tokens == 3:
+        index, per = torch.randint(0, cols, (rows, 3), generator=g), (3,)
+        index[0, 1] = index[0, 0]
     acc = torch.float64 if dtype == "float64" else torch.float32
-    st = slt.row_stats(x, index, temperature=0.8)
+    st = softlight.row_stats(x, index, stats=("lse", "entropy"), temperature=0.8, index_offset=offset, shard=shard)
     d = {n: torch.randn(s, generator=g, dtype=acc) for n, s in
-         (("d_lse", rows), ("d_entropy", rows), ("d_logprobs", (rows, 3)), ("d_picked", (rows, 3)), ("d_sum", rows))}
-    args = (st["lse"], st["entropy"], index, d["d_lse"], d["d_entropy"], d["d_logprobs"], d["d_picked"], d["d_sum"],
-            0.8)
-    want = torch.ops.softlight.row_stats_backward(x, *args)
-    got = torch.ops.softlight.row_stats_backward(x.cuda(), *[a.cuda() if torch.is_tensor(a) else a for a in args])
+         (("d_lse", (rows,)), ("d_entropy", (rows,)), ("d_logprobs", (rows,) + per), ("d_picked", (rows,) + per),
+          ("d_sum", (rows,)))}
+    if index is None:
+        del d["d_logprobs"], d["d_picked"]
+    args = dict(entropy=st["entropy"], index=index, temperature=0.8, index_offset=offset, shard=shard, **d)
+    cuda = {n: v.cuda() if torch.is_tensor(v) else v for n, v in args.items()}
+    want = softlight.row_stats_backward(x, st["lse"], **args)
+    got = softlight.row_stats_backward(x.cuda(), st["lse"].cuda(), **cuda)
     fine = torch.isfinite(st["lse"]) & torch.isfinite(st["entropy"])
     w, v = want[fine].double(), got.cpu()[fine].double()
     atol, rtol = TOL[dtype]
     assert ((w - v).abs() <= 4 * (atol + rtol * (w.abs() + 1))).all(), (dtype, (w - v).abs().max())
-    if in_place:  # over the logits: the same bits as into a new array
+    assert torch.equal(want[~fine].isnan(), got.cpu()[~fine].isnan()), dtype
+    if in_place:
         xc = x.cuda()
-        out = softlight.row_stats_backward(xc, st["lse"].cuda(), entropy=st["entropy"].cuda(), index=index.cuda(),
-                                           out=xc, temperature=0.8, **{n: v.cuda() for n, v in d.items()})
+        out = softlight.row_stats_backward(xc, st["lse"].cuda(), out=xc, **cuda)
         assert out is xc
         assert torch.equal(out.cpu().view(torch.uint8), got.cpu().view(torch.uint8))
 
