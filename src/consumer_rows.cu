@@ -141,26 +141,11 @@ template <bool Sum, class A> __device__ Stats<A> block_merge(Stats<A> p, Stats<A
   return r;
 }
 
-// f(v) for every element of a row of n at x: 16-byte packs from x's first 16-byte boundary, the
-// elements before it and after the last whole pack one by one; coalesced over the CTA.
-template <class T, class F> __device__ __forceinline__ void for_row(const T* x, int64_t n, F f) {
-  using A = acc_t<T>;
-  constexpr int V = 16 / sizeof(T);
-  const int64_t head = head_of(x, n), end = head + (n - head) / V * V;
-  for (int64_t j = threadIdx.x; j < head; j += blockDim.x) f(to_acc(x[j]));
-  for (int64_t j = head + int64_t{threadIdx.x} * V; j < end; j += int64_t{blockDim.x} * V) {
-    A v[V];
-    load_pack<T, V>(x + j, v);
-#pragma unroll
-    for (int i = 0; i < V; ++i) f(v[i]);
-  }
-  for (int64_t j = end + threadIdx.x; j < n; j += blockDim.x) f(to_acc(x[j]));
-}
-
-// dst[j] = f(x[j]) over a row of n, each element by the thread that reads it (dst may be x): as
-// for_row where x and dst lie as far from a 16-byte boundary, else element by element. N: the packs
-// a thread loads before it writes any (N x 16 bytes in flight a thread), the CTA's N x blockDim.x
-// packs a step, then the packs left one at a time.
+// dst[j] = f(x[j]) over a row of n, each element by the thread that reads it (dst may be x): where x
+// and dst lie as far from a 16-byte boundary, 16-byte packs from x's first boundary (the elements
+// before it and after the last whole pack one by one), coalesced over the CTA; else element by
+// element. N: the packs a thread loads before it writes any (N x 16 bytes in flight a thread), the
+// CTA's N x blockDim.x packs a step, then the packs left one at a time.
 template <class T, int N = 1, class F> __device__ __forceinline__ void map_row(const T* x, T* dst, int64_t n, F f) {
   using A = acc_t<T>;
   constexpr int V = 16 / sizeof(T);

@@ -263,7 +263,7 @@ def test_consumer_bench_runs_checks_and_writes_its_results(tmp_path):
 
 def test_consumer_bench_finds_a_wrong_gradient(tmp_path, monkeypatch):
     """token_logprobs' backward mode checks each gradient against float64: one a tenth off is reported
-    wrong (and still timed), beside softlight's, right."""
+    wrong (and still timed), beside softlight's, right; one whose forward fails is reported failed."""
     pytest.importorskip("torch")
     from softlight import bench_consumers
 
@@ -272,6 +272,7 @@ def test_consumer_bench_finds_a_wrong_gradient(tmp_path, monkeypatch):
     def with_a_wrong_one(torch, op, device, no_compile):
         p = plain(torch, op, device, no_compile)
         p["torch-backward"] = bench_consumers.Backward(lambda x, t, idx: p["torch"](x * 1.1, t, idx))
+        p["gather-lse-backward"] = bench_consumers.Backward(lambda x, t, idx: x.no_such_method())
         return p
 
     monkeypatch.setattr(bench_consumers, "providers", with_a_wrong_one)
@@ -280,6 +281,8 @@ def test_consumer_bench_finds_a_wrong_gradient(tmp_path, monkeypatch):
                        "--commit", "test"]) == 0
     rows = {r["provider"]: r for r in json.loads((tmp_path / "token_logprobs-cpu.json").read_text())["rows"]}
     assert rows["torch-backward"]["status"].startswith("wrong gradient") and rows["torch-backward"]["ms"] > 0
+    assert rows["gather-lse-backward"]["status"].startswith("failed: AttributeError")
+    assert rows["gather-lse-backward"]["ms"] is None
     assert rows["softlight-backward"]["status"] == "ok" and rows["torch"]["status"] == "ok"
 
 

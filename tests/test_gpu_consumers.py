@@ -78,9 +78,8 @@ def test_row_stats_match_float64(dtype, shape):
 def test_row_stats_backward_matches_cpu(dtype, shape, tokens, in_place):
     """The GPU's gradient against the CPU backend's on the same inputs (the CPU's is checked against
     float64 in test_consumers.py), every coefficient set: no token (nothing but p's terms); one a row,
-    (rows,), added in the same pass, from a shard of the vocabulary (row 0's token lies before it: no
-    term); three a row, one picked twice, written after the row. In place: the same bits as into a
-    new array."""
+    (rows,), from a shard of the vocabulary (row 0's token lies before it: no term); three a row, one
+    picked twice. In place: the same bits as into a new array."""
     rows, cols = shape
     x = _logits(shape, dtype, True, 11)
     g = torch.Generator().manual_seed(12)

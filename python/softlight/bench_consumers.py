@@ -204,12 +204,13 @@ def run(args, argv, torch, commit):
             # gradient over the logits it is given, which the next provider would otherwise read.
             arg = x.detach().clone().requires_grad_(op == "cross_entropy" and name != "softlight-in-place"
                                                     or isinstance(fn, Backward))
+            y = None  # (a Backward's output, whose graph its calls run back through)
             try:
                 if isinstance(fn, Backward):
                     y = fn.forward(arg, t, t)
-                    call = (lambda y: lambda: torch.autograd.grad(y, arg, dy, retain_graph=True)[0])(y)
+                    call = lambda: torch.autograd.grad(y, arg, dy, retain_graph=True)[0]  # noqa: E731
                 else:
-                    y, call = None, (lambda: fn(arg, t, t))
+                    call = lambda: fn(arg, t, t)  # noqa: E731
                 wrong = check(torch, op, call(), want, want_grad, dtype, isinstance(fn, Backward))
                 row["status"] = wrong or "ok"
                 row["ms"] = time_ms(torch, call, device, args.reps)
