@@ -183,10 +183,10 @@ def run(args, argv, torch, commit):
         provs = {k: v for k, v in provs.items() if k in args.providers.split(",")}
     gen = torch.Generator(device=device).manual_seed(0)
     rows_out = []
+    backward = any(isinstance(fn, Backward) for fn in provs.values())  # (then an upstream gradient a case)
     for rows, vocab, dtype in cases(args, device):
         x = (torch.randn(rows, vocab, device=device, generator=gen) * 3).to(getattr(torch, dtype))
         t = torch.randint(0, vocab, (rows,), device=device, generator=gen)
-        backward = any(isinstance(fn, Backward) for fn in provs.values())
         dy = torch.randn(rows, device=device, generator=gen) if backward else None
         want, want_grad = reference(torch, op, x, t, t, dy)
         case = []
