@@ -1,11 +1,13 @@
 // The consumers of a row's log-sum-exp on the GPU (docs/consumers.md): a CTA a row (rows strided
 // over a grid that fills the GPU), its statistics from one read (each thread's running max, sum of
 // exponentials, their moment and the sum of the row, merged over the CTA), and their gradient from
-// one read of the row and one write.
+// one read of the row and one write: over the rows as one flat array where they lie back to back
+// with at most one token a row, else a CTA a row.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "consumer_out.cuh"
@@ -203,9 +205,47 @@ __global__ void __launch_bounds__(kThreads, 3)
   }
 }
 
-// The gradient of the statistics: dx = sc (p (ca - ce (log p + h)) + cs) + sc sum_q b_q [j == token_q],
-// log p = x sc - lse in one rounding (a fused multiply-add: no temperature overflows x sc, and no
-// max of the row is needed), from one read of the row, four packs a thread in flight, and one write.
+template <class A> __device__ __forceinline__ A value_at(const A* p, int64_t i) { return p == nullptr ? A(0) : p[i]; }
+
+// The gradient of the statistics at an element of a row that no token names: dx = sc (p (ca - ce (log p
+// + h)) + cs), log p = x sc - lse in one rounding (a fused multiply-add: no temperature overflows x sc,
+// and no max of the row is needed). A token's element adds sc b, b the sum of its coefficients.
+template <class A> struct RowGrad {
+  A lse, ca, ce, h, cs;
+  __device__ __forceinline__ A operator()(A v, A sc) const {
+    const A lp = fma(v, sc, -lse);
+    const A p = exp_of(lp);
+    const A term = p == A(0) ? A(0) : (ce == A(0) ? p * ca : p * (ca - ce * (lp + h)));
+    return term * sc + cs * sc;
+  }
+};
+
+// Row r's coefficients, lp_sum the sum of its tokens' d_logprobs. An lse of +inf (overflowed) says
+// nothing of p: the row is NaN (docs/consumers.md).
+template <class A> __device__ __forceinline__ RowGrad<A> row_grad(const GradArgs<A>& g, int64_t r, A lp_sum) {
+  const A ce = value_at(g.d_entropy, r);
+  return {g.lse[r] == -neg_inf<A>() ? A(NAN) : g.lse[r], value_at(g.d_lse, r) - lp_sum, ce,
+          ce == A(0) ? A(0) : g.entropy[r], value_at(g.d_sum, r)};
+}
+
+// Token q of row r's coefficient b, where it is the first of the row's tokens to name its column j
+// (tcol: the row's columns, -1 outside the shard): every index naming j adds its coefficient. Else
+// (a later one, or outside): false.
+template <class A>
+__device__ __forceinline__ bool token_sum(const GradArgs<A>& g, const int64_t* tcol, int64_t r, int64_t q, A* b) {
+  const int64_t j = tcol[q];
+  if (j < 0) return false;
+  for (int64_t k = 0; k < q; ++k)
+    if (tcol[k] == j) return false;
+  A s = A(0);
+  for (int64_t k = q; k < g.count; ++k)
+    if (tcol[k] == j) s += value_at(g.d_picked, r * g.count + k) + value_at(g.d_logprobs, r * g.count + k);
+  *b = s;
+  return true;
+}
+
+// The gradient of the statistics, a CTA a row (where the flat pass below does not apply): from one
+// read of the row, four packs a thread in flight, and one write, then the tokens' elements.
 template <class T>
 __global__ void __launch_bounds__(kThreads) row_stats_grad_kernel(const T* x, int64_t xs, T* dx, int64_t dxs,
                                                                   int64_t rows, int64_t cols, acc_t<T> sc,
@@ -215,7 +255,6 @@ __global__ void __launch_bounds__(kThreads) row_stats_grad_kernel(const T* x, in
   extern __shared__ unsigned char tokens_smem[];  // per token: its column, then x's value there
   int64_t* tcol = reinterpret_cast<int64_t*>(tokens_smem);
   A* tval = reinterpret_cast<A*>(tcol + g.count);
-  const auto at = [](const A* p, int64_t i) { return p == nullptr ? A(0) : p[i]; };
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + r * xs;
     T* dr = dx + r * dxs;
@@ -226,39 +265,104 @@ __global__ void __launch_bounds__(kThreads) row_stats_grad_kernel(const T* x, in
       const bool inside = token >= g.offset && j < cols;
       tcol[q] = inside ? j : -1;
       tval[q] = inside ? to_acc(xr[j]) : A(0);  // (read before dx, which may be x, is written)
-      lp_sum += at(g.d_logprobs, r * g.count + q);
+      lp_sum += value_at(g.d_logprobs, r * g.count + q);
     }
     lp_sum = block_sum(lp_sum, red, blockDim.x, 1);  // (its barriers also publish the tokens)
-    // An lse of +inf (overflowed) says nothing of p: the row is NaN (docs/consumers.md).
-    const A lse = g.lse[r] == -neg_inf<A>() ? A(NAN) : g.lse[r];
-    const A ca = at(g.d_lse, r) - lp_sum, ce = at(g.d_entropy, r), h = ce == A(0) ? A(0) : g.entropy[r];
-    const A cs = at(g.d_sum, r);
-    const auto grad = [&](A v) {
-      const A lp = fma(v, sc, -lse);
-      const A p = exp_of(lp);
-      const A term = p == A(0) ? A(0) : (ce == A(0) ? p * ca : p * (ca - ce * (lp + h)));
-      return term * sc + cs * sc;
-    };
-    map_row<T, 4>(xr, dr, cols, grad);
+    const RowGrad<A> grad = row_grad(g, r, lp_sum);
+    map_row<T, 4>(xr, dr, cols, [&](A v) { return grad(v, sc); });
     __syncthreads();  // the row's dx written before the tokens' elements are
     for (int64_t q = threadIdx.x; q < g.count; q += blockDim.x) {
-      const int64_t j = tcol[q];
-      bool first = j >= 0;
-      for (int64_t k = 0; k < q && first; ++k) first = tcol[k] != j;
-      if (!first) continue;
-      A b = A(0);  // every index naming column j adds its coefficient
-      for (int64_t k = q; k < g.count; ++k)
-        if (tcol[k] == j) b += at(g.d_picked, r * g.count + k) + at(g.d_logprobs, r * g.count + k);
-      dr[j] = from_acc<T>(grad(tval[q]) + b * sc);
+      A b;
+      if (token_sum(g, tcol, r, q, &b)) dr[tcol[q]] = from_acc<T>(grad(tval[q], sc) + b * sc);
     }
     __syncthreads();  // (the tokens' shared memory is reused by the next row)
   }
 }
 
+// The flat pass, for rows that lie back to back in x and dx alike with at most one token a row
+// (docs/consumers.md): the rows as one array cut into 16-byte packs with no regard for where a row
+// ends, kFlatPacks a thread (loaded before any is written) and kFlatThreads x kFlatPacks a CTA, a CTA
+// for each such piece, as a copy is cut: a grid that fills the GPU and strides over the array (or a
+// CTA a row, as row_stats_grad_kernel) is 5 % slower, for a plain copy too. Each thread reads its
+// rows' coefficients and token from the arguments itself: no workspace, no barrier, one launch.
+constexpr int kFlatThreads = 128, kFlatPacks = 4;
+
+// Row r's coefficients as RowGrad, and its token's column j (-1: none, or outside the shard) and b.
+template <class A> struct RowToken {
+  RowGrad<A> k;
+  int64_t j;
+  A b;
+};
+template <class A> __device__ __forceinline__ RowToken<A> row_token(const GradArgs<A>& g, int64_t r, int64_t cols) {
+  if (g.count == 0) return {row_grad(g, r, A(0)), -1, A(0)};
+  const int64_t token = g.index[r * g.index_stride], j = token - g.offset;
+  const A lp = value_at(g.d_logprobs, r);
+  return {row_grad(g, r, lp), token >= g.offset && j < cols ? j : -1, value_at(g.d_picked, r) + lp};
+}
+
+// dx at column c of t's row, where x is v.
+template <class A> __device__ __forceinline__ A flat_value(const RowToken<A>& t, A v, int64_t c, A sc) {
+  const A d = t.k(v, sc);
+  return c == t.j ? d + t.b * sc : d;
+}
+
+// (e / cols in 32 bits where both fit)
+__device__ __forceinline__ int64_t row_of(int64_t e, int64_t cols) {
+  return (e | cols) >> 32 ? e / cols : static_cast<uint32_t>(e) / static_cast<uint32_t>(cols);
+}
+
+// n elements from x to dx: the first `head` (before x's first 16-byte boundary, dx's too) and those
+// from `end` on one by one (CTA 0), the packs between by the CTAs in turn. A pack that crosses the
+// end of a row (rows of at least a pack) takes each element's coefficients from its own row.
+// (dr, dc): kFlatThreads packs as rows and columns.
+template <class T>
+__global__ void __launch_bounds__(kFlatThreads)
+    grad_flat_kernel(const T* x, T* dx, int64_t n, int64_t cols, int64_t head, int64_t end, int64_t dr,
+                     int64_t dc, acc_t<T> sc, GradArgs<acc_t<T>> g) {
+  using A = acc_t<T>;
+  constexpr int V = 16 / sizeof(T), N = kFlatPacks;
+  if (blockIdx.x == 0) {
+    const auto one = [&](int64_t e) {
+      const int64_t r = row_of(e, cols), c = e - r * cols;
+      dx[e] = from_acc<T>(flat_value(row_token(g, r, cols), to_acc(x[e]), c, sc));
+    };
+    for (int64_t e = threadIdx.x; e < head; e += blockDim.x) one(e);
+    for (int64_t e = end + threadIdx.x; e < n; e += blockDim.x) one(e);
+  }
+  const int64_t e0 = head + (int64_t{blockIdx.x} * kFlatThreads * N + threadIdx.x) * V;
+  uint4 q[N];  // (as loaded: the elements are widened one pack at a time)
+#pragma unroll
+  for (int u = 0; u < N; ++u)
+    if (e0 + u * kFlatThreads * V < end) q[u] = *reinterpret_cast<const uint4*>(x + e0 + u * kFlatThreads * V);
+  if (e0 >= end) return;  // (a thread past the last pack: its row would lie past the last)
+  int64_t r = row_of(e0, cols), c = e0 - r * cols;  // the pack's first element's row and column
+  RowToken<A> t = row_token(g, r, cols);
+  int64_t tr = r;  // t's row
+#pragma unroll
+  for (int u = 0; u < N; ++u) {
+    const int64_t e = e0 + int64_t{u} * kFlatThreads * V;
+    if (e >= end) break;
+    if (r != tr) t = row_token(g, r, cols), tr = r;
+    A v[V];
+    unpack<T, V>(q[u], v);
+    if (c + V <= cols) {
+#pragma unroll
+      for (int i = 0; i < V; ++i) v[i] = flat_value(t, v[i], c + i, sc);
+    } else {
+      const RowToken<A> t1 = row_token(g, r + 1, cols);
+#pragma unroll
+      for (int i = 0; i < V; ++i)
+        v[i] = c + i < cols ? flat_value(t, v[i], c + i, sc) : flat_value(t1, v[i], c + i - cols, sc);
+    }
+    store_pack<T, V>(dx + e, v);
+    r += dr;  // on to the thread's next pack
+    c += dc;
+    if (c >= cols) c -= cols, ++r;
+  }
+}
+
 // A CTA a row, up to as many CTAs as the GPU holds at once (the rows strided over them past that):
-// more would run as a second wave, most of the GPU idle at its end. Fewer, so that the rows in
-// flight would fit in L2 for the gradient's second read, lose more than that read costs
-// (docs/consumers.md).
+// more would run as a second wave, most of the GPU idle at its end.
 template <class K> int grid_for(K kernel, int64_t rows, size_t smem = 0) {
   int device = 0, sms = 0, per_sm = 0;
   if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device))
@@ -310,6 +414,23 @@ cudaError_t launch_row_stats_grad(const ConsumerCall& c, const GradArgs<float>& 
       if constexpr (sizeof(A) == 8) return &gd;
       else return &gf;
     }();
+    const T* x = static_cast<const T*>(c.x);
+    T* dx = static_cast<T*>(c.dx);
+    const A sc = static_cast<A>(c.scale);
+    // The flat pass where the rows lie back to back in x and dx alike (or there is one), each at least
+    // a pack long, x and dx as far from a 16-byte boundary, with at most one token a row; else a CTA
+    // a row.
+    constexpr int64_t V = 16 / sizeof(T), piece = int64_t{kFlatThreads} * kFlatPacks * V;
+    const uintptr_t ax = reinterpret_cast<uintptr_t>(x), ad = reinterpret_cast<uintptr_t>(dx);
+    const int64_t n = c.rows * c.cols, head = std::min<int64_t>(n, (16 - ax % 16) % 16 / sizeof(T));
+    const int64_t end = head + (n - head) / V * V, ctas = std::max<int64_t>(1, (end - head + piece - 1) / piece);
+    if (g.count <= 1 && c.cols >= V && ax % sizeof(T) == 0 && ax % 16 == ad % 16 && ctas <= INT32_MAX &&
+        (c.rows == 1 || (c.x_stride == c.cols && c.dx_stride == c.cols))) {
+      const int64_t step = int64_t{kFlatThreads} * V;
+      grad_flat_kernel<T><<<static_cast<unsigned>(ctas), kFlatThreads, 0, stream>>>(
+          x, dx, n, c.cols, head, end, step / c.cols, step % c.cols, sc, g);
+      return cudaGetLastError();
+    }
     const size_t smem = static_cast<size_t>(g.count) * (8 + sizeof(A));
     auto kernel = row_stats_grad_kernel<T>;
     if (smem > 48 * 1024) {
@@ -317,9 +438,8 @@ cudaError_t launch_row_stats_grad(const ConsumerCall& c, const GradArgs<float>& 
                                                      static_cast<int>(smem)))
         return e;
     }
-    kernel<<<grid_for(kernel, c.rows, smem), kThreads, smem, stream>>>(static_cast<const T*>(c.x), c.x_stride,
-                                                                        static_cast<T*>(c.dx), c.dx_stride, c.rows,
-                                                                        c.cols, static_cast<A>(c.scale), g);
+    kernel<<<grid_for(kernel, c.rows, smem), kThreads, smem, stream>>>(x, c.x_stride, dx, c.dx_stride, c.rows,
+                                                                        c.cols, sc, g);
     return cudaGetLastError();
   });
 }

@@ -71,46 +71,93 @@ def test_row_stats_match_float64(dtype, shape):
             assert torch.equal(a.isnan(), b.isnan()), (what, s)
 
 
-@pytest.mark.parametrize("dtype", CODES)
-@pytest.mark.parametrize("shape", [(9, 7), (17, 1000), (4, 5001), (7, 128256)], ids=str)
-@pytest.mark.parametrize("tokens", [0, 1, 3])
-@pytest.mark.parametrize("in_place", [False, True])
-def test_row_stats_backward_matches_cpu(dtype, shape, tokens, in_place):
-    """The GPU's gradient against the CPU backend's on the same inputs (the CPU's is checked against
-    float64 in test_consumers.py), every coefficient set: no token (nothing but p's terms); one a row,
-    (rows,), from a shard of the vocabulary (row 0's token lies before it: no term); three a row, one
-    picked twice. In place: the same bits as into a new array."""
-    rows, cols = shape
-    x = _logits(shape, dtype, True, 11)
-    g = torch.Generator().manual_seed(12)
+def _grad_args(x, tokens, seed):
+    """lse and row_stats_backward's other arguments (on the CPU) for x: no token (nothing but p's
+    terms); one a row, (rows,), from a shard of the vocabulary (row 0's token lies before it: no term);
+    or `tokens` a row, row 0's second the same as its first."""
+    rows, cols = x.shape
+    g = torch.Generator().manual_seed(seed)
     index, offset, shard, per = None, 0, False, ()
     if tokens == 1:  # the shard holds tokens 1000 .. 1000 + cols - 1
         index, offset, shard = torch.randint(0, cols, (rows,), generator=g) + 1000, 1000, True
         index[0] = 5
-    elif tokens == 3:
-        index, per = torch.randint(0, cols, (rows, 3), generator=g), (3,)
+    elif tokens > 1:
+        index, per = torch.randint(0, cols, (rows, tokens), generator=g), (tokens,)
         index[0, 1] = index[0, 0]
-    acc = torch.float64 if dtype == "float64" else torch.float32
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     st = softlight.row_stats(x, index, stats=("lse", "entropy"), temperature=0.8, index_offset=offset, shard=shard)
     d = {n: torch.randn(s, generator=g, dtype=acc) for n, s in
          (("d_lse", (rows,)), ("d_entropy", (rows,)), ("d_logprobs", (rows,) + per), ("d_picked", (rows,) + per),
           ("d_sum", (rows,)))}
     if index is None:
         del d["d_logprobs"], d["d_picked"]
-    args = dict(entropy=st["entropy"], index=index, temperature=0.8, index_offset=offset, shard=shard, **d)
-    cuda = {n: v.cuda() if torch.is_tensor(v) else v for n, v in args.items()}
-    want = softlight.row_stats_backward(x, st["lse"], **args)
-    got = softlight.row_stats_backward(x.cuda(), st["lse"].cuda(), **cuda)
+    return st, dict(entropy=st["entropy"], index=index, temperature=0.8, index_offset=offset, shard=shard, **d)
+
+
+def _same_gradient(want, got, st, dtype):
+    """The GPU's gradient `got` against the CPU's `want`: within the tolerance where the row's
+    statistics are finite, NaN where the CPU's is."""
     fine = torch.isfinite(st["lse"]) & torch.isfinite(st["entropy"])
     w, v = want[fine].double(), got.cpu()[fine].double()
     atol, rtol = TOL[dtype]
     assert ((w - v).abs() <= 4 * (atol + rtol * (w.abs() + 1))).all(), (dtype, (w - v).abs().max())
     assert torch.equal(want[~fine].isnan(), got.cpu()[~fine].isnan()), dtype
+
+
+@pytest.mark.parametrize("dtype", CODES)
+@pytest.mark.parametrize("shape", [(9, 7), (17, 1000), (4, 5001), (7, 128256)], ids=str)
+@pytest.mark.parametrize("tokens", [0, 1, 3])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_row_stats_backward_matches_cpu(dtype, shape, tokens, in_place):
+    """The GPU's gradient against the CPU backend's on the same inputs (the CPU's is checked against
+    float64 in test_consumers.py), every coefficient set (_grad_args). In place: the same bits as into
+    a new array. With no token or one: the flat pass, rows of 5001 and 7 with packs across their ends
+    (rows of 7 in 16-bit types are shorter than a pack: a CTA a row); with three, a CTA a row."""
+    x = _logits(shape, dtype, True, 11)
+    st, args = _grad_args(x, tokens, 12)
+    cuda = {n: v.cuda() if torch.is_tensor(v) else v for n, v in args.items()}
+    want = softlight.row_stats_backward(x, st["lse"], **args)
+    got = softlight.row_stats_backward(x.cuda(), st["lse"].cuda(), **cuda)
+    _same_gradient(want, got, st, dtype)
     if in_place:
         xc = x.cuda()
         out = softlight.row_stats_backward(xc, st["lse"].cuda(), out=xc, **cuda)
         assert out is xc
         assert torch.equal(out.cpu().view(torch.uint8), got.cpu().view(torch.uint8))
+
+
+@pytest.mark.parametrize("dtype", CODES)
+@pytest.mark.parametrize("layout, tokens", [("x and dx off a boundary", 1), ("x and dx off a boundary", 0),
+                                            ("x and dx off a boundary", 2), ("dx off x's boundary", 1),
+                                            ("rows apart", 1)])
+def test_row_stats_backward_layouts(dtype, layout, tokens):
+    """Each way the gradient is taken (consumer_rows.cu): the flat pass over rows back to back at the
+    same place in a pack (its elements before the first boundary one by one), with one token a row or
+    none; else a CTA a row (two tokens, dx at another place in a pack than x, rows apart)."""
+    rows, cols = 6, 3001
+    base = _logits((rows, cols), dtype, True, 31)
+    st, args = _grad_args(base, tokens, 32)
+    want = softlight.row_stats_backward(base, st["lse"], **args)
+    cuda = {n: v.cuda() if torch.is_tensor(v) else v for n, v in args.items()}
+    lse = st["lse"].cuda()
+
+    def at(t, skip):  # t's values, contiguous, `skip` elements past a 256-byte boundary
+        buf = torch.full((t.numel() + skip,), float("nan"), dtype=t.dtype, device="cuda")
+        v = buf[skip:].view(t.shape)
+        v.copy_(t)
+        return v
+    if layout == "rows apart":
+        x = torch.full((rows, cols + 5), float("nan"), dtype=base.dtype, device="cuda")[:, :cols]
+        x.copy_(base)
+        out = None
+    else:
+        x = at(base, 1)
+        out = at(torch.full_like(base, float("nan")), 1 if layout == "x and dx off a boundary" else 0)
+    got = softlight.row_stats_backward(x, lse, out=out, **cuda)
+    _same_gradient(want, got, st, dtype)
+    if layout == "x and dx off a boundary":  # and in place: the same bits
+        assert torch.equal(softlight.row_stats_backward(x, lse, out=x, **cuda).cpu().view(torch.uint8),
+                           got.cpu().view(torch.uint8))
 
 
 @pytest.mark.parametrize("dtype", CODES)

@@ -58,8 +58,11 @@ CASES = {
     # The consumers of the log-sum-exp (consumer_rows.cu: a CTA a row, no planner), each checked
     # against the CPU entry on the same values. x at an odd offset: the element-wise path.
     "row_stats": dict(op="row_stats", shape=(37, 3001), dtype="bfloat16", offset=(3, 0)),
-    # (rows of 2250 packs: a step of four packs a thread, then those left one by one)
-    "row_stats_grad": dict(op="row_stats_grad", shape=(9, 9000), dtype="float32", offset=(0, 4)),
+    # The gradient's flat pass (one token a row; x and dx 16 bytes apart: at the same place in a pack),
+    # and a CTA a row (two tokens a row, dx 4 bytes off x's place; rows of 2250 packs: a step of four
+    # packs a thread, then the rest).
+    "row_stats_grad": dict(op="row_stats_grad", shape=(9, 9001), dtype="float32", offset=(0, 4), tokens=1),
+    "row_stats_grad_rows": dict(op="row_stats_grad", shape=(9, 9000), dtype="float32", offset=(0, 1)),
     "cross_entropy": dict(op="cross_entropy", shape=(37, 3000), dtype="float16", offset=(8, 8)),
     # Without label smoothing, in the register clusters of the log-softmax (rows off 16 bytes: peeled).
     "cross_entropy_clusters": dict(op="cross_entropy", shape=(9, 50257), dtype="bfloat16", offset=(3, 3),
@@ -118,6 +121,10 @@ def kernel_of(name):
                 return c["op"] + "_clusters" + ("_moment" if c.get("stats") == "no_sum" else "")
             if c["op"] == "cross_entropy" and p["family"] == "cluster_rows":
                 return "cross_entropy_ring" + ("_peeled" if p["peel"] else "")
+        if c["op"] == "row_stats_grad":  # (contiguous rows of at least a pack)
+            x, y = (o * ELEM[c["dtype"]] for o in c["offset"])
+            flat = (x - y) % 16 == 0 and c["shape"][1] * ELEM[c["dtype"]] >= 16 and c.get("tokens", 2) <= 1
+            return c["op"] + ("" if flat else "_rows")
         return c["op"]
     elem = ELEM[c["dtype"]]
     shape, d = c["shape"], c["dim"]
@@ -231,17 +238,19 @@ CHILD = textwrap.dedent(r"""
             host = [small(rows), small(rows)] + [small(rows) for _ in range(8)]
             assert softlight._C.row_stats(xh.ctypes.data, cols, rows, cols, code, 0.7, 0, 0, 0, 0, False,
                                           [host[0].ctypes.data, host[1].ctypes.data] + [0] * 6, 0) == 0
-            d = [rng.standard_normal(rows).astype(acc) for _ in range(3)] + [rng.standard_normal(2 * rows).astype(acc)
+            k = c.get("tokens", 2)
+            tok = np.ascontiguousarray(idx[:, :k])
+            d = [rng.standard_normal(rows).astype(acc) for _ in range(3)] + [rng.standard_normal(k * rows).astype(acc)
                                                                            for _ in range(2)]
             ins_h = [host[0], host[1], d[0], d[1], d[3], d[4], d[2]]  # lse, entropy, d_lse, d_entropy, d_logprobs, d_picked, d_sum
             ins = [dev(a) for a in ins_h]
-            ir = dev(idx)
+            ir = dev(tok)
             want = np.full_like(xh, 0)
             out = dev(np.zeros_like(xh), c["offset"][1])
-            assert softlight._C.row_stats_backward(xr.ptr, cols, out.ptr, cols, rows, cols, code, 0.7, ir.ptr, 2, 2, 0,
+            assert softlight._C.row_stats_backward(xr.ptr, cols, out.ptr, cols, rows, cols, code, 0.7, ir.ptr, k, k, 0,
                                                    False, [a.ptr for a in ins], 0, True, 0) == 0
             assert softlight._C.row_stats_backward(xh.ctypes.data, cols, want.ctypes.data, cols, rows, cols, code, 0.7,
-                                                   idx.ctypes.data, 2, 2, 0, False, [a.ctypes.data for a in ins_h], 0) == 0
+                                                   tok.ctypes.data, k, k, 0, False, [a.ctypes.data for a in ins_h], 0) == 0
             same(out.get(), want, "dx")
         elif c["op"] == "cross_entropy":
             tgt = idx[:, 0].copy()
