@@ -79,7 +79,7 @@ __device__ __forceinline__ void add_packs(Stats<acc_t<T>>& p, Shift<acc_t<T>>& k
 
 // The elements of a row of n at x before its first 16-byte boundary (all n where x is not on its
 // type's alignment, which a raw pointer through the C ABI may be).
-template <class T> __device__ __forceinline__ int64_t head_of(const T* x, int64_t n) {
+template <class T> __host__ __device__ __forceinline__ int64_t head_of(const T* x, int64_t n) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(x);
   const int64_t h = a % sizeof(T) ? n : static_cast<int64_t>((16 - a % 16) % 16 / sizeof(T));
   return h < n ? h : n;
@@ -422,7 +422,7 @@ cudaError_t launch_row_stats_grad(const ConsumerCall& c, const GradArgs<float>& 
     // a row.
     constexpr int64_t V = 16 / sizeof(T), piece = int64_t{kFlatThreads} * kFlatPacks * V;
     const uintptr_t ax = reinterpret_cast<uintptr_t>(x), ad = reinterpret_cast<uintptr_t>(dx);
-    const int64_t n = c.rows * c.cols, head = std::min<int64_t>(n, (16 - ax % 16) % 16 / sizeof(T));
+    const int64_t n = c.rows * c.cols, head = head_of(x, n);
     const int64_t end = head + (n - head) / V * V, ctas = std::max<int64_t>(1, (end - head + piece - 1) / piece);
     if (g.count <= 1 && c.cols >= V && ax % sizeof(T) == 0 && ax % 16 == ad % 16 && ctas <= INT32_MAX &&
         (c.rows == 1 || (c.x_stride == c.cols && c.dx_stride == c.cols))) {
