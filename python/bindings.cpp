@@ -533,6 +533,7 @@ int force(const py::dict& forced) {
 PYBIND11_MODULE(_C, m) {
   m.doc() = "softlight's C ABI, bound for Python (internal: use softlight.log_softmax)";
   m.def("version", &softlight_version);
+  m.def("gpu_built", [] { return softlight_gpu_built() != 0; });
   m.def("device_count", &softlight::visible_device_count);
   m.def("status_string", [](int s) { return std::string(softlight_status_string(static_cast<softlight_status>(s))); });
   m.def("dtype_size", [](int code) { return code < 0 || code > 3 ? 0 : softlight_dtype_size(static_cast<softlight_dtype>(code)); });

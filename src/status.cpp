@@ -29,6 +29,14 @@ const char* softlight_status_string(softlight_status status) {
 
 int softlight_version(void) { return SOFTLIGHT_VERSION; }
 
+int softlight_gpu_built(void) {
+#ifdef SOFTLIGHT_WITH_GPU
+  return 1;
+#else
+  return 0;
+#endif
+}
+
 int softlight_dtype_size(softlight_dtype dtype) {
   int code;  // as above: any int the caller passed, read as an int
   std::memcpy(&code, &dtype, sizeof code);

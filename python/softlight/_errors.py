@@ -57,4 +57,7 @@ def check(status, what="softlight"):
     """Raise the exception that matches a C ABI status (no-op on success)."""
     if status != SUCCESS:
         kind = _KIND.get(status, SoftlightError)
+        if status == 8 and not _C.gpu_built():
+            raise kind(f"{what}: this softlight was built without the CUDA toolkit (no nvcc at build time), so it "
+                       f"computes on the CPU alone; reinstall it where nvcc is found for GPU arrays (status 8)", status)
         raise kind(f"{what}: {_C.status_string(status)} (status {status})", status)
