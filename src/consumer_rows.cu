@@ -498,7 +498,9 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_kernel(const T* x, int
     T* gr = grad + r * gs;
     const A xt = bad || ignored ? A(0) : to_acc(xr[t]);  // (read before grad, which may be x, is written)
     __syncthreads();
-    const A ca = static_cast<A>(g * (1.0 + 2.0 * a.z_loss * lse)), cc = static_cast<A>(-g * a.eps * inv_cols);
+    // (z_loss 0 leaves the factor g: an overflowed lse of +inf times 0 would make it NaN.)
+    const A ca = static_cast<A>(a.z_loss == 0.0 ? g : g * (1.0 + 2.0 * a.z_loss * lse)),
+            cc = static_cast<A>(-g * a.eps * inv_cols);
     const A none = bad ? A(NAN) : A(0);
     const Difference<A> diff(shift, sc);
     const auto value = [&](A v) {

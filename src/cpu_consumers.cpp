@@ -206,11 +206,24 @@ softlight_status cross_entropy(const ConsumerCall& c, const softlight_cross_entr
         const double lse = mx * sc + log_sum;
         const cpu::Scaling<double> shift(sc);
         const double nll = log_sum - shift(static_cast<double>(Traits<T>::load(xr[t])), mx);
-        const double smooth = eps == 0.0 ? 0.0 : eps * (log_sum - shift(static_cast<double>(st.sum_x / c.cols), mx));
+        // The smoothing term from the differences from the row's max, summed in double (a second
+        // pass over the row, in cache): a common offset of the logits costs no precision.
+        double smooth = 0.0;
+        if (eps != 0.0) {
+          double mean = static_cast<double>(st.sum_x / c.cols);
+          if (std::isfinite(mx)) {
+            double d = 0.0;
+            for (int64_t j = 0; j < c.cols; ++j) d += static_cast<double>(Traits<T>::load(xr[j])) - mx;
+            mean = d / static_cast<double>(c.cols) + mx;
+            smooth = eps * (log_sum - sc * (d / static_cast<double>(c.cols)));
+          } else {
+            smooth = eps * (log_sum - shift(mean, mx));
+          }
+        }
         loss = (1.0 - eps) * nll + smooth + (zl == 0.0 ? 0.0 : zl * lse * lse);
         if (o.lse) acc<A>(o.lse)[r] = st.lse;
         if (grad != nullptr) {
-          const A a = static_cast<A>(g * (1.0 + 2.0 * zl * lse));
+          const A a = static_cast<A>(zl == 0.0 ? g : g * (1.0 + 2.0 * zl * lse));  // (no 0 * inf)
           const A cst = static_cast<A>(-g * eps / static_cast<double>(c.cols));
           const A b = static_cast<A>(-g * (1.0 - eps));
           A xv;
@@ -291,7 +304,7 @@ extern "C" softlight_status softlight_cross_entropy_cpu(const void* x, int64_t x
                                                         const softlight_cross_entropy_options* options,
                                                         int num_threads) {
   using namespace softlight;
-  if (options == nullptr || options->loss == nullptr) return SOFTLIGHT_ERROR_NULL_POINTER;
+  if (options == nullptr) return SOFTLIGHT_ERROR_NULL_POINTER;
   const softlight_cross_entropy_options& o = *options;
   softlight_status st;
   bool noop;

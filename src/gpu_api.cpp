@@ -392,12 +392,12 @@ extern "C" softlight_status softlight_cross_entropy(const void* x, int64_t x_row
                                                     int64_t rows, int64_t cols, softlight_dtype dtype,
                                                     const softlight_cross_entropy_options* options, void* stream) {
   using namespace softlight;
-  if (options == nullptr || options->loss == nullptr) return SOFTLIGHT_ERROR_NULL_POINTER;
+  if (options == nullptr) return SOFTLIGHT_ERROR_NULL_POINTER;
   const softlight_cross_entropy_options& o = *options;
   softlight_status st;
   bool noop;
   const ConsumerCall c = cross_entropy_call(x, x_row_stride, target, rows, cols, dtype, o, false, &st, &noop);
-  if (st != SOFTLIGHT_SUCCESS) return st;
+  if (st != SOFTLIGHT_SUCCESS || (noop && o.reduction == SOFTLIGHT_REDUCTION_NONE)) return st;
   CallDevice dev;
   st = open_consumer(&dev, {x, target, o.loss, o.lse, o.grad});
   if (st != SOFTLIGHT_SUCCESS) return st;

@@ -156,8 +156,10 @@ softlight_status check_consumer(const ConsumerCall& c, double temperature, bool*
     if (misaligned(a.p, acc)) return SOFTLIGHT_ERROR_INVALID_ARGUMENT;
   }
   const bool steps = c.rows > 1;
-  if (steps && (c.x_stride < c.cols || (c.dx != nullptr && c.dx_stride < c.cols) ||
-                (has_index && c.index_stride < c.index_count)))
+  // x is only read: its rows may overlap (a stride of 0 repeats one row, as a broadcast view does).
+  // The written rows must not; nor may the index rows, which the GPU's pass reads per row.
+  if (c.x_stride < 0 || (steps && ((c.dx != nullptr && c.dx_stride < c.cols) ||
+                                   (has_index && c.index_stride < c.index_count))))
     return SOFTLIGHT_ERROR_INVALID_STRIDE;
   const int64_t n[3] = {c.rows, c.cols, 1};
   const int64_t xs[3] = {steps ? c.x_stride : 0, 1, 0}, ds[3] = {steps ? c.dx_stride : 0, 1, 0};
@@ -276,6 +278,9 @@ ConsumerCall cross_entropy_call(const void* x, int64_t x_row_stride, const int64
   if (*st == SOFTLIGHT_SUCCESS && (red < 0 || red > 2 || !(o.label_smoothing >= 0.0 && o.label_smoothing <= 1.0) ||
                                    !(o.z_loss >= 0.0 && std::isfinite(o.z_loss))))
     *st = SOFTLIGHT_ERROR_INVALID_ARGUMENT;
+  // The loss is a zero-size array (may be NULL) only for NONE over no rows; a reduction writes one value.
+  if (*st == SOFTLIGHT_SUCCESS && o.loss == nullptr && (red != SOFTLIGHT_REDUCTION_NONE || rows > 0))
+    *st = SOFTLIGHT_ERROR_NULL_POINTER;
   return c;
 }
 

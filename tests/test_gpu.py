@@ -229,7 +229,10 @@ def test_torch_tensors_read_from_their_attributes_as_dlpack_reads_them():
     with pytest.raises(softlight.InvalidArgumentError, match="sparse"):
         softlight.log_softmax(base.to_sparse())
     grad = base.detach().requires_grad_(True)
-    assert_close_to_float64(softlight.log_softmax(grad), base, "float32")
+    with pytest.raises(softlight.InvalidArgumentError, match="softlight.torch"):  # no graph is recorded
+        softlight.log_softmax(grad)
+    with torch.no_grad():
+        assert_close_to_float64(softlight.log_softmax(grad), base, "float32")
 
 
 def test_explicit_stream_waits_for_the_framework_stream():
@@ -351,9 +354,12 @@ def test_bad_gpu_inputs_write_nothing():
         softlight.log_softmax(x, out=out)
     with pytest.raises(softlight.UnsupportedDTypeError):
         softlight.log_softmax(torch.ones(3, 3, dtype=torch.int32, device="cuda"))
-    gapped = torch.full((4, 6, 10), POISON, device="cuda")[:, :5, :]  # rows 10 apart, slices 60
-    with pytest.raises(softlight.InvalidArgumentError, match="do not merge"):
-        softlight.log_softmax(torch.zeros(4, 5, 10, device="cuda"), out=gapped)
+    whole = torch.full((4, 6, 10), POISON, device="cuda")
+    gapped = whole[:, :5, :]  # rows 10 apart, slices 60
+    z = torch.zeros(4, 5, 10, device="cuda")
+    assert softlight.log_softmax(z, out=gapped) is gapped  # a layout that does not merge: through a copy
+    assert torch.equal(gapped, torch.log_softmax(z, -1)) and bool((whole[:, 5:, :] == POISON).all())
+    assert torch.allclose(softlight.log_softmax(z.permute(2, 0, 1), dim=1), torch.log_softmax(z.permute(2, 0, 1), 1))
     # raw pointers: misplaced overlap on the device
     with pytest.raises(softlight.InvalidArgumentError, match="overlap"):
         softlight.log_softmax_raw(x.data_ptr(), x.data_ptr() + 4, 3, 99, dtype="float32", x_stride=100,

@@ -46,6 +46,20 @@ def _check(got, ref, dtype, what, scale=None):
     assert (err <= lim).all(), f"{what}: error {err.max():.3e}"
 
 
+def _check_loss(loss, want, dtype, what):
+    """A loss against float64: a float16 or bfloat16 loss (softlight.torch.cross_entropy returns it in
+    the logits' dtype, as torch does) within one rounding of the float64 value rounded to its dtype."""
+    if loss.dtype not in (torch.float16, torch.bfloat16):
+        return _check(loss, want, dtype, what)
+    w = torch.as_tensor(want).to(loss.dtype).double().cpu().numpy()
+    got = loss.detach().double().cpu().numpy()
+    assert np.array_equal(np.isnan(got), np.isnan(w)), what
+    assert np.array_equal(got[np.isinf(w)], w[np.isinf(w)]), what
+    fin = np.isfinite(w)
+    err = np.abs(got[fin] - w[fin])
+    assert (err <= torch.finfo(loss.dtype).eps * np.abs(w[fin]) + 1e-30).all(), f"{what}: error {err.max():.3e}"
+
+
 SHAPES = [(1, 1), (9, 7), (17, 1000), (6, 5001), (3, 128256), (64, 32000)]
 
 
@@ -181,7 +195,7 @@ def test_rows_off_a_16_byte_boundary(dtype, skip):
     loss = slt.cross_entropy(v, t, reduction="none")
     x64 = v.detach().double().requires_grad_()
     want = torch.nn.functional.cross_entropy(x64, t, reduction="none")
-    _check(loss[fine], want[fine].detach().cpu().numpy(), dtype, f"{dtype} skip={skip} loss")
+    _check_loss(loss[fine], want[fine].detach().cpu().numpy(), dtype, f"{dtype} skip={skip} loss")
     gx, = torch.autograd.grad(loss[fine].sum(), v)
     wx, = torch.autograd.grad(want[fine].sum(), x64)
     atol, rtol = TOL[dtype]
@@ -287,11 +301,11 @@ def test_cross_entropy_on_chip(dtype, shape):
         what = f"{dtype} {shape} T={T} {reduction}"
         _check(lse[fine], want_lse[fine].detach().cpu().numpy(), dtype, f"{what} lse")
         if reduction == "none":
-            _check(loss[fine], want[fine].detach().cpu().numpy(), dtype, f"{what} loss")
+            _check_loss(loss[fine], want[fine].detach().cpu().numpy(), dtype, f"{what} loss")
             assert torch.isnan(loss[~fine]).all(), what
             assert (~fine).sum() == 3 and fine[1], what
         else:
-            _check(loss, want.detach().cpu().numpy(), dtype, f"{what} loss")
+            _check_loss(loss, want.detach().cpu().numpy(), dtype, f"{what} loss")
         w = torch.randn(loss.shape, device="cuda", dtype=torch.float64)
         gx, = torch.autograd.grad((loss.double() * w).sum(), x)
         wx, = torch.autograd.grad((want * w)[fine].sum() if reduction == "none" else want * w, x64)
@@ -354,7 +368,9 @@ def test_cross_entropy_on_the_gpu_equals_torch(dtype, reduction):
     loss = slt.cross_entropy(x, t, reduction=reduction, label_smoothing=0.1)
     x64 = x.detach().double().requires_grad_()
     want = torch.nn.functional.cross_entropy(x64, t, reduction=reduction, label_smoothing=0.1)
-    assert torch.allclose(loss.double(), want, rtol=1e-5, atol=1e-5)
+    assert loss.dtype == x.dtype  # as torch returns it
+    rtol = 1e-5 if dtype == "float32" else torch.finfo(x.dtype).eps  # (one rounding to bfloat16)
+    assert torch.allclose(loss.double(), want.to(x.dtype).double(), rtol=rtol, atol=1e-5)
     w = torch.randn(loss.shape, device="cuda", dtype=torch.float64)
     gx, = torch.autograd.grad((loss.double() * w).sum(), x)
     wx, = torch.autograd.grad((want * w).sum(), x64)

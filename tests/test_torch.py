@@ -97,12 +97,16 @@ def test_compile_fullgraph_has_no_graph_breaks(dynamic):
     assert torch._dynamo.explain(f)(x).graph_break_count == 0
 
 
-def test_autocast_computes_in_float32():
+def test_autocast_as_torch_log_softmax():
+    """Under CPU autocast torch.log_softmax keeps its input's dtype (CUDA autocast makes it float32:
+    tests/test_gpu.py); softlight's does the same."""
     x = torch.randn(4, 16)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        y = slt.log_softmax(x.to(torch.bfloat16), -1)
-    assert y.dtype == torch.float32  # as torch.log_softmax under autocast
-    torch.testing.assert_close(y, torch.log_softmax(x.to(torch.bfloat16).float(), -1))
+    for dtype in (torch.bfloat16, torch.float32):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = slt.log_softmax(x.to(dtype), -1)
+            want = torch.log_softmax(x.to(dtype), -1)
+        assert y.dtype == want.dtype == dtype
+        torch.testing.assert_close(y, want)
 
 
 def test_temperature_gradient_is_scaled():

@@ -173,9 +173,9 @@ def _misuse_worker(rank, path, results, backend="gloo", device="cpu", ranks=RANK
     if device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
-        loss = vp.cross_entropy(eq, t)
+        loss = vp.cross_entropy(eq, t, check=False)
         loss.backward()
-        lp = vp.token_logprobs(eq, t.clamp(min=0))
+        lp = vp.token_logprobs(eq, t.clamp(min=0), check=False)
         torch.cuda.set_sync_debug_mode(0)
         out["unsynced"] = (float(loss), lp.detach().cpu())
     results[rank] = out
@@ -203,8 +203,8 @@ def test_vocab_parallel_misuse_on_the_cpu():
 
 @pytest.mark.skipif(not _NCCL, reason="no CUDA GPU, or torch has no NCCL")
 def test_vocab_parallel_on_a_gpu_never_waits_for_it():
-    """One NCCL rank: once a call has found the widths equal, cross-entropy forward and backward and
-    token log-probs make no synchronizing CUDA call (torch's sync debug mode as an error), and a token
+    """One NCCL rank: with check=False (the ranks' agreement not checked), cross-entropy forward and
+    backward and token log-probs make no synchronizing CUDA call (torch's sync debug mode as an error), and a token
     outside the vocabulary gives NaN, as the single-device functions on a GPU."""
     r = _spawn_misuse(1, "nccl", "cuda", 1)[0]
     lp = r["outside"]
@@ -267,3 +267,65 @@ def test_bench_check_finds_wrong_results():
     assert check(torch, "cross_entropy", (one, g), one.clone(), g.clone(), "float32") is None
     assert check(torch, "cross_entropy", (one * 1.01, g), one, g, "float32").startswith("wrong loss")
     assert check(torch, "cross_entropy", (one, g * 1.01), one, g, "float32").startswith("wrong gradient")
+
+
+def _contract_worker(rank, path, results, ranks=RANKS):
+    """Each rank's answer (the error's text, or None) to calls whose ranks do not go together, and the
+    log-softmax over a split vocabulary on logits with a large common offset and a tiny temperature."""
+    dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=ranks)
+    import softlight.vocab_parallel as vp
+    from softlight import SoftlightError
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(6, 12, generator=g, dtype=torch.float64)
+    t = torch.randint(0, 12, (6,), generator=g)
+    out = {}
+
+    def outcome(fn):
+        try:
+            fn()
+            return None
+        except SoftlightError as e:
+            return f"{type(e).__name__}: {e}"
+
+    shard = x[:, rank * 6:(rank + 1) * 6].clone()
+    out["overlap"] = outcome(lambda: vp.cross_entropy(shard, t, vocab_start=0))  # both ranks start at 0
+    out["gap"] = outcome(lambda: vp.cross_entropy(shard, t, vocab_start=0 if rank == 0 else 7))
+    out["equal"] = outcome(lambda: vp.cross_entropy(shard, t))
+    # A later call with unequal widths (no stale cache: both ranks raise).
+    uneven = x[:, :5].clone() if rank == 0 else x[:, 5:].clone()
+    out["later_unequal"] = outcome(lambda: vp.cross_entropy(uneven, t))
+    # Different row counts reach no collective: the same error on both ranks.
+    rows = shard[: 6 - rank]
+    out["rows"] = outcome(lambda: vp.cross_entropy(rows, t[: 6 - rank]))
+    out["float_target"] = outcome(lambda: vp.cross_entropy(shard, t.double() + 0.7))
+    # log_softmax: offset 1e4 and temperature 1e-37 (float32), against the single-device kernel.
+    import softlight.torch as slt
+    full = (torch.randn(4, 12, generator=g) + 1e4).float()
+    mine = full[:, rank * 6:(rank + 1) * 6].clone()
+    for T in (1.0, 1e-37):
+        got = vp.log_softmax(mine, temperature=T)
+        want = slt.log_softmax(full, temperature=T)[:, rank * 6:(rank + 1) * 6]
+        out[("ls", T)] = (got, want)
+    results[rank] = out
+    dist.destroy_process_group()
+
+
+def test_vocab_parallel_ranks_must_go_together():
+    """Shards that overlap or leave a gap, unequal widths on a later call, unequal row counts and float
+    targets: every rank raises the same SoftlightError, on every call (nothing cached); the split
+    log-softmax keeps the single-device precision at a large offset and a tiny temperature."""
+    with tempfile.TemporaryDirectory() as tmp:
+        results = mp.Manager().dict()
+        mp.spawn(_contract_worker, args=(os.path.join(tmp, "store"), results), nprocs=RANKS, join=True)
+        results = dict(results)
+    a, b = results[0], results[1]
+    assert a["equal"] is None and b["equal"] is None
+    for key, words in (("overlap", "they overlap"), ("gap", "a gap"), ("later_unequal", "widths [5, 7]"),
+                       ("rows", "rows differ"), ("float_target", "not probabilities")):
+        assert a[key] is not None and words in a[key], (key, a[key])
+        assert a[key] == b[key], (key, a[key], b[key])
+    for rank in range(RANKS):
+        for T in (1.0, 1e-37):
+            got, want = results[rank][("ls", T)]
+            assert not torch.isnan(got).any(), (T, got)
+            assert torch.allclose(got, want, rtol=1e-6, atol=2e-6), (T, (got - want).abs().max())

@@ -75,6 +75,11 @@ SOFTLIGHT_API const char* softlight_status_string(softlight_status status);
 /* The library's version as MAJOR * 10000 + MINOR * 100 + PATCH (compare with SOFTLIGHT_VERSION). */
 SOFTLIGHT_API int softlight_version(void);
 
+/* 1 where this library was built with its CUDA kernels, 0 for a build of the CPU backend alone
+ * (no CUDA compiler at build time): there every GPU entry point checks its arguments as usual and
+ * then returns SOFTLIGHT_ERROR_NO_DEVICE, writing nothing. */
+SOFTLIGHT_API int softlight_gpu_built(void);
+
 /* Size in bytes of one element of dtype, or 0 for an unknown dtype. */
 SOFTLIGHT_API int softlight_dtype_size(softlight_dtype dtype);
 
@@ -329,7 +334,8 @@ SOFTLIGHT_API softlight_status softlight_cross_entropy(
     const void* x, int64_t x_row_stride, const int64_t* target, int64_t rows, int64_t cols,
     softlight_dtype dtype, const softlight_cross_entropy_options* options, void* stream);
 
-/* target: `rows` int64 class indices, contiguous (`options` must not be NULL; options->loss neither). */
+/* target: `rows` int64 class indices, contiguous (`options` must not be NULL; options->loss neither, but
+ * for reduction NONE over no rows, a zero-size array). */
 SOFTLIGHT_API softlight_status softlight_cross_entropy_cpu(
     const void* x, int64_t x_row_stride, const int64_t* target, int64_t rows, int64_t cols,
     softlight_dtype dtype, const softlight_cross_entropy_options* options, int num_threads);

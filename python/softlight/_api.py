@@ -6,73 +6,91 @@ work out the 3-d layout and call the C ABI, then turn the status into an excepti
 import math
 
 from . import _C
-from ._arrays import TORCH, device_name, empty_like, filled, read
+from ._arrays import TORCH, contiguous, copy_into, device_name, empty_like, filled, no_autograd, read, writing
 from ._dtypes import BY_NAME, NAMES
 from ._errors import ArgumentTypeError, AxisError, InvalidArgumentError, check
 from ._streams import stream_handle, synchronize
 
-# The bindings' layout codes (python/bindings.cpp), beside the C ABI's statuses.
-_LAYOUT = {
-    -2: "the axes before dim {d} of {name} (shape {shape}, strides {strides} in elements) do not merge into one "
-        "evenly strided axis; pass a contiguous array (for example x.contiguous() or numpy.ascontiguousarray(x))",
-    -3: "the axes after dim {d} of {name} (shape {shape}, strides {strides} in elements) do not merge into one "
-        "evenly strided axis; pass a contiguous array (for example x.contiguous() or numpy.ascontiguousarray(x))",
-    -4: "{name} has a negative stride (strides {strides}); pass a contiguous array",
-}
+# The bindings' layout codes (python/bindings.cpp): the axes before dim (-2) or after it (-3) do not
+# merge into one evenly strided axis, or a stride is negative (-4). Such arrays are read, or written,
+# through a contiguous copy (_direct).
+_LAYOUT = (-2, -3, -4)
 
 
 def _fail(status, dim, arrays):
-    """Raise the error of a status from the bindings (a C ABI status or a layout code)."""
-    shape = tuple(arrays[0][1][1])
+    """Raise the error of a status from the bindings (a C ABI status, or -1: dim out of range)."""
     if status == -1:
-        raise AxisError(f"softlight: dim {dim} is out of range for a {len(shape)}-d array")
-    if status in _LAYOUT:
-        # Which array: the first whose own layout the bindings refuse (they check in this order; a
-        # new output, strides None, is C-contiguous and never refused).
-        for name, a in arrays:
-            if a[2] is None:
-                continue
-            s = tuple(a[2])
-            if _C.layout_code(a[1], s, dim) == status:
-                break
-        raise InvalidArgumentError("softlight: " + _LAYOUT[status].format(d=dim % max(len(shape), 1), name=name,
-                                                                          shape=shape, strides=s), status)
+        nd = len(tuple(arrays[0][1][1]))
+        raise AxisError(f"softlight: dim {dim} is out of range for a {nd}-d array")
     check(status)
 
 
-def _check_dim(dim):
+def _direct(a, arr, dim, handle, like=None):
+    """(array, as read) that the bindings take in place along dim: `a` itself where its layout is one,
+    else a contiguous copy of it (the caller holds it until the call is done), or, for an output
+    (`like`: the first input and its reading), a new contiguous array like it, whose values the
+    caller copies into `a` (copy_into)."""
+    if arr[2] is None or _C.layout_code(arr[1], tuple(arr[2]), dim) == 0:
+        return a, arr
+    c = contiguous(a, arr[7]) if like is None else empty_like(*like)
+    return c, read(c, handle)[0]
+
+
+def _check_dim(dim, axis=None):
+    """The axis of a call from dim= or axis= (numpy's and scipy's name; one of the two: dim is -1
+    unless given), as an int."""
+    if axis is not None:
+        if not (type(dim) is int and dim == -1):
+            raise ArgumentTypeError("softlight: pass dim or axis, not both")
+        dim = axis
     if type(dim) is not int:
         if isinstance(dim, bool) or not hasattr(dim, "__index__"):
             raise ArgumentTypeError(f"softlight: dim must be an int, got {type(dim).__qualname__}")
         dim = dim.__index__()
+    if not -2**62 <= dim < 2**62:
+        raise AxisError(f"softlight: dim {dim} is out of range")
     return dim
 
 
 def _check_temperature(temperature):
     if type(temperature) is float and 0.0 < temperature < math.inf:
         return temperature
-    if isinstance(temperature, (bool, str, bytes)) or not hasattr(temperature, "__float__"):
-        raise ArgumentTypeError(f"softlight: temperature must be a real number, got {type(temperature).__qualname__}")
-    t = float(temperature)
+    t = _real(temperature, "temperature")
     if not (t > 0.0 and math.isfinite(t)):
         raise InvalidArgumentError(f"softlight: temperature must be finite and positive, got {temperature!r}")
     return t
 
 
-def _matching(arr, like, name):
+def _real(v, name):
+    """v as a Python float, or ArgumentTypeError naming the argument (a number or a 0-d array only)."""
+    if type(v) is float or type(v) is int:
+        return float(v)
+    if isinstance(v, (bool, str, bytes)) or not hasattr(v, "__float__") or getattr(v, "ndim", 0) != 0:
+        raise ArgumentTypeError(f"softlight: {name} must be a real number, got {type(v).__qualname__}"
+                                + (f" of shape {tuple(v.shape)}" if getattr(v, "ndim", 0) else ""))
+    try:
+        return float(v)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise ArgumentTypeError(f"softlight: {name} must be a real number: {e}") from None
+
+
+def _matching(arr, like, name, first="the input"):
     """Checks an array that goes with the first one: same device, dtype and shape."""
     if arr[4] != like[4] or (arr[4] and arr[5] != like[5]):
-        raise InvalidArgumentError(f"softlight: {name} is on {device_name(arr)}, the input on {device_name(like)}")
+        raise InvalidArgumentError(f"softlight: {name} is on {device_name(arr)}, {first} on {device_name(like)}")
     if arr[3] != like[3]:
-        raise InvalidArgumentError(f"softlight: {name} has dtype {NAMES[arr[3]]}, the input {NAMES[like[3]]}")
+        raise InvalidArgumentError(f"softlight: {name} has dtype {NAMES[arr[3]]}, {first} {NAMES[like[3]]}")
     if tuple(arr[1]) != tuple(like[1]):
-        raise InvalidArgumentError(f"softlight: {name} has shape {tuple(arr[1])}, the input {tuple(like[1])}")
+        raise InvalidArgumentError(f"softlight: {name} has shape {tuple(arr[1])}, {first} {tuple(like[1])}")
 
 
-def _first(a, stream):
+def _first(a, stream, name="x"):
     """(array as read, stream handle) of a call's first array: `stream`, else the framework's current
-    stream, else the legacy default stream (0); stream= only for GPU arrays."""
+    stream, else the legacy default stream (0); stream= only for GPU arrays. A torch tensor that
+    requires grad under grad mode is refused (the plain API records no autograd graph)."""
     arr, handle = read(a, None if stream is None else stream_handle(stream))
+    if arr[7] == "torch":
+        no_autograd(a, name)
     if handle is None:
         return arr, 0
     if not arr[4]:
@@ -94,6 +112,8 @@ def _output(out, first, xa, stream, name):
     _matching(oa, xa, name)
     if oa[6]:
         raise InvalidArgumentError(f"softlight: {name} is read-only")
+    if oa[7] == "torch":
+        writing(out, name)
     return out, oa
 
 
@@ -103,15 +123,17 @@ def _finish(arr, handle):
         synchronize(handle, arr[5])
 
 
-def log_softmax(x, dim=-1, *, out=None, stream=None, temperature=1.0, return_lse=False):
-    """Log-softmax of `x` along `dim`, computed in float32 (float64 for float64 inputs).
+def log_softmax(x, dim=-1, *, axis=None, out=None, stream=None, temperature=1.0, return_lse=False):
+    """Log-softmax of `x` along `dim` (or `axis`; default the last), computed in float32 (float64 for
+    float64 inputs).
 
     x:      any DLPack array (numpy, torch, CuPy, JAX, ...) of float32, float16, bfloat16 or
             float64, on a CUDA GPU or the CPU, of any number of axes; `dim` any axis (negative
-            counts from the end). Strided views work as they are, without a copy, when the axes
-            before `dim` merge into one evenly strided axis and so do those after it (always true
-            of contiguous arrays and of slices along one axis); other views are refused with
-            InvalidArgumentError (make them contiguous first).
+            counts from the end). Every layout is computed: strided views are read in place when the
+            axes before `dim` merge into one evenly strided axis and so do those after it (always
+            true of contiguous arrays and of slices along one axis), otherwise through a contiguous
+            copy (docs/semantics.md). A torch tensor that requires grad under grad mode is refused:
+            use softlight.torch for autograd.
     out:    optional array of the same shape, dtype and device to write into; may be `x` itself.
     stream: GPU arrays only. An int handle, a cuda.core Stream, or anything with
             __cuda_stream__. Default: the framework's current stream (torch, CuPy), else the
@@ -124,28 +146,30 @@ def log_softmax(x, dim=-1, *, out=None, stream=None, temperature=1.0, return_lse
     """
     if temperature != 1.0 or type(temperature) is not float:
         temperature = _check_temperature(temperature)
-    if type(dim) is not int:
-        dim = _check_dim(dim)
+    if type(dim) is not int or axis is not None:
+        dim = _check_dim(dim, axis)
     t = TORCH
     if type(x) is t[0] and stream is None and not return_lse:
         # A CUDA tensor with the defaults of the common call: read inline (each step saved is a
         # tenth of a microsecond or more of a call that costs about ten, docs/perf/host.json).
         code = t[1].get(x.dtype)
         dev = x.get_device()
-        if code is not None and dev >= 0 and x.layout is t[2] and not x.is_neg():
+        if code is not None and dev >= 0 and x.layout is t[2] and not x.is_neg() and not x.requires_grad:
             if out is None:
                 y, ys = (t[4](x), None) if x.is_contiguous() else (None, None)
             elif type(out) is t[0] and out.dtype is x.dtype and out.get_device() == dev and out.layout is t[2] \
-                    and not out.is_neg() and out.shape == x.shape:
+                    and not out.is_neg() and out.shape == x.shape and not out.requires_grad:
                 y, ys = out, out.stride()
+                t[6]((out,))
             else:
                 y = None
             if y is not None:
                 status = _C.forward(x.data_ptr(), x.shape, x.stride(), y.data_ptr(), ys, dim, code, True, t[3](dev),
                                     temperature, 0)
-                if status:
+                if status == 0:
+                    return y
+                if status not in _LAYOUT:
                     _fail(status, dim, (("x", read(x)[0]), ("out", read(y)[0])))
-                return y
     xa, handle = _first(x, stream)
     gpu = xa[4]
     out, oa = _output(out, x, xa, handle, "out")
@@ -159,6 +183,13 @@ def log_softmax(x, dim=-1, *, out=None, stream=None, temperature=1.0, return_lse
         lse = empty_like(x, xa, shape=shape[:d] + shape[d + 1:], dtype="float64" if xa[3] == 3 else "float32")
         lse_ptr = read(lse, handle)[0][0]
     status = _C.forward(xa[0], xa[1], xa[2], oa[0], oa[2], dim, xa[3], gpu, handle, temperature, lse_ptr)
+    if status in _LAYOUT:  # a layout not read in place: through contiguous copies
+        xc, ca = _direct(x, xa, dim, handle)
+        yc, ya = _direct(out, oa, dim, handle, (x, xa))
+        status = _C.forward(ca[0], ca[1], ca[2], ya[0], ya[2], dim, xa[3], gpu, handle, temperature, lse_ptr)
+        del xc  # (held until the call is done)
+        if status == 0 and yc is not out:
+            copy_into(out, yc, xa[7])
     if status:
         _fail(status, dim, (("x", xa), ("out", oa)))
     _finish(xa, handle)
@@ -170,57 +201,86 @@ def log_softmax(x, dim=-1, *, out=None, stream=None, temperature=1.0, return_lse
     return (out, lse) if return_lse else out
 
 
-def log_softmax_backward(grad_out, out, dim=-1, *, grad_in=None, stream=None):
-    """The gradient of log_softmax: grad_out - exp(out) * grad_out.sum(dim, keepdim=True).
+def log_softmax_backward(grad, y, dim=-1, *, axis=None, grad_in=None, stream=None):
+    """The gradient of log_softmax: grad - exp(y) * grad.sum(dim, keepdim=True).
 
-    grad_out: the gradient of the loss with respect to the forward's output (any DLPack array,
+    grad:     the gradient of the loss with respect to the forward's output (any DLPack array,
               float32, float16, bfloat16 or float64, GPU or CPU; layouts as for log_softmax).
-    out:      the forward's output, of the same shape, dtype and device.
-    grad_in:  optional array to write into (may be grad_out or out itself).
+    y:        the forward's output, of the same shape, dtype and device.
+    dim:      the forward's axis (or `axis`; default the last).
+    grad_in:  optional array to write into (may be grad or y itself).
     For y = log_softmax(x / T), multiply the result by 1 / T. Returns grad_in, or a new array of
-    the same kind as grad_out.
+    the same kind as grad.
     """
-    if type(dim) is not int:
-        dim = _check_dim(dim)
+    if type(dim) is not int or axis is not None:
+        dim = _check_dim(dim, axis)
     t = TORCH
-    if type(grad_out) is t[0] and type(out) is t[0] and grad_in is None and stream is None:
+    if type(grad) is t[0] and type(y) is t[0] and grad_in is None and stream is None:
         # CUDA tensors with the defaults, as autograd's backward calls it: read inline (log_softmax).
-        code = t[1].get(grad_out.dtype)
-        dev = grad_out.get_device()
-        if code is not None and dev >= 0 and out.dtype is grad_out.dtype and out.get_device() == dev and \
-                grad_out.layout is t[2] and out.layout is t[2] and not grad_out.is_neg() and not out.is_neg() and \
-                out.shape == grad_out.shape and grad_out.is_contiguous():
-            dx = t[4](grad_out)
-            status = _C.backward(grad_out.data_ptr(), grad_out.shape, grad_out.stride(), out.data_ptr(), out.stride(),
+        code = t[1].get(grad.dtype)
+        dev = grad.get_device()
+        if code is not None and dev >= 0 and y.dtype is grad.dtype and y.get_device() == dev and \
+                grad.layout is t[2] and y.layout is t[2] and not grad.is_neg() and not y.is_neg() and \
+                y.shape == grad.shape and grad.is_contiguous() and not grad.requires_grad and not y.requires_grad:
+            dx = t[4](grad)
+            status = _C.backward(grad.data_ptr(), grad.shape, grad.stride(), y.data_ptr(), y.stride(),
                                  dx.data_ptr(), None, dim, code, True, t[3](dev))
-            if status:
-                _fail(status, dim, (("grad_out", read(grad_out)[0]), ("out", read(out)[0])))
-            return dx
-    ga, handle = _first(grad_out, stream)
+            if status == 0:
+                return dx
+            if status not in _LAYOUT:
+                _fail(status, dim, (("grad", read(grad)[0]), ("y", read(y)[0])))
+    ga, handle = _first(grad, stream, "grad")
     gpu = ga[4]
-    ya = read(out, handle)[0]
-    _matching(ya, ga, "out")
-    grad_in, da = _output(grad_in, grad_out, ga, handle, "grad_in")
+    ya = read(y, handle)[0]
+    if ya[7] == "torch":
+        no_autograd(y, "y")
+    _matching(ya, ga, "y", "grad")
+    grad_in, da = _output(grad_in, grad, ga, handle, "grad_in")
     status = _C.backward(ga[0], ga[1], ga[2], ya[0], ya[2], da[0], da[2], dim, ga[3], gpu, handle)
+    if status in _LAYOUT:  # layouts not read in place: through contiguous copies (log_softmax)
+        (gc, gca), (yc, yca) = _direct(grad, ga, dim, handle), _direct(y, ya, dim, handle)
+        dc, dca = _direct(grad_in, da, dim, handle, (grad, ga))
+        status = _C.backward(gca[0], gca[1], gca[2], yca[0], yca[2], dca[0], dca[2], dim, ga[3], gpu, handle)
+        del gc, yc  # (held until the call is done)
+        if status == 0 and dc is not grad_in:
+            copy_into(grad_in, dc, ga[7])
     if status:
-        _fail(status, dim, (("grad_out", ga), ("out", ya), ("grad_in", da)))
+        _fail(status, dim, (("grad", ga), ("y", ya), ("grad_in", da)))
     _finish(ga, handle)
     return grad_in
+
+
+def _int_arg(v, name, low=0, high=2**63 - 1):
+    """v as a Python int in [low, high], or a SoftlightError naming the argument."""
+    if isinstance(v, bool) or not hasattr(v, "__index__"):
+        raise ArgumentTypeError(f"softlight: {name} must be an int, got {type(v).__qualname__}")
+    v = v.__index__()
+    if v < 0 <= low:
+        raise InvalidArgumentError(f"softlight: {name} must not be negative, got {v}")
+    if not low <= v <= high:
+        raise InvalidArgumentError(f"softlight: {name} must be in [{low}, {high}], got {v}")
+    return v
 
 
 def log_softmax_raw(x_ptr, y_ptr, rows, cols, *, dtype, x_stride=None, y_stride=None, stream=0,
                     device="cuda", threads=0, temperature=1.0, lse_ptr=0):
     """Log-softmax over rows given as raw pointers (ints): `rows` rows of `cols` elements, each row
-    `x_stride` / `y_stride` elements after the last (default: cols). device="cuda" queues the work
-    on `stream` (asynchronous); device="cpu" runs it on host memory before returning, on `threads`
-    threads (0: all cores). `lse_ptr`, if not 0, receives each row's log-sum-exp (float32, or
-    float64 for float64 data)."""
+    `x_stride` / `y_stride` elements after the last (default: cols). dtype: a name ("float32"), a
+    numpy or torch dtype. device="cuda" queues the work on `stream` (asynchronous); device="cpu" runs
+    it on host memory before returning, on `threads` threads (0: all cores). `lse_ptr`, if not 0,
+    receives each row's log-sum-exp (float32, or float64 for float64 data)."""
     code = BY_NAME.get(dtype) if type(dtype) is str else None
     if code is None:
         from ._dtypes import code as code_of, normalize
         code = code_of(normalize(dtype))
     if temperature != 1.0 or type(temperature) is not float:
         temperature = _check_temperature(temperature)
+    x_ptr, y_ptr, lse_ptr = (_int_arg(p, n, 0, 2**64 - 1) for p, n in ((x_ptr, "x_ptr"), (y_ptr, "y_ptr"),
+                                                                        (lse_ptr, "lse_ptr")))
+    rows, cols = _int_arg(rows, "rows"), _int_arg(cols, "cols")
+    x_stride = cols if x_stride is None else _int_arg(x_stride, "x_stride", -2**63)
+    y_stride = cols if y_stride is None else _int_arg(y_stride, "y_stride", -2**63)
+    threads = _int_arg(threads, "threads", 0, 2**31 - 1)
     if device == "cuda":
         gpu = True
         if type(stream) is not int or stream < 0:
@@ -229,7 +289,7 @@ def log_softmax_raw(x_ptr, y_ptr, rows, cols, *, dtype, x_stride=None, y_stride=
         gpu = False
     else:
         raise InvalidArgumentError(f"softlight: device must be 'cuda' or 'cpu', got {device!r}")
-    status = _C.forward_rows(x_ptr, cols if x_stride is None else x_stride, y_ptr, cols if y_stride is None else y_stride,
-                             rows, cols, code, gpu, stream if gpu else 0, temperature, lse_ptr, threads)
+    status = _C.forward_rows(x_ptr, x_stride, y_ptr, y_stride, rows, cols, code, gpu, stream if gpu else 0,
+                             temperature, lse_ptr, threads)
     if status:
         check(status)

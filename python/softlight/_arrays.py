@@ -36,8 +36,8 @@ def _unsupported(what):
 _torch_codes = {}
 # What reading a tensor needs (read_torch, and the API's fast path in _api.log_softmax), filled when
 # the first tensor is read: [torch.Tensor, dtype -> code, torch.strided, the current stream's handle
-# of a device, torch.empty_like].
-TORCH = [None, _torch_codes, None, None, None]
+# of a device, torch.empty_like, torch.is_grad_enabled, autograd's version bump of a tuple of tensors].
+TORCH = [None, _torch_codes, None, None, None, None, None]
 
 
 def _torch_setup():
@@ -46,8 +46,28 @@ def _torch_setup():
     # The current stream's handle alone, without a Stream object (several microseconds less).
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     raw = raw or (lambda dev: torch.cuda.current_stream(dev).cuda_stream)
-    TORCH[:] = [torch.Tensor, _torch_codes, torch.strided, raw, torch.empty_like]
+    TORCH[:] = [torch.Tensor, _torch_codes, torch.strided, raw, torch.empty_like, torch.is_grad_enabled,
+                torch._C._increment_version]
     return torch
+
+
+def no_autograd(a, name):
+    """Refuse a torch tensor that autograd would have to follow through a plain call (which records no
+    graph): under grad mode an input that requires grad would get a result without a grad_fn."""
+    if a.requires_grad and TORCH[5]():
+        raise InvalidArgumentError(
+            f"softlight: {name} requires grad, and the plain API records no autograd graph; use softlight.torch "
+            f"(for example softlight.torch.log_softmax), or call under torch.no_grad() or with {name}.detach()")
+
+
+def writing(a, name):
+    """A torch tensor softlight is about to write in place: refused where it requires grad under grad
+    mode (as torch refuses out= with autograd), else its version counter bumped, so that autograd sees
+    the change to a tensor saved for a backward."""
+    if a.requires_grad and TORCH[5]():
+        raise InvalidArgumentError(f"softlight: {name} requires grad; arrays written in place (out=, grad=) do not "
+                                   f"support automatic differentiation")
+    TORCH[6]((a,))
 
 
 def read_torch(a, stream):
@@ -229,6 +249,30 @@ def empty_like(a, arr, shape=None, dtype=None):
         return out.block_until_ready()
     raise ArgumentTypeError(f"softlight: cannot make a result array like a {type(a).__module__}."
                     f"{type(a).__qualname__}; pass out= (any writable DLPack array of the same shape)")
+
+
+def contiguous(a, framework):
+    """A C-contiguous copy of `a` (read where its layout cannot be read in place)."""
+    if framework == "torch":
+        return a.contiguous()
+    if framework == "numpy":
+        import numpy as np
+        return np.ascontiguousarray(a)
+    if framework == "cupy":
+        return sys.modules["cupy"].ascontiguousarray(a)
+    raise InvalidArgumentError(f"softlight: cannot make a contiguous copy of a {type(a).__module__}."
+                               f"{type(a).__qualname__}; pass a contiguous array")
+
+
+def copy_into(out, src, framework):
+    """out[...] = src, for a result computed in a contiguous array."""
+    if framework == "torch":
+        out.copy_(src)
+    elif framework in ("numpy", "cupy"):
+        out[...] = src
+    else:
+        raise InvalidArgumentError(f"softlight: cannot write into a {type(out).__module__}.{type(out).__qualname__} "
+                                   f"of this layout; pass a contiguous out")
 
 
 def filled(a, framework, value):

@@ -13,9 +13,9 @@ import math
 import numpy as np
 
 from . import _C
-from ._arrays import device_name, empty_like, read
-from ._api import _check_temperature, _finish, _first, _output
-from ._errors import ArgumentTypeError, InvalidArgumentError, check
+from ._arrays import contiguous, copy_into, device_name, empty_like, read
+from ._api import _check_dim, _check_temperature, _finish, _first, _int_arg, _output, _real, log_softmax
+from ._errors import ArgumentTypeError, AxisError, InvalidArgumentError, check
 
 STATS = ("lse", "entropy", "logprobs", "picked", "sum", "max", "sumexp", "moment")
 _REDUCTIONS = {"none": 0, "sum": 1, "mean": 2}
@@ -31,23 +31,29 @@ def _rows(arr, name):
         return math.prod(shape[:-1]), cols, cols
     strides = tuple(strides)
     if cols > 1 and strides[-1] != 1:
-        raise InvalidArgumentError(f"softlight: the last axis of {name} (strides {strides}) is not contiguous; "
-                                   f"pass a contiguous array")
+        return None  # the last axis is not contiguous
     lead = [(n, s) for n, s in zip(shape[:-1], strides[:-1]) if n != 1]
+    if any(s < 0 for _, s in lead):
+        return None  # a reversed axis
     rows = math.prod(shape[:-1])
     if not lead:
         return rows, cols, cols
     for (n0, s0), (n1, s1) in zip(lead, lead[1:]):
         if s0 != s1 * n1:
-            raise InvalidArgumentError(f"softlight: the leading axes of {name} (shape {shape}, strides {strides}) "
-                                       f"do not merge into one evenly strided axis; pass a contiguous array")
+            return None  # the leading axes do not merge into one evenly strided axis
     return rows, cols, lead[-1][1]
 
 
 def _logits(logits, name="logits"):
-    """(array as read, (rows, cols, row stride), stream handle) of the logits."""
-    xa, handle = _first(logits, None)
-    return xa, _rows(xa, name), handle
+    """(array as read, (rows, cols, row stride), stream handle, the array read) of the logits: a
+    contiguous copy where their layout is not rows that the C ABI reads in place (docs/semantics.md)."""
+    xa, handle = _first(logits, None, name)
+    rows = _rows(xa, name)
+    if rows is None:
+        logits = contiguous(logits, xa[7])
+        xa = read(logits, handle)[0]
+        rows = _rows(xa, name)
+    return xa, rows, handle, logits
 
 
 def _device_array(a, xa, shape, name, integer):
@@ -77,12 +83,7 @@ def _indices(index, lead, name):
     """index as a C-contiguous int64 numpy array of shape lead or lead + (K,), and K (None: one per row)."""
     if index is None:
         return None, 0
-    try:
-        arr = np.from_dlpack(index) if not isinstance(index, np.ndarray) else index
-    except (TypeError, BufferError, RuntimeError) as e:
-        raise ArgumentTypeError(f"softlight: {name} must be an integer array on the CPU: {e}") from e
-    if arr.dtype.kind not in "iu":
-        raise ArgumentTypeError(f"softlight: {name} must hold integers, got {arr.dtype}")
+    arr = _host_integers(index, name)
     arr = np.ascontiguousarray(arr, dtype=np.int64).reshape(np.shape(arr))  # (0-d stays 0-d)
     if arr.shape == lead:
         return arr, None
@@ -90,6 +91,58 @@ def _indices(index, lead, name):
         return arr, arr.shape[-1]
     raise InvalidArgumentError(f"softlight: {name} has shape {arr.shape}; the logits' leading shape is {lead} "
                                f"(one index a position, or (..., K) for K)")
+
+
+def _host_integers(index, name):
+    """index (any integer array on the host, a list, a Python or numpy int) as a numpy integer array
+    whose values fit int64."""
+    if isinstance(index, np.ndarray):
+        arr = index
+    elif hasattr(index, "__dlpack__"):
+        try:
+            arr = np.from_dlpack(index)
+        except (TypeError, BufferError, RuntimeError, ValueError) as e:
+            raise ArgumentTypeError(f"softlight: {name} must be an integer array on the CPU: {e}") from None
+    else:
+        try:
+            arr = np.asarray(index)
+        except (TypeError, ValueError, OverflowError) as e:
+            raise ArgumentTypeError(f"softlight: {name} must be an integer array, got {type(index).__qualname__}: "
+                                    f"{e}") from None
+        if arr.dtype == object:
+            raise InvalidArgumentError(f"softlight: {name} holds values that do not fit int64")
+    if arr.dtype.kind not in "iu":
+        raise ArgumentTypeError(f"softlight: {name} must hold integers, got {arr.dtype}")
+    if arr.dtype == np.uint64 and arr.size and int(arr.max()) > 2**63 - 1:
+        raise InvalidArgumentError(f"softlight: {name} holds {int(arr.max())}, which does not fit int64")
+    return arr
+
+
+def _ignore_index(v):
+    """cross-entropy's ignore_index as an int64 value (None: none ignored)."""
+    if v is None:
+        return None
+    if type(v) is int and -2**63 <= v < 2**63:
+        return v
+    if isinstance(v, bool) or not hasattr(v, "__index__"):
+        raise ArgumentTypeError(f"softlight: ignore_index must be an int, got {type(v).__qualname__} {v!r}")
+    v = v.__index__()
+    if not -2**63 <= v < 2**63:
+        raise InvalidArgumentError(f"softlight: ignore_index {v} does not fit int64")
+    return v
+
+
+def ce_options(reduction, ignore_index, label_smoothing, z_loss):
+    """cross-entropy's options checked, as (reduction code, ignore_index, label_smoothing, z_loss): the
+    one check of the plain, torch and vocab-parallel functions."""
+    if type(reduction) is not str or reduction not in _REDUCTIONS:
+        raise InvalidArgumentError(f"softlight: reduction must be one of {', '.join(_REDUCTIONS)}, got {reduction!r}")
+    label_smoothing, z_loss = _real(label_smoothing, "label_smoothing"), _real(z_loss, "z_loss")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise InvalidArgumentError(f"softlight: label_smoothing must be in [0, 1], got {label_smoothing}")
+    if not (z_loss >= 0.0 and math.isfinite(z_loss)):
+        raise InvalidArgumentError(f"softlight: z_loss must be finite and non-negative, got {z_loss}")
+    return _REDUCTIONS[reduction], _ignore_index(ignore_index), label_smoothing, z_loss
 
 
 def _check_range(idx, cols, name, ignore=None):
@@ -103,6 +156,15 @@ def _check_range(idx, cols, name, ignore=None):
         where = tuple(int(i) for i in np.argwhere(bad)[0])
         raise InvalidArgumentError(f"softlight: {name}{list(where)} = {int(idx[where])} is outside the vocabulary "
                                    f"[0, {cols})" + ("" if ignore is None else f" and is not ignore_index ({ignore})"))
+
+
+def _rows_output(out, oa, logits, xa, handle):
+    """(array written, as read) for a row-sized output `out`: itself where its layout is rows the C
+    ABI writes in place, else a new contiguous array whose values the caller copies into it."""
+    if _rows(oa, "out") is not None:
+        return out, oa
+    tmp = empty_like(logits, xa)
+    return tmp, read(tmp, handle)[0]
 
 
 def _acc_dtype(xa):
@@ -123,10 +185,13 @@ def row_stats(logits, index=None, *, stats=("lse",), temperature=1.0, index_offs
     tokens index_offset .. index_offset + V - 1 and indices outside them pick 0; otherwise every index
     must be in [0, V)."""
     temperature = _check_temperature(temperature)
+    if isinstance(stats, str) or not hasattr(stats, "__iter__"):
+        raise ArgumentTypeError(f"softlight: stats must be a sequence of names, got {type(stats).__qualname__}")
     for s in stats:
-        if s not in STATS:
+        if type(s) is not str or s not in STATS:
             raise InvalidArgumentError(f"softlight: unknown statistic {s!r}; known: {', '.join(STATS)}")
-    xa, (rows, cols, xs), handle = _logits(logits)
+    index_offset = _int_arg(index_offset, "index_offset")
+    xa, (rows, cols, xs), handle, logits = _logits(logits)
     lead = tuple(xa[1])[:-1]
     idx_ptr, k, keep = _index_of(index, xa, lead, cols, shard)
     if index is None and ("logprobs" in stats or "picked" in stats):
@@ -136,8 +201,8 @@ def row_stats(logits, index=None, *, stats=("lse",), temperature=1.0, index_offs
     for s in stats:
         shape = (lead + (() if k is None else (k,))) if s in ("logprobs", "picked") else lead
         outs[s], ptrs[STATS.index(s)] = _new(logits, xa, shape)
-    st = _C.row_stats(xa[0], xs, rows, cols, xa[3], temperature, idx_ptr, count, count, int(index_offset),
-                      bool(shard), ptrs, threads, xa[4], handle)
+    st = _C.row_stats(xa[0], xs, rows, cols, xa[3], temperature, idx_ptr, count, count, index_offset,
+                      bool(shard), ptrs, _threads(threads), xa[4], handle)
     check(st)
     del keep
     _finish(xa, handle)
@@ -154,7 +219,10 @@ def _index_of(index, xa, lead, cols, shard, name="index", ignore=None):
         if not shard:
             _check_range(idx, cols, name, ignore)
         return idx.ctypes.data, k, idx
-    shape = tuple(getattr(index, "shape", ()))
+    if not hasattr(index, "__dlpack__") or not hasattr(index, "shape"):
+        raise ArgumentTypeError(f"softlight: {name} must be an int64 array on {device_name(xa)}, got "
+                                f"{type(index).__qualname__}")
+    shape = tuple(index.shape)
     if shape != lead and shape[:-1] != lead:
         raise InvalidArgumentError(f"softlight: {name} has shape {shape}; the logits' leading shape is {lead}")
     ptr, keep = _device_array(index, xa, shape, name, True)
@@ -169,7 +237,8 @@ def row_stats_backward(logits, lse, *, entropy=None, d_lse=None, d_entropy=None,
     d_entropy (log p + entropy)) + d_sum + (d_picked + d_logprobs) at each index, dx = dz / temperature.
     lse (and entropy, with d_entropy) are the forward's. `out` may be the logits themselves."""
     temperature = _check_temperature(temperature)
-    xa, (rows, cols, xs), handle = _logits(logits)
+    index_offset = _int_arg(index_offset, "index_offset")
+    xa, (rows, cols, xs), handle, logits = _logits(logits)
     lead = tuple(xa[1])[:-1]
     idx_ptr, k, keep_index = _index_of(index, xa, lead, cols, shard)
     count = 0 if index is None else (1 if k is None else k)
@@ -202,11 +271,13 @@ def row_stats_backward(logits, lse, *, entropy=None, d_lse=None, d_entropy=None,
     ins = [small(lse, "lse"), small(entropy, "entropy"), small(d_lse, "d_lse"), small(d_entropy, "d_entropy"),
            small(d_logprobs, "d_logprobs", True), small(d_picked, "d_picked", True), small(d_sum, "d_sum")]
     out, oa = _output(out, logits, xa, handle, "out")
-    ostride = _rows(oa, "out")[2]
-    st = _C.row_stats_backward(xa[0], xs, oa[0], ostride, rows, cols, xa[3], temperature, idx_ptr, count, count,
-                               int(index_offset), bool(shard), ins, threads, xa[4], handle)
+    target, ta = _rows_output(out, oa, logits, xa, handle)
+    st = _C.row_stats_backward(xa[0], xs, ta[0], _rows(ta, "out")[2], rows, cols, xa[3], temperature, idx_ptr, count,
+                               count, index_offset, bool(shard), ins, _threads(threads), xa[4], handle)
     check(st)
     del keep
+    if target is not out:
+        copy_into(out, target, xa[7])
     _finish(xa, handle)
     return out
 
@@ -221,14 +292,11 @@ def cross_entropy(logits, target, *, ignore_index=-100, label_smoothing=0.0, red
     pass. Returns the loss (an array of the accumulation type: shape (N,) for reduction="none", else
     0-d), followed by lse (return_lse) and the gradient (grad), as a tuple where either is asked."""
     temperature = _check_temperature(temperature)
-    if reduction not in _REDUCTIONS:
-        raise InvalidArgumentError(f"softlight: reduction must be one of {', '.join(_REDUCTIONS)}, got {reduction!r}")
-    label_smoothing, z_loss = float(label_smoothing), float(z_loss)
-    if not 0.0 <= label_smoothing <= 1.0:
-        raise InvalidArgumentError(f"softlight: label_smoothing must be in [0, 1], got {label_smoothing}")
-    if not (z_loss >= 0.0 and math.isfinite(z_loss)):
-        raise InvalidArgumentError(f"softlight: z_loss must be finite and non-negative, got {z_loss}")
-    xa, (rows, cols, xs), handle = _logits(logits)
+    red, ignore_index, label_smoothing, z_loss = ce_options(reduction, ignore_index, label_smoothing, z_loss)
+    if grad is not None and grad is not False and grad is not True and not hasattr(grad, "__dlpack__") and \
+            not hasattr(grad, "__array_interface__"):
+        raise ArgumentTypeError(f"softlight: grad must be None, True or an array, got {type(grad).__qualname__}")
+    xa, (rows, cols, xs), handle, logits = _logits(logits)
     if len(xa[1]) > 2:
         raise InvalidArgumentError(f"softlight: logits of shape {tuple(xa[1])}: pass (N, C) or (C,) "
                                    f"(softlight.torch.cross_entropy takes torch's (N, C, d1, ...) too)")
@@ -236,18 +304,20 @@ def cross_entropy(logits, target, *, ignore_index=-100, label_smoothing=0.0, red
     idx_ptr, k, keep = _index_of(target, xa, lead, cols, False, "target", ignore_index)
     if k is not None:
         raise InvalidArgumentError(f"softlight: target has shape {lead + (k,)}, expected {lead}")
-    red = _REDUCTIONS[reduction]
     loss, loss_ptr = _new(logits, xa, lead if red == 0 else ())
     lse, lse_ptr = _new(logits, xa, lead) if return_lse else (None, 0)
-    g, gptr, gstride = None, 0, 0
+    g, gt, gptr, gstride = None, None, 0, 0
     if grad is not None and grad is not False:
         g, ga = _output(None if grad is True else grad, logits, xa, handle, "grad")
+        gt, ga = _rows_output(g, ga, logits, xa, handle)
         gptr, gstride = ga[0], _rows(ga, "grad")[2]
     st = _C.cross_entropy(xa[0], xs, idx_ptr, rows, cols, xa[3], temperature, label_smoothing, z_loss,
-                          ignore_index is not None, 0 if ignore_index is None else int(ignore_index), red, loss_ptr,
-                          lse_ptr, gptr, gstride, threads, xa[4], handle)
+                          ignore_index is not None, 0 if ignore_index is None else ignore_index, red, loss_ptr,
+                          lse_ptr, gptr, gstride, _threads(threads), xa[4], handle)
     check(st)
     del keep
+    if gt is not g:
+        copy_into(g, gt, xa[7])
     _finish(xa, handle)
     extra = ((lse,) if return_lse else ()) + ((g,) if g is not None else ())
     return (loss,) + extra if extra else loss
@@ -259,15 +329,51 @@ def token_logprobs(logits, index, *, temperature=1.0, threads=0):
     return row_stats(logits, index, stats=("logprobs",), temperature=temperature, threads=threads)["logprobs"]
 
 
-def entropy(logits, *, temperature=1.0, threads=0):
-    """The entropy -sum p log p of p = softmax(logits / temperature) over the last axis, from one read."""
-    return row_stats(logits, stats=("entropy",), temperature=temperature, threads=threads)["entropy"]
+def _moved(logits, dim, axis):
+    """logits with the axis `dim` (or `axis`) last, as a view (read through a copy where needed)."""
+    dim = _check_dim(dim, axis)
+    xa = _first(logits, None, "logits")[0]
+    nd = len(xa[1])
+    if not -max(nd, 1) <= dim < max(nd, 1):
+        raise AxisError(f"softlight: dim {dim} is out of range for a {nd}-d array")
+    if nd == 0 or dim % nd == nd - 1:
+        return logits
+    if xa[7] == "torch":
+        return logits.movedim(dim, -1)
+    if xa[7] in ("numpy", "cupy"):
+        d = dim % nd
+        return logits.transpose([i for i in range(nd) if i != d] + [d])
+    raise InvalidArgumentError(f"softlight: dim {dim} of a {type(logits).__module__} array: move the axis last first")
 
 
-def logsumexp(logits, dim=-1, *, threads=0):
-    """log(sum(exp(logits))) over the last axis (dim must name it), from one read."""
-    nd = len(_first(logits, None)[0][1])
-    if type(dim) is not int or not -max(nd, 1) <= dim < max(nd, 1) or dim % max(nd, 1) != max(nd, 1) - 1:
-        raise InvalidArgumentError(f"softlight: logsumexp runs over the last axis; got dim={dim!r} for a {nd}-d "
-                                   f"array (move the axis last first)")
-    return row_stats(logits, stats=("lse",), threads=threads)["lse"]
+def entropy(logits, dim=-1, *, axis=None, temperature=1.0, threads=0):
+    """The entropy -sum p log p of p = softmax(logits / temperature) along `dim` (or `axis`; default the
+    last), from one read (another axis than the last is read through a contiguous copy)."""
+    x = _moved(logits, dim, axis)
+    return row_stats(x, stats=("entropy",), temperature=temperature, threads=threads)["entropy"]
+
+
+def logsumexp(logits, dim=-1, *, axis=None, keepdim=False, threads=0):
+    """log(sum(exp(logits))) along `dim` (or `axis`; default the last), as torch.logsumexp and
+    scipy.special.logsumexp (keepdim keeps the axis, of size 1), in float32 (float64 for float64),
+    from one read. Over the last axis the row statistics' pass; over another, the log-softmax's
+    strided pass (which writes the log-softmax too)."""
+    dim = _check_dim(dim, axis)
+    xa = _first(logits, None, "logits")[0]
+    nd = len(xa[1])
+    if not -max(nd, 1) <= dim < max(nd, 1):
+        raise AxisError(f"softlight: dim {dim} is out of range for a {nd}-d array")
+    if type(keepdim) is not bool:
+        raise ArgumentTypeError(f"softlight: keepdim must be a bool, got {type(keepdim).__qualname__}")
+    if nd == 0 or dim % nd == nd - 1:
+        lse = row_stats(logits, stats=("lse",), threads=threads)["lse"]
+    else:
+        lse = log_softmax(logits, dim, return_lse=True)[1]
+    if keepdim and nd:
+        d = dim % nd
+        lse = lse.reshape(tuple(xa[1])[:d] + (1,) + tuple(xa[1])[d + 1:])
+    return lse
+
+
+def _threads(threads):
+    return _int_arg(threads, "threads", 0, 2**31 - 1)

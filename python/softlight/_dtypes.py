@@ -25,7 +25,10 @@ def normalize(dtype):
     """Accepts 'float32', numpy dtypes, torch dtypes (torch.float32) and the like."""
     if type(dtype) is str and dtype in DTYPES:
         return dtype
-    text = str(getattr(dtype, "name", dtype)).rsplit(".", 1)[-1]
+    name = getattr(dtype, "name", None)
+    if not isinstance(name, str):
+        name = getattr(dtype, "__name__", None) if isinstance(dtype, type) else None  # numpy's scalar types
+    text = str(dtype if name is None else name).rsplit(".", 1)[-1]
     text = {"float": "float32", "half": "float16", "double": "float64", "bf16": "bfloat16"}.get(text, text)
     if text not in DTYPES:
         raise UnsupportedDTypeError(f"softlight: unsupported dtype {dtype!r}; supported: {SUPPORTED}")

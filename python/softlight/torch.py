@@ -25,12 +25,14 @@ transform, dispatch mode or jit tracer is involved (a torch operator's dispatch 
 microseconds a call): without autograd the forward alone, read in C (python/torch_entry.cpp), under
 eager autograd an autograd.Function over the same kernels; all paths give the same results.
 """
+import math
+
 import torch
 from torch._subclasses.fake_tensor import is_fake
 
-from . import _C, _api, _arrays
+from . import _C, _api, _arrays, _consumers
 from ._consumers import STATS
-from ._errors import AxisError, InvalidArgumentError, UnsupportedDTypeError, check
+from ._errors import ArgumentTypeError, AxisError, InvalidArgumentError, UnsupportedDTypeError, check
 
 _lib = torch.library.Library("softlight", "DEF")
 _lib.define("log_softmax(Tensor x, int dim, float temperature=1.0) -> Tensor")
@@ -61,13 +63,15 @@ def _forward(x, dim, temperature=1.0):
     if y is not None:
         return y
     x = _readable(x, dim)
-    return _api.log_softmax(x, dim, temperature=temperature)
+    # (The operator's kernel, below autograd: the plain API's refusal of a tensor that requires grad
+    # is for calls that autograd does not see.)
+    return _api.log_softmax(x.detach() if x.requires_grad else x, dim, temperature=temperature)
 
 
 def _backward(grad, y, dim, temperature=1.0):
     dx = _eager_backward(grad, y, dim)
     if dx is None:
-        grad, y = _readable(grad, dim), _readable(y, dim)
+        grad, y = _readable(grad, dim).detach(), _readable(y, dim).detach()
         dx = _api.log_softmax_backward(grad, y, dim)
     return dx if temperature == 1.0 else dx.div_(temperature)
 
@@ -195,9 +199,10 @@ def _backward_autograd(grad, y, dim, temperature=1.0):
 _lib.impl("log_softmax", _forward_autograd, "Autograd")
 _lib.impl("log_softmax_backward", _backward_autograd, "Autograd")
 
-for _device in ("cpu", "cuda"):
-    torch.library.register_autocast("softlight::log_softmax", _device, torch.float32)
-    torch.library.register_autocast("softlight::log_softmax_backward", _device, torch.float32)
+# Autocast as torch.log_softmax's: float32 under CUDA autocast; on the CPU, the input's dtype (CPU
+# autocast leaves log_softmax alone).
+torch.library.register_autocast("softlight::log_softmax", "cuda", torch.float32)
+torch.library.register_autocast("softlight::log_softmax_backward", "cuda", torch.float32)
 
 
 def _plain(x):
@@ -282,8 +287,11 @@ def _rows_ready(x):
 def _index_ready(index, rows, cols, shard, name="index", ignore=None):
     if index is None:
         return None, 0
-    if index.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
-        raise InvalidArgumentError(f"softlight: {name} must hold integers, got {index.dtype}")
+    if index.is_floating_point() or index.is_complex() or index.dtype == torch.bool:
+        raise ArgumentTypeError(f"softlight: {name} must hold integers, got {index.dtype}")
+    if index.dtype == getattr(torch, "uint64", None) and index.numel() and index.device.type == "cpu" and \
+            bool((index.view(torch.int64) < 0).any()):
+        raise InvalidArgumentError(f"softlight: {name} holds values past 2**63 - 1, which do not fit int64")
     index = index.to(torch.int64).contiguous()
     if not shard and index.numel() and index.device.type == "cpu":  # (on the GPU: NaN, docs/consumers.md)
         bad = (index < 0) | (index >= cols)
@@ -496,10 +504,38 @@ def _setup_ce(ctx, inputs, output, traced=None):
         ctx.grad = output[2] if with_grad else None
 
 
+def _grad_ce_graph(logits, target, d_loss, d_lse, ignore_index, label_smoothing, z_loss, temperature, reduction):
+    """cross_entropy's gradient written in torch operations, for a backward that builds a graph
+    (create_graph=True): differentiable in the logits and the upstream gradients, so that the
+    gradient of a gradient (a gradient penalty) is computed, as torch computes it."""
+    z = logits.to(_acc(logits)) / temperature
+    lse = torch.logsumexp(z, -1, keepdim=True)
+    p = torch.exp(z - lse)
+    dz = None
+    if d_loss is not None:
+        cols = z.shape[-1]
+        keep = (target != ignore_index).unsqueeze(-1)
+        pick = torch.nn.functional.one_hot(torch.where(keep[:, 0], target, 0), cols).to(z.dtype)
+        g = p * (1.0 + 2.0 * z_loss * lse) - (1.0 - label_smoothing) * pick - label_smoothing / cols
+        g = torch.where(keep, g, torch.zeros_like(g))
+        if reduction == 2:
+            g = g / keep.sum()
+        dz = g * (d_loss.unsqueeze(-1) if d_loss.dim() else d_loss).to(z.dtype)
+    if d_lse is not None:
+        extra = p * d_lse.to(z.dtype).unsqueeze(-1)
+        dz = extra if dz is None else dz + extra
+    return (dz / temperature).to(logits.dtype)
+
+
 def _grad_ce(ctx, d_loss, d_lse, _, scale=None):
     """(scale: what scales the forward's gradient in place, by default the operator.)"""
     saved = ctx.saved_tensors
     logits, target, lse = saved[:3]
+    if torch.is_grad_enabled() and (d_loss is not None or d_lse is not None):
+        ignore_index, label_smoothing, z_loss, temperature, reduction = ctx.ce[:5]
+        dx = _grad_ce_graph(logits, target, d_loss, d_lse, ignore_index, label_smoothing, z_loss, temperature,
+                            reduction)
+        return dx, None, None, None, None, None, None, None
     dx = None
     if d_loss is not None and len(saved) == 4:
         dx = saved[3] * (d_loss.unsqueeze(-1) if d_loss.dim() else d_loss).to(saved[3].dtype)
@@ -554,7 +590,8 @@ def _as_rows(logits, dim=-1):
     if logits.dim() == 0:
         raise InvalidArgumentError("softlight: logits must have at least one axis")
     x = logits if dim in (-1, logits.dim() - 1) else logits.movedim(dim, -1)
-    return x.reshape(-1, x.shape[-1]), tuple(x.shape[:-1])
+    lead = tuple(x.shape[:-1])
+    return x.reshape(math.prod(lead), x.shape[-1]), lead
 
 
 def row_stats(logits, index=None, *, temperature=1.0, dim=-1, stats=None):
@@ -562,8 +599,11 @@ def row_stats(logits, index=None, *, temperature=1.0, dim=-1, stats=None):
     an index is given; shape (...) or (..., K)), sum, max, sumexp and moment (the last three without
     gradients), over `dim` of logits / temperature, from one read. `stats` names those to compute (by
     default all; lse always): the fewer, the less work a row."""
+    if index is not None:
+        index = _index_tensor(index, logits, "index")
     x, lead = _as_rows(logits, dim)
-    idx = None if index is None else (index.reshape(-1) if index.shape == lead else index.reshape(-1, index.shape[-1]))
+    idx = None if index is None else (index.reshape(-1) if index.shape == lead else
+                                      index.reshape(math.prod(lead), index.shape[-1]))
     if index is not None and index.shape != lead and tuple(index.shape[:-1]) != lead:
         raise InvalidArgumentError(f"softlight: index has shape {tuple(index.shape)}; the logits' leading shape is "
                                    f"{lead}")
@@ -602,25 +642,89 @@ def logsumexp(logits, dim=-1):
     return row_stats(logits, dim=dim, stats=("lse",))["lse"]
 
 
-def cross_entropy(logits, target, *, ignore_index=-100, label_smoothing=0.0, reduction="mean", z_loss=0.0,
-                  temperature=1.0, return_lse=False):
+def _index_tensor(index, like, name):
+    """index as a tensor on like's device: a tensor as it is; a list, a Python or numpy int made one
+    (integers only)."""
+    if isinstance(index, torch.Tensor):
+        return index
+    if index is None or isinstance(index, (bool, float, str, bytes)):
+        raise ArgumentTypeError(f"softlight: {name} must be an integer tensor, got {type(index).__qualname__}")
+    try:
+        t = torch.as_tensor(index, device=like.device)
+    except (TypeError, ValueError, RuntimeError, OverflowError) as e:
+        raise ArgumentTypeError(f"softlight: {name} must be integers: {e}") from None
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise ArgumentTypeError(f"softlight: {name} must hold integers, got {t.dtype}")
+    return t
+
+
+def _weighted_ce(x, target, weight, ignore_index, label_smoothing, reduction, z_loss, temperature):
+    """cross_entropy with a per-class weight, as F.cross_entropy defines it, in torch operations over
+    softlight's log-softmax: loss_i = (1 - eps) w[t_i] (lse_i - z_i[t_i]) + eps / C sum_c w_c (lse_i -
+    z_i[c]) + z_loss lse_i^2, the mean divided by sum_i w[t_i] over the rows not ignored. Its gradient
+    is torch's autograd over these operations (docs/semantics.md, "Cross-entropy")."""
+    cols = x.shape[-1]
+    w = weight.to(device=x.device, dtype=_acc(x))
+    lp = log_softmax(x.to(_acc(x)), -1, temperature=temperature)
+    keep = target != ignore_index
+    safe = torch.where(keep, target, 0)
+    wt = torch.where(keep, w[safe], torch.zeros((), dtype=w.dtype, device=w.device))
+    loss = -(1.0 - label_smoothing) * wt * lp.gather(-1, safe.unsqueeze(-1)).squeeze(-1)
+    if label_smoothing:
+        loss = loss - label_smoothing / cols * torch.where(keep, (lp * w).sum(-1), torch.zeros_like(wt))
+    if z_loss:
+        lse = (x.to(_acc(x)) / temperature).logsumexp(-1)
+        loss = loss + z_loss * torch.where(keep, lse * lse, torch.zeros_like(wt))
+    if reduction == "none":
+        return loss
+    return loss.sum() if reduction == "sum" else loss.sum() / wt.sum()
+
+
+def cross_entropy(logits, target, weight=None, *, ignore_index=-100, reduction="mean", label_smoothing=0.0,
+                  z_loss=0.0, temperature=1.0, return_lse=False):
     """torch.nn.functional.cross_entropy with class-index targets ((C,), (N, C) or (N, C, d1, ...) logits),
     plus z_loss * lse^2 per row and a temperature. Where the logits need a gradient, it is written in
-    the forward's single pass over them and kept for the backward (one read and one write in all)."""
-    if reduction not in _REDUCTIONS:
-        raise InvalidArgumentError(f"softlight: reduction must be one of {', '.join(_REDUCTIONS)}, got {reduction!r}")
-    if target.is_floating_point():
-        raise InvalidArgumentError("softlight: cross_entropy takes class indices as targets, not probabilities")
+    the forward's single pass over them and kept for the backward (one read and one write in all).
+
+    weight: a per-class weight (C,), as torch's (computed through torch operations, docs/semantics.md).
+    The loss is in the logits' dtype, as torch returns it (bfloat16 logits give a bfloat16 loss,
+    computed in float32); lse (return_lse) in float32 (float64 for float64). Probability targets
+    (floating-point targets of the logits' shape) are refused by name: pass class indices."""
+    red, ignore_index, label_smoothing, z_loss = _consumers.ce_options(reduction, ignore_index, label_smoothing,
+                                                                      z_loss)
+    temperature = _api._check_temperature(temperature)
+    if not isinstance(logits, torch.Tensor):
+        raise ArgumentTypeError(f"softlight: logits must be a torch tensor, got {type(logits).__qualname__}")
+    if isinstance(target, torch.Tensor) and target.is_floating_point():
+        raise InvalidArgumentError("softlight: cross_entropy takes class indices as targets, not probabilities "
+                                   "(a floating-point target); pass the class of each row as an integer tensor")
+    target = _index_tensor(target, logits, "target")
+    if logits.dim() == 0:
+        raise InvalidArgumentError("softlight: logits must have at least one axis (the classes')")
     x = logits.movedim(1, -1) if logits.dim() > 2 else logits
     lead = tuple(x.shape[:-1])
     if tuple(target.shape) != lead:
         raise InvalidArgumentError(f"softlight: target has shape {tuple(target.shape)}, expected {lead}")
+    if weight is not None:
+        if not isinstance(weight, torch.Tensor) or weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
+            raise InvalidArgumentError(f"softlight: weight must be a tensor of shape ({x.shape[-1]},), one value a "
+                                       f"class")
+        if return_lse:
+            raise InvalidArgumentError("softlight: return_lse is not available with weight")
+        rows = math.prod(lead)
+        flat_t = target.reshape(rows)
+        _index_ready(flat_t, rows, x.shape[-1], False, "target", ignore_index)
+        loss = _weighted_ce(x.reshape(rows, x.shape[-1]), flat_t.to(torch.int64), weight, ignore_index,
+                            label_smoothing, reduction, z_loss, temperature)
+        loss = loss.reshape(lead) if reduction == "none" else loss
+        return loss.to(logits.dtype) if logits.dtype in (torch.float16, torch.bfloat16) and not _any_autocast() \
+            else loss
     # The logits' gradient is written in the forward's pass where they need one (one read and one write
     # in all); under torch.compile by the backward instead, a read and a write there: a traced graph
     # cannot know that the loss's upstream gradient is 1, and scaling the forward's costs a pass more.
     with_grad = logits.requires_grad and torch.is_grad_enabled() and not torch.compiler.is_compiling()
-    args = (x.reshape(-1, x.shape[-1]), target.reshape(-1), int(ignore_index), float(label_smoothing), float(z_loss),
-            float(temperature), _REDUCTIONS[reduction], with_grad)
+    args = (x.reshape(math.prod(lead), x.shape[-1]), target.reshape(-1), ignore_index, label_smoothing, z_loss,
+            temperature, red, with_grad)
     if not (_plain(logits) and type(target) is torch.Tensor):
         loss, lse, _ = torch.ops.softlight.cross_entropy(*args)
     elif with_grad:  # plain eager autograd: the operator's body and autograd, without its dispatch
@@ -629,20 +733,26 @@ def cross_entropy(logits, target, *, ignore_index=-100, label_smoothing=0.0, red
         loss, lse, _ = _cross_entropy(*args)
     if reduction == "none":
         loss = loss.reshape(lead)
+    if logits.dtype in (torch.float16, torch.bfloat16) and not _any_autocast():
+        loss = loss.to(logits.dtype)  # as torch returns it (float32 under autocast, as torch's)
     return (loss, lse.reshape(lead)) if return_lse else loss
 
 
 class CrossEntropyLoss(torch.nn.Module):
-    """torch.nn.CrossEntropyLoss (class-index targets) through softlight, with z_loss and temperature."""
+    """torch.nn.CrossEntropyLoss (class-index targets) through softlight, in torch's argument order
+    (weight, ignore_index, reduction, label_smoothing), with z_loss and temperature."""
 
-    def __init__(self, ignore_index=-100, reduction="mean", label_smoothing=0.0, z_loss=0.0, temperature=1.0):
+    def __init__(self, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0, *, z_loss=0.0,
+                 temperature=1.0):
         super().__init__()
+        self.register_buffer("weight", weight)
         self.ignore_index, self.reduction, self.label_smoothing = ignore_index, reduction, label_smoothing
         self.z_loss, self.temperature = z_loss, temperature
 
     def forward(self, logits, target):
-        return cross_entropy(logits, target, ignore_index=self.ignore_index, label_smoothing=self.label_smoothing,
-                             reduction=self.reduction, z_loss=self.z_loss, temperature=self.temperature)
+        return cross_entropy(logits, target, self.weight, ignore_index=self.ignore_index,
+                             label_smoothing=self.label_smoothing, reduction=self.reduction, z_loss=self.z_loss,
+                             temperature=self.temperature)
 
 
 __all__ += ["cross_entropy", "CrossEntropyLoss", "token_logprobs", "entropy", "logsumexp", "row_stats"]

@@ -13,14 +13,20 @@ shard once more and writes its gradient (softlight.row_stats_backward). The resu
 single-device functions on the concatenated logits, to rounding.
 
 vocab_start: the first token id of this rank's shard; by default rank * shard width, which needs
-every shard to be as wide (it is checked). log_softmax over the split vocabulary writes the shard's
+every shard to be as wide. Every call first checks that the ranks go together (as many rows, the
+same dtype, shards that tile the vocabulary) and raises the same error on every rank where they do
+not; on a GPU that check reads a few values back (it waits for the GPU), and check=False skips it
+where the caller guarantees the layout (CUDA graphs, no host synchronization). log_softmax over the split vocabulary writes the shard's
 output, which costs one more read of the shard than the statistics alone.
 """
+import math
+
 import torch
 import torch.distributed as dist
 
+from . import _api, _consumers
 from . import torch as _slt  # noqa: F401 (registers torch.ops.softlight)
-from ._errors import InvalidArgumentError
+from ._errors import ArgumentTypeError, InvalidArgumentError
 
 _NINF = float("-inf")
 # One collective: each rank's (rows, F) block after the one before (torch 2.11 names it
@@ -77,45 +83,90 @@ class _Stats(torch.autograd.Function):
 
 
 def _setup(logits, index, group, vocab_start):
+    if not isinstance(logits, torch.Tensor):
+        raise ArgumentTypeError(f"softlight: logits must be a torch tensor, got {type(logits).__qualname__}")
     if logits.dim() == 0:
         raise InvalidArgumentError("softlight: logits must have at least one axis")
     lead = tuple(logits.shape[:-1])
-    x = logits.reshape(-1, logits.shape[-1])
+    x = logits.reshape(math.prod(lead), logits.shape[-1])
     idx = None
-    if index is not None:
+    if index is not None:  # (a tensor: the public functions take lists and ints through _index_tensor)
+        if index.is_floating_point() or index.is_complex() or index.dtype == torch.bool:
+            raise ArgumentTypeError(f"softlight: token ids must be integers, got {index.dtype}")
         if tuple(index.shape) == lead:
             idx = index.reshape(-1)
         elif tuple(index.shape[:-1]) == lead:
-            idx = index.reshape(-1, index.shape[-1])
+            idx = index.reshape(x.shape[0], index.shape[-1])
         else:
             raise InvalidArgumentError(f"softlight: index has shape {tuple(index.shape)}; the logits' leading shape "
                                        f"is {lead}")
         idx = idx.to(torch.int64)
-    equal = vocab_start is None
-    if equal:
-        vocab_start = dist.get_rank(group) * x.shape[1]
-    return x, idx, lead, int(vocab_start), equal
+    if vocab_start is not None:
+        if isinstance(vocab_start, bool) or not hasattr(vocab_start, "__index__"):
+            raise ArgumentTypeError(f"softlight: vocab_start must be an int, got {type(vocab_start).__qualname__}")
+        vocab_start = vocab_start.__index__()
+    return x, idx, lead, vocab_start
 
 
-# (group, device, shard width) whose ranks' shards were found equally wide: later calls take the
-# vocabulary as width x ranks, without reading the gathered widths back (on a GPU that copy waits for
-# the GPU, and no CUDA graph can hold it).
-_EQUAL_WIDTHS = set()
+_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float64: 3}
+_FIELDS = ("rows", "shard width", "vocab_start", "dtype", "device type", "tokens a row")
 
 
-def _stats(logits, index, group, vocab_start, temperature, ignore=None):
-    x, idx, lead, start, equal = _setup(logits, index, group, vocab_start)
-    lse, ent, picked, zsum, widths = _Stats.apply(x, idx, group, start, float(temperature))
-    key = (group, x.device, x.shape[1])
-    if equal and key in _EQUAL_WIDTHS:
-        vocab = x.shape[1] * dist.get_world_size(group)
+def _agree(x, idx, group, vocab_start):
+    """Checks, on every call, that the ranks' shards go together: as many rows, the same dtype, kind
+    of device and number of tokens a row, and shards that tile [0, V) (with vocab_start None, each rank
+    r starts at r x its width, which needs equal widths). Every rank gathers the same description of
+    every rank, so that all of them raise the same error, before any collective that a mismatch
+    would break. Returns (V, this rank's vocab_start). On a GPU its result is read on the host (one
+    small copy that waits for the GPU): check=False skips it (docs/consumers.md)."""
+    world = dist.get_world_size(group)
+    rows, width = x.shape
+    k = -1 if idx is None else (0 if idx.dim() == 1 else idx.shape[1])
+    me = [rows, width, -1 if vocab_start is None else vocab_start, _DTYPES.get(x.dtype, -1),
+          int(x.is_cuda), k]
+    mine = torch.tensor(me, dtype=torch.int64, device=x.device)
+    every = torch.empty(world * len(me), dtype=torch.int64, device=x.device)
+    _all_gather(every, mine, group=group)
+    table = every.view(world, len(me)).tolist()
+    for i, field in enumerate(_FIELDS):
+        if i in (1, 2):
+            continue
+        values = [r[i] for r in table]
+        if len(set(values)) > 1:
+            raise InvalidArgumentError(f"softlight: the ranks' {field} differ ({values}); every rank must hold the "
+                                       f"same rows of its shard")
+    widths = [r[1] for r in table]
+    starts = [r[2] for r in table]
+    if all(s == -1 for s in starts):
+        if len(set(widths)) > 1:
+            raise InvalidArgumentError(f"softlight: the shards have widths {widths}; pass vocab_start where they "
+                                       f"differ")
+        starts = [r * widths[0] for r in range(world)]
+    elif any(s == -1 for s in starts):
+        raise InvalidArgumentError(f"softlight: vocab_start is given on some ranks and not on others ({starts})")
+    end = 0
+    for s, w in sorted(zip(starts, widths)):
+        if s != end:
+            raise InvalidArgumentError(f"softlight: the shards (vocab_start {starts}, widths {widths}) do not tile "
+                                       f"the vocabulary: " + ("they overlap" if s < end else "a gap") +
+                                       f" at token {min(s, end)}")
+        end = s + w
+    return end, starts[dist.get_rank(group)]
+
+
+def _stats(logits, index, group, vocab_start, temperature, ignore=None, check=True):
+    x, idx, lead, start = _setup(logits, index, group, vocab_start)
+    temperature = _api._check_temperature(temperature)
+    world = dist.get_world_size(group)
+    if check:
+        vocab, start = _agree(x, idx, group, start)
+    elif start is None:
+        start, vocab = dist.get_rank(group) * x.shape[1], x.shape[1] * world
     else:
-        if equal and bool((widths != widths[0]).any()):
-            raise InvalidArgumentError(f"softlight: the shards have widths {widths.long().tolist()}; pass "
-                                       f"vocab_start where they differ")
+        vocab = None  # from the gathered widths below
+    lse, ent, picked, zsum, widths = _Stats.apply(x, idx, group, start, temperature)
+    if vocab is None:
         vocab = int(widths.sum())
-        if equal:
-            _EQUAL_WIDTHS.add(key)
     if idx is not None and idx.numel():
         bad = (idx < 0) | (idx >= vocab)
         if ignore is not None:
@@ -131,13 +182,15 @@ def _stats(logits, index, group, vocab_start, temperature, ignore=None):
 
 
 def cross_entropy(logits, target, *, group=None, vocab_start=None, ignore_index=-100, label_smoothing=0.0,
-                  reduction="mean", z_loss=0.0, temperature=1.0):
+                  reduction="mean", z_loss=0.0, temperature=1.0, check=True):
     """softlight.torch.cross_entropy over a split vocabulary: (N, V / ranks) logits (or (..., V / ranks)),
-    global target ids (...). Every rank returns the same loss."""
-    if reduction not in ("none", "sum", "mean"):
-        raise InvalidArgumentError(f"softlight: reduction must be none, sum or mean, got {reduction!r}")
-    lse, _, picked, zsum, vocab, lead = _stats(logits, target, group, vocab_start, temperature, ignore_index)
-    eps = float(label_smoothing)
+    global target ids (...). Every rank returns the same loss. check: the ranks' agreement (_agree),
+    on every call unless False."""
+    _, ignore_index, eps, z_loss = _consumers.ce_options(reduction, ignore_index, label_smoothing, z_loss)
+    if isinstance(target, torch.Tensor) and target.is_floating_point():
+        raise InvalidArgumentError("softlight: cross_entropy takes class indices as targets, not probabilities")
+    target = _slt._index_tensor(target, logits, "target")
+    lse, _, picked, zsum, vocab, lead = _stats(logits, target, group, vocab_start, temperature, ignore_index, check)
     loss = (1.0 - eps) * (lse - picked)
     if eps:
         loss = loss + eps * (lse - zsum / vocab)
@@ -146,37 +199,50 @@ def cross_entropy(logits, target, *, group=None, vocab_start=None, ignore_index=
     keep = target.reshape(-1) != ignore_index
     loss = torch.where(keep, loss, torch.zeros_like(loss))
     if reduction == "none":
-        return loss.reshape(lead)
-    total = loss.sum()
-    return total if reduction == "sum" else total / keep.sum()
+        loss = loss.reshape(lead)
+    else:
+        loss = loss.sum() if reduction == "sum" else loss.sum() / keep.sum()
+    if logits.dtype in (torch.float16, torch.bfloat16) and not _slt._any_autocast():
+        loss = loss.to(logits.dtype)  # as softlight.torch.cross_entropy (and torch) return it
+    return loss
 
 
-def token_logprobs(logits, index, *, group=None, vocab_start=None, temperature=1.0):
+def token_logprobs(logits, index, *, group=None, vocab_start=None, temperature=1.0, check=True):
     """log_softmax over the whole vocabulary at global token ids `index` ((...) or (..., K))."""
-    lse, _, picked, _, _, lead = _stats(logits, index, group, vocab_start, temperature)
+    index = _slt._index_tensor(index, logits, "index")
+    lse, _, picked, _, _, lead = _stats(logits, index, group, vocab_start, temperature, None, check)
     out = picked - (lse[:, None] if picked.dim() == 2 else lse)
     return out.reshape(index.shape)
 
 
-def entropy(logits, *, group=None, vocab_start=None, temperature=1.0):
+def entropy(logits, *, group=None, vocab_start=None, temperature=1.0, check=True):
     """The entropy of softmax over the whole vocabulary, for each row."""
-    _, ent, _, _, _, lead = _stats(logits, None, group, vocab_start, temperature)
+    _, ent, _, _, _, lead = _stats(logits, None, group, vocab_start, temperature, None, check)
     return ent.reshape(lead)
 
 
-def logsumexp(logits, *, group=None, vocab_start=None, temperature=1.0):
+def logsumexp(logits, *, group=None, vocab_start=None, temperature=1.0, check=True):
     """The log-sum-exp over the whole vocabulary of logits / temperature, for each row."""
-    lse, _, _, _, _, lead = _stats(logits, None, group, vocab_start, temperature)
+    lse, _, _, _, _, lead = _stats(logits, None, group, vocab_start, temperature, None, check)
     return lse.reshape(lead)
 
 
 class _LogSoftmax(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group, temperature):
+        # As the single-device kernels: differences from the row's max before the scale, so that no
+        # common offset of the logits and no small temperature costs precision or overflows:
+        # y = (x - m) / T - log(sum over every shard of exp((x - m) / T)), m the whole row's max.
+        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
         with torch.no_grad():
-            lse = _merge(x, None, group, 0, temperature)[0]
-            acc = lse.dtype
-            y = (x.to(acc) / temperature - lse[:, None]).to(x.dtype)
+            xa = x.to(acc)
+            m = xa.amax(-1) if x.shape[-1] else torch.full(x.shape[:-1], _NINF, dtype=acc, device=x.device)
+            dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
+            m = torch.where(torch.isinf(m), torch.zeros_like(m), m)[:, None]  # (a row of -inf or +inf: no shift)
+            d = (xa - m) / temperature
+            s = torch.exp(d).sum(-1)
+            dist.all_reduce(s, group=group)
+            y = (d - torch.log(s)[:, None]).to(x.dtype)
         ctx.save_for_backward(y)
         ctx.args = (group, temperature)
         return y
@@ -194,8 +260,8 @@ class _LogSoftmax(torch.autograd.Function):
 
 def log_softmax(logits, *, group=None, temperature=1.0):
     """This rank's shard of log_softmax over the whole (split) last axis."""
-    x, _, lead, _, _ = _setup(logits, None, group, None)
-    return _LogSoftmax.apply(x, group, float(temperature)).reshape(logits.shape)
+    x, _, lead, _ = _setup(logits, None, group, None)
+    return _LogSoftmax.apply(x, group, _api._check_temperature(temperature)).reshape(logits.shape)
 
 
 __all__ = ["cross_entropy", "token_logprobs", "entropy", "logsumexp", "log_softmax"]
