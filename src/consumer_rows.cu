@@ -21,8 +21,9 @@ namespace {
 constexpr int kThreads = 512;  // a CTA's threads: 16 warps, a pack of 16 bytes each a step
 
 // A thread's (or a merged) partial: m the max of x seen, s = sum exp((x - m) * sc), t = sum of
-// exp((x - m) * sc) (x - m) * sc (0 where the exp is 0), sx = sum x (in double: a row of float
-// values near the largest has a finite sum). A partial whose max is -inf is shifted by 0
+// exp((x - m) * sc) (x - m) * sc (0 where the exp is 0), sx = sum (x - ref) with ref the row's first
+// element (sum_ref), in double: a common offset of the row costs no precision, and a float64 row of
+// values near the largest has a finite sum. A partial whose max is -inf is shifted by 0
 // (numerics.cuh).
 template <class A> struct Stats {
   A m, s, t;
@@ -31,8 +32,25 @@ template <class A> struct Stats {
 
 template <class A> __device__ __forceinline__ Stats<A> empty_stats() { return {neg_inf<A>(), A(0), A(0), 0.0}; }
 
-// One element into a partial (sc: the scale).
-template <class A> __device__ __forceinline__ void add(Stats<A>& p, A v, A sc) {
+// The reference of a row's sum (Stats::sx): its first element where that is finite, else 0.
+template <class T> __device__ __forceinline__ double sum_ref(const T* x, int64_t n) {
+  const double v = n > 0 ? static_cast<double>(to_acc(x[0])) : 0.0;
+  return isfinite(v) ? v : 0.0;
+}
+
+// The weight of each term of the sum: 1, but for float64 rows half of 1 / n, so that neither a term
+// (two values near the largest, of opposite signs) nor the sum overflows where the mean does not.
+// The row's sum is ref * n + sx / w (sum_of).
+template <class T> __device__ __forceinline__ double sum_weight(int64_t n) {
+  return sizeof(T) == 8 ? 0.5 / static_cast<double>(n > 0 ? n : 1) : 1.0;
+}
+template <class T> __device__ __forceinline__ double mean_of(double sx, double ref, int64_t n) {
+  return sizeof(T) == 8 ? ref + 2.0 * sx : ref + sx / static_cast<double>(n);
+}
+
+// One element into a partial (sc: the scale; ref and w: the sum's reference and weight).
+template <class A>
+__device__ __forceinline__ void add(Stats<A>& p, A v, A sc, double ref = 0.0, double w = 1.0) {
   if (v > p.m) {  // the max rises (NaN never wins): the sums move onto it
     if (p.m != neg_inf<A>()) {
       const A d = scaled_difference(p.m, v, sc, A(1));
@@ -46,7 +64,7 @@ template <class A> __device__ __forceinline__ void add(Stats<A>& p, A v, A sc) {
   const A e = exp_of(d);
   p.s += e;
   p.t += e == A(0) ? A(0) : e * d;
-  p.sx += static_cast<double>(v);
+  p.sx += w == 1.0 ? static_cast<double>(v) - ref : (0.5 * static_cast<double>(v) - 0.5 * ref) * (w + w);
 }
 
 // N 16-byte packs into a partial whose max's shift is k (packs.cuh, shift_of): the packs' max first
@@ -56,7 +74,7 @@ template <class A> __device__ __forceinline__ void add(Stats<A>& p, A v, A sc) {
 // (Moment, Sum), and stay 0 elsewhere.
 template <class T, int N, bool Moment, bool Sum>
 __device__ __forceinline__ void add_packs(Stats<acc_t<T>>& p, Shift<acc_t<T>>& k, const uint4 (&q)[N],
-                                          acc_t<T> sc) {
+                                          acc_t<T> sc, double ref) {
   using A = acc_t<T>;
   const A mq = packs_max<T, N>(q);
   if (mq > p.m) {
@@ -74,7 +92,7 @@ __device__ __forceinline__ void add_packs(Stats<acc_t<T>>& p, Shift<acc_t<T>>& k
   packs_exp_moment<T, N, Moment, Sum>(q, k.e, sq, w, &sx);
   p.s = fma(sq, k.r, p.s);
   if constexpr (Moment) p.t = fma(k.k, fma(-k.e.lo, sq, w), p.t);
-  if constexpr (Sum) p.sx += sx;
+  if constexpr (Sum) p.sx += sx - static_cast<double>(N * (16 / sizeof(T))) * ref;  // (sums of 16 floats: exact)
 }
 
 // The elements of a row of n at x before its first 16-byte boundary (all n where x is not on its
@@ -94,10 +112,11 @@ __device__ __forceinline__ Stats<acc_t<T>> thread_stats(const T* __restrict__ x,
   using A = acc_t<T>;
   constexpr int V = 16 / sizeof(T), N = 4;
   Stats<A> p = empty_stats<A>();
+  const double ref = Sum ? sum_ref(x, n) : 0.0, w = sum_weight<T>(n);
   int64_t tail = 0;
   if constexpr (sizeof(T) < 8) {
     const int64_t head = head_of(x, n);
-    for (int64_t j = threadIdx.x; j < head; j += blockDim.x) add(p, to_acc(x[j]), sc);
+    for (int64_t j = threadIdx.x; j < head; j += blockDim.x) add(p, to_acc(x[j]), sc, ref, w);
     Shift<A> shift = shift_of(p.m, sc);
     const int64_t packs = (n - head) / V, step = blockDim.x;
     const uint4* xp = reinterpret_cast<const uint4*>(x + head);
@@ -106,15 +125,15 @@ __device__ __forceinline__ Stats<acc_t<T>> thread_stats(const T* __restrict__ x,
       uint4 q[N];
 #pragma unroll
       for (int u = 0; u < N; ++u) q[u] = xp[k + u * step];
-      add_packs<T, N, Moment, Sum>(p, shift, q, sc);
+      add_packs<T, N, Moment, Sum>(p, shift, q, sc, ref);
     }
     for (; k < packs; k += step) {
       const uint4 q[1] = {xp[k]};
-      add_packs<T, 1, Moment, Sum>(p, shift, q, sc);
+      add_packs<T, 1, Moment, Sum>(p, shift, q, sc, ref);
     }
     tail = head + packs * V;
   }
-  for (int64_t j = tail + threadIdx.x; j < n; j += blockDim.x) add(p, to_acc(x[j]), sc);
+  for (int64_t j = tail + threadIdx.x; j < n; j += blockDim.x) add(p, to_acc(x[j]), sc, ref, w);
   return p;
 }
 
@@ -196,7 +215,7 @@ __global__ void __launch_bounds__(kThreads, 3)
       const A mz = p.m * sc;
       if (a.lse) a.lse[r] = mz + log_sum;
       if (a.entropy) a.entropy[r] = log_sum - p.t / p.s;
-      if (a.sum) a.sum[r] = static_cast<A>(p.sx * sc);
+      if (a.sum) a.sum[r] = static_cast<A>(mean_of<T>(p.sx, sum_ref(xr, cols), cols) * static_cast<double>(cols) * sc);
       if (a.max) a.max[r] = mz;
       if (a.sumexp) a.sumexp[r] = p.s;
       if (a.moment) a.moment[r] = p.t;
@@ -486,7 +505,8 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_kernel(const T* x, int
       loss = NAN;
     } else if (!ignored) {
       const double nll = ls - scaled_difference(static_cast<double>(to_acc(xr[t])), mx, dsc, 1.0);
-      const double smooth = a.eps == 0.0 ? 0.0 : a.eps * (ls - scaled_difference(p.sx * inv_cols, mx, dsc, 1.0));
+      const double mean = mean_of<T>(p.sx, sum_ref(xr, cols), cols);  // (sx: differences from the reference)
+      const double smooth = a.eps == 0.0 ? 0.0 : a.eps * (ls - scaled_difference(mean, mx, dsc, 1.0));
       loss = (1.0 - a.eps) * nll + smooth + (a.z_loss == 0.0 ? 0.0 : a.z_loss * lse * lse);
     }
     if (threadIdx.x == 0) {

@@ -206,18 +206,19 @@ softlight_status cross_entropy(const ConsumerCall& c, const softlight_cross_entr
         const double lse = mx * sc + log_sum;
         const cpu::Scaling<double> shift(sc);
         const double nll = log_sum - shift(static_cast<double>(Traits<T>::load(xr[t])), mx);
-        // The smoothing term from the differences from the row's max, summed in double (a second
-        // pass over the row, in cache): a common offset of the logits costs no precision.
+        // The smoothing term from the mean of the differences from the row's max, in double (a
+        // second pass over the row, in cache): a common offset of the logits costs no precision,
+        // and halves over the count keep float64 values near the largest from overflowing.
         double smooth = 0.0;
         if (eps != 0.0) {
-          double mean = static_cast<double>(st.sum_x / c.cols);
           if (std::isfinite(mx)) {
-            double d = 0.0;
-            for (int64_t j = 0; j < c.cols; ++j) d += static_cast<double>(Traits<T>::load(xr[j])) - mx;
-            mean = d / static_cast<double>(c.cols) + mx;
-            smooth = eps * (log_sum - sc * (d / static_cast<double>(c.cols)));
+            const double inv = 1.0 / static_cast<double>(c.cols);
+            double d = 0.0;  // the mean difference, halved
+            for (int64_t j = 0; j < c.cols; ++j)
+              d += (0.5 * static_cast<double>(Traits<T>::load(xr[j])) - 0.5 * mx) * inv;
+            smooth = eps * (log_sum - sc * (d + d));
           } else {
-            smooth = eps * (log_sum - shift(mean, mx));
+            smooth = eps * (log_sum - shift(static_cast<double>(st.sum_x / c.cols), mx));
           }
         }
         loss = (1.0 - eps) * nll + smooth + (zl == 0.0 ? 0.0 : zl * lse * lse);

@@ -416,3 +416,46 @@ def test_sixteen_host_threads_give_exact_results(rng):
         for (l0, g0, s0), (l1, g1, s1) in zip(alone, together):
             assert np.array_equal(l0, l1) and np.array_equal(g0, g1)
             assert all(np.array_equal(s0[k], s1[k]) for k in s0)
+
+
+@pytest.mark.parametrize("offset", [0.0, 1e4, 1e6])
+def test_label_smoothing_keeps_precision_at_an_offset(rng, offset):
+    """The smoothing term from the differences from the row's max: logits sharing a large offset lose
+    nothing more than torch's float64 reference allows (relative 1e-7 of the loss)."""
+    x = (rng.standard_normal((64, 1000)) + offset).astype(np.float32)
+    t = rng.integers(0, 1000, 64)
+    x64 = x.astype(np.float64)
+    m = x64.max(-1, keepdims=True)
+    lse = (m + np.log(np.exp(x64 - m).sum(-1, keepdims=True)))[:, 0]
+    want = (0.9 * (lse - x64[np.arange(64), t]) + 0.1 * (lse - x64.mean(-1))).mean()
+    got = float(softlight.cross_entropy(x, t, label_smoothing=0.1))
+    assert abs(got - want) <= 1e-7 * abs(want), (got, want)
+
+
+def test_float64_logits_near_the_largest(rng):
+    """float64 logits near 1e308, whose log-sum-exp overflows: the loss and its gradient are finite
+    (z_loss 0 multiplies nothing by the infinite lse), also with label_smoothing 1."""
+    x = rng.uniform(1.5e308, 1.7e308, (4, 10))
+    t = np.array([1, 2, 3, 4])
+    for eps in (0.0, 0.3, 1.0):
+        loss, g = softlight.cross_entropy(x, t, label_smoothing=eps, grad=True)
+        assert np.isfinite(loss) and np.isfinite(g).all(), (eps, loss)
+        d = x - x.max(-1, keepdims=True)
+        log_sum = np.log(np.exp(d).sum(-1))
+        want = ((1 - eps) * (log_sum - d[np.arange(4), t]) + eps * (log_sum - d.mean(-1))).mean()
+        assert abs(float(loss) - want) <= 1e-12 * abs(want), (eps, loss, want)
+
+
+def test_targets_and_ignore_index_refused_by_name(rng):
+    """Targets that do not fit int64 and non-integral ignore_index are refused (no wrap to -100, no
+    truncation to a class); lists, Python and numpy ints are taken."""
+    x = rng.standard_normal((2, 5))
+    with pytest.raises(softlight.InvalidArgumentError, match="does not fit int64"):
+        softlight.cross_entropy(x, np.array([2**64 - 100, 1], np.uint64))
+    with pytest.raises(softlight.ArgumentTypeError, match="ignore_index must be an int"):
+        softlight.cross_entropy(x, [1, 2], ignore_index=1.5)
+    with pytest.raises(softlight.InvalidArgumentError, match="does not fit int64"):
+        softlight.cross_entropy(x, [1, 2], ignore_index=2**70)
+    want = softlight.cross_entropy(x, np.array([1, 2]))
+    assert softlight.cross_entropy(x, [1, 2]) == want
+    assert softlight.token_logprobs(x[0], np.int64(3)) == softlight.token_logprobs(x[0], 3)

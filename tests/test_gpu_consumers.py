@@ -461,3 +461,31 @@ def test_cupy_arrays_and_their_stream():
     ref = stats_ref(cupy.asnumpy(x).astype(np.float64), cupy.asnumpy(idx))
     for name in ("lse", "logprobs"):
         _check(torch.as_tensor(cupy.asnumpy(st[name])), ref[name], "float32", name)
+
+
+def test_cross_entropy_sums_against_a_reference_on_the_gpu():
+    """The smoothing term's sum from the row's first element (consumer_rows.cu, sum_ref): logits with
+    a common offset keep their precision, float64 logits near 1e308 give a finite loss and gradient,
+    and broadcast logits (row stride 0) are computed."""
+    g = torch.Generator().manual_seed(11)
+    for offset in (1e4, 1e6):
+        x = (torch.randn(64, 5000, generator=g, dtype=torch.float64) + offset).float()
+        t = torch.randint(0, 5000, (64,), generator=g)
+        want = torch.nn.functional.cross_entropy(x.double(), t, label_smoothing=0.1).item()
+        got = slt.cross_entropy(x.cuda(), t.cuda(), label_smoothing=0.1).item()
+        assert abs(got - want) <= 1e-7 * abs(want), (offset, got, want)
+        s = softlight.row_stats(x.cuda(), stats=("sum",))["sum"].double().cpu()
+        assert torch.allclose(s, x.double().sum(-1), rtol=1e-7), offset
+    x = (torch.rand(4, 10, generator=g, dtype=torch.float64) * 0.2e308 + 1.5e308).cuda().requires_grad_()
+    t = torch.tensor([1, 2, 3, 4], device="cuda")
+    for eps in (0.0, 1.0):
+        loss = slt.cross_entropy(x, t, label_smoothing=eps)
+        gx, = torch.autograd.grad(loss, x)
+        assert torch.isfinite(loss) and torch.isfinite(gx).all(), eps
+        cpu = softlight.cross_entropy(x.detach().cpu().numpy(), t.cpu().numpy(), label_smoothing=eps)
+        assert abs(loss.item() - float(cpu)) <= 1e-12 * abs(float(cpu)), eps
+    row = torch.randn(1, 300, generator=g).cuda()
+    b = row.expand(6, 300)
+    tt = torch.full((6,), 7, device="cuda")
+    assert torch.allclose(slt.cross_entropy(b, tt, reduction="none"),
+                          torch.nn.functional.cross_entropy(b.contiguous(), tt, reduction="none"), rtol=1e-6)
