@@ -313,3 +313,34 @@ def test_consumer_bench_gives_each_provider_its_own_logits(tmp_path, monkeypatch
         rows = json.loads((tmp_path / f"{op}-cpu.json").read_text())["rows"]
         assert [r["provider"] for r in rows][:3] == ["copy", "writer", "torch"]
         assert all(r["status"] == "ok" for r in rows), [(r["provider"], r["status"]) for r in rows]
+
+
+def test_command_line_subcommands(capsys):
+    """argparse subcommands: help that does not run the demo, an unknown command refused with the
+    choices, info --json."""
+    import json
+
+    from softlight.__main__ import main as cli
+    with pytest.raises(SystemExit) as e:
+        cli(["demo", "--help"])
+    assert e.value.code == 0 and "usage: python -m softlight demo" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        cli(["frob"])
+    assert e.value.code == 2 and "invalid choice: 'frob'" in capsys.readouterr().err
+    assert cli(["info", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["version"] == __import__("softlight").__version__ and "gpu_kernels_built" in info
+
+
+def test_cpu_bench_honours_shapes_and_writes_its_own_folder(tmp_path, monkeypatch, capsys):
+    """--device cpu times the --shapes asked along --dim, writes softlight-bench/ in the working
+    directory by default (never docs/perf), and refuses options it does not time."""
+    from softlight.bench import main as bench
+    monkeypatch.chdir(tmp_path)
+    assert bench(["--device", "cpu", "--shapes", "6x100,4x5x30", "--dim", "1", "--dtypes", "float32",
+                  "--reps", "1", "--no-torch"]) == 0
+    doc = json.loads((tmp_path / "softlight-bench" / "cpu.json").read_text())
+    assert sorted(tuple(r["shape"]) for r in doc["rows"] if r["provider"] == "softlight") == [(4, 5, 30), (6, 100)]
+    assert {r["dim"] for r in doc["rows"]} == {1}
+    with pytest.raises(SystemExit, match="not --op backward"):
+        bench(["--device", "cpu", "--op", "backward"])

@@ -1,4 +1,4 @@
-"""softlight's command line.
+"""softlight's command line (python -m softlight --help).
 
   python -m softlight demo     the founding problem: log-softmax of a 4096x393216 float32 array on
                                the GPU, checked and timed (on the CPU, a smaller one, if no GPU)
@@ -65,26 +65,40 @@ def demo_cpu():
     return 0 if ok else 1
 
 
-def info(argv):
-    print(f"softlight {softlight.__version__} (C library {'.'.join(map(str, softlight.version()))})")
-    print(f"library:   {softlight.library_path()}")
-    print(f"include:   {softlight.include_dir()}")
-    print(f"cmake dir: {softlight.cmake_dir()}")
-    n = gpu_count()
-    print(f"CUDA GPUs: {n}")
+def info(as_json=False):
+    import json
+    d = {"version": softlight.__version__, "c_library": ".".join(map(str, softlight.version())),
+         "library": softlight.library_path(), "include": softlight.include_dir(), "cmake_dir": softlight.cmake_dir(),
+         "gpu_kernels_built": bool(softlight._C.gpu_built()), "cuda_gpus": gpu_count()}
+    if as_json:
+        print(json.dumps(d, indent=2))
+        return 0
+    print(f"softlight {d['version']} (C library {d['c_library']})")
+    print(f"library:   {d['library']}")
+    print(f"include:   {d['include']}")
+    print(f"cmake dir: {d['cmake_dir']}")
+    print(f"GPU kernels: {'built' if d['gpu_kernels_built'] else 'not built (no CUDA toolkit at build time: CPU only)'}")
+    print(f"CUDA GPUs: {d['cuda_gpus']}")
     return 0
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    cmd, rest = (argv[0], argv[1:]) if argv else ("demo", [])
-    if cmd == "bench":
+    import argparse
+    argv = sys.argv[1:] if argv is None else list(argv)
+    ap = argparse.ArgumentParser(prog="python -m softlight", description="softlight's command line.")
+    sub = ap.add_subparsers(dest="command", metavar="{demo,bench,info}")
+    sub.add_parser("demo", help="the founding problem on the GPU, checked and timed (a smaller one on the CPU "
+                                "where there is no GPU)")
+    sub.add_parser("bench", help="the benchmark (python -m softlight bench --help)", add_help=False)
+    p_info = sub.add_parser("info", help="version, library paths, GPU")
+    p_info.add_argument("--json", action="store_true", help="as a JSON object")
+    if argv and argv[0] == "bench":  # the bench parses its own options
         from .bench import main as bench_main
-        return bench_main(rest)
-    if cmd in ("demo", "info"):
-        return {"demo": demo, "info": info}[cmd](rest)
-    print(__doc__)
-    return 0 if cmd in ("-h", "--help", "help") else 2
+        return bench_main(argv[1:])
+    args = ap.parse_args(argv)
+    if args.command == "info":
+        return info(args.json)
+    return demo([])  # demo, or no command
 
 
 if __name__ == "__main__":

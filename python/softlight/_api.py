@@ -39,16 +39,20 @@ def _direct(a, arr, dim, handle, like=None):
 def _check_dim(dim, axis=None):
     """The axis of a call from dim= or axis= (numpy's and scipy's name; one of the two: dim is -1
     unless given), as an int."""
+    name = "dim"
     if axis is not None:
         if not (type(dim) is int and dim == -1):
             raise ArgumentTypeError("softlight: pass dim or axis, not both")
-        dim = axis
+        dim, name = axis, "axis"
     if type(dim) is not int:
         if isinstance(dim, bool) or not hasattr(dim, "__index__"):
-            raise ArgumentTypeError(f"softlight: dim must be an int, got {type(dim).__qualname__}")
-        dim = dim.__index__()
+            raise ArgumentTypeError(f"softlight: {name} must be an int, got {type(dim).__qualname__}")
+        try:
+            dim = dim.__index__()
+        except (TypeError, ValueError) as e:
+            raise ArgumentTypeError(f"softlight: {name} must be an int: {e}") from None
     if not -2**62 <= dim < 2**62:
-        raise AxisError(f"softlight: dim {dim} is out of range")
+        raise AxisError(f"softlight: {name} {dim} is out of range")
     return dim
 
 
@@ -84,11 +88,19 @@ def _matching(arr, like, name, first="the input"):
         raise InvalidArgumentError(f"softlight: {name} has shape {tuple(arr[1])}, {first} {tuple(like[1])}")
 
 
+def _read_named(a, stream, name):
+    """read(a, stream), its ArgumentTypeError naming the argument."""
+    try:
+        return read(a, stream)
+    except ArgumentTypeError as e:
+        raise ArgumentTypeError(f"softlight: {name}: {str(e).removeprefix('softlight: ')}") from None
+
+
 def _first(a, stream, name="x"):
     """(array as read, stream handle) of a call's first array: `stream`, else the framework's current
     stream, else the legacy default stream (0); stream= only for GPU arrays. A torch tensor that
     requires grad under grad mode is refused (the plain API records no autograd graph)."""
-    arr, handle = read(a, None if stream is None else stream_handle(stream))
+    arr, handle = _read_named(a, None if stream is None else stream_handle(stream), name)
     if arr[7] == "torch":
         no_autograd(a, name)
     if handle is None:
@@ -108,7 +120,7 @@ def _output(out, first, xa, stream, name):
         if xa[7] == "cupy":
             return out, (out.data.ptr, xa[1], None, xa[3], True, xa[5], False, "cupy", None)
         return out, read(out, stream)[0]
-    oa = read(out, stream)[0]
+    oa = _read_named(out, stream, name)[0]
     _matching(oa, xa, name)
     if oa[6]:
         raise InvalidArgumentError(f"softlight: {name} is read-only")
@@ -144,9 +156,9 @@ def log_softmax(x, dim=-1, *, axis=None, out=None, stream=None, temperature=1.0,
     Returns `out`, or a new array of the same kind as `x` on the same device; with return_lse, the
     pair (y, lse).
     """
-    if temperature != 1.0 or type(temperature) is not float:
+    if type(temperature) is not float or temperature != 1.0:
         temperature = _check_temperature(temperature)
-    if type(dim) is not int or axis is not None:
+    if type(dim) is not int or axis is not None or not -64 <= dim < 64:
         dim = _check_dim(dim, axis)
     t = TORCH
     if type(x) is t[0] and stream is None and not return_lse:
@@ -212,7 +224,7 @@ def log_softmax_backward(grad, y, dim=-1, *, axis=None, grad_in=None, stream=Non
     For y = log_softmax(x / T), multiply the result by 1 / T. Returns grad_in, or a new array of
     the same kind as grad.
     """
-    if type(dim) is not int or axis is not None:
+    if type(dim) is not int or axis is not None or not -64 <= dim < 64:
         dim = _check_dim(dim, axis)
     t = TORCH
     if type(grad) is t[0] and type(y) is t[0] and grad_in is None and stream is None:
@@ -231,7 +243,7 @@ def log_softmax_backward(grad, y, dim=-1, *, axis=None, grad_in=None, stream=Non
                 _fail(status, dim, (("grad", read(grad)[0]), ("y", read(y)[0])))
     ga, handle = _first(grad, stream, "grad")
     gpu = ga[4]
-    ya = read(y, handle)[0]
+    ya = _read_named(y, handle, "y")[0]
     if ya[7] == "torch":
         no_autograd(y, "y")
     _matching(ya, ga, "y", "grad")
@@ -273,7 +285,7 @@ def log_softmax_raw(x_ptr, y_ptr, rows, cols, *, dtype, x_stride=None, y_stride=
     if code is None:
         from ._dtypes import code as code_of, normalize
         code = code_of(normalize(dtype))
-    if temperature != 1.0 or type(temperature) is not float:
+    if type(temperature) is not float or temperature != 1.0:
         temperature = _check_temperature(temperature)
     x_ptr, y_ptr, lse_ptr = (_int_arg(p, n, 0, 2**64 - 1) for p, n in ((x_ptr, "x_ptr"), (y_ptr, "y_ptr"),
                                                                         (lse_ptr, "lse_ptr")))

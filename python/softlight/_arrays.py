@@ -158,7 +158,11 @@ def read_dlpack(a, stream, framework):
     if not hasattr(a, "__dlpack__") or not hasattr(a, "__dlpack_device__"):
         raise ArgumentTypeError(f"softlight: expected an array supporting DLPack (numpy, torch, CuPy, JAX, ...), "
                         f"got {type(a).__module__}.{type(a).__qualname__}")
-    dev_type, dev_id = (int(v) for v in a.__dlpack_device__())
+    try:
+        dev_type, dev_id = (int(v) for v in a.__dlpack_device__())
+    except (TypeError, ValueError, OverflowError, AttributeError) as e:
+        raise InvalidArgumentError(f"softlight: a malformed __dlpack_device__ (expected (device type, device "
+                                   f"id)): {e}") from None
     if dev_type not in (CPU, CUDA, CUDA_HOST, CUDA_MANAGED):
         name = _DEVICE_NAMES.get(dev_type, f"device type {dev_type}")
         raise InvalidArgumentError(f"softlight: arrays on {name} are not supported (CUDA and CPU arrays are)")

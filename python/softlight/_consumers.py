@@ -189,7 +189,7 @@ def row_stats(logits, index=None, *, stats=("lse",), temperature=1.0, index_offs
         raise ArgumentTypeError(f"softlight: stats must be a sequence of names, got {type(stats).__qualname__}")
     for s in stats:
         if type(s) is not str or s not in STATS:
-            raise InvalidArgumentError(f"softlight: unknown statistic {s!r}; known: {', '.join(STATS)}")
+            raise InvalidArgumentError(f"softlight: stats names an unknown statistic {s!r}; known: {', '.join(STATS)}")
     index_offset = _int_arg(index_offset, "index_offset")
     xa, (rows, cols, xs), handle, logits = _logits(logits)
     lead = tuple(xa[1])[:-1]

@@ -3,7 +3,8 @@ side by side in one run, timed with CUDA events through cuda.core.
 
 Every provider's output is checked against a float64 reference before it is timed; a provider that
 is wrong is reported as wrong (its time is recorded, but no table or plot counts it). Results go to
-docs/perf/<name>.json and a PNG (one pair per benchmark, overwritten when measured again).
+<out-dir>/<name>.json and a PNG (one pair per benchmark, overwritten when measured again; the default
+out-dir is softlight-bench/ in the working directory, the repository's figures --out-dir docs/perf).
 """
 import argparse
 import contextlib
@@ -370,7 +371,9 @@ def main(argv=None):
     ap.add_argument("--compile", default="static", choices=["static", "dynamic"],
                     help="torch.compile compiled afresh for each shape (static, the default) or once a dim "
                          "with dynamic=True")
-    ap.add_argument("--out-dir", default="docs/perf", help="where the JSON and PNG go ('' for none)")
+    ap.add_argument("--out-dir", default="softlight-bench",
+                    help="where the JSON and PNG go (default: a folder softlight-bench in the working directory; "
+                         "'' for none; the repository's own figures are written with --out-dir docs/perf)")
     ap.add_argument("--name", default="", help="the result files' name: <out-dir>/<name>.json and .png (default: "
                                                "host, sweep, backward or forward, by what is measured)")
     ap.add_argument("--commit", default=None, help="commit to record (default: git rev-parse HEAD)")
@@ -407,12 +410,16 @@ def main(argv=None):
         from . import bench_consumers
         return bench_consumers.run(args, argv, torch, args.commit or _git_commit())
     if args.device == "cpu":
+        if args.op != "forward" or args.sweep or args.host:
+            raise SystemExit("softlight bench --device cpu: times the forward (the CPU backend's sweep, or --shapes "
+                             "along --dim) and the consumer --op values; not "
+                             + ("--sweep" if args.sweep else "--host" if args.host else f"--op {args.op}"))
         from . import bench_cpu
         return bench_cpu.main(args, argv, torch, args.commit or _git_commit())
     args.dtypes = args.dtypes or "float32,bfloat16"
     from ._device import gpu_count
     if gpu_count() == 0:
-        raise SystemExit("softlight bench: no CUDA GPU is visible; the benchmark needs one")
+        raise SystemExit("softlight bench: no CUDA GPU is visible; pass --device cpu for the CPU backend's benchmark")
     if args.host:
         if torch is None:
             raise SystemExit("softlight bench --host: needs torch (the anchor and the arrays)")
@@ -449,6 +456,9 @@ def main(argv=None):
                 # A wrong result is timed all the same (its speed is worth knowing), but it keeps
                 # its status: no table or plot counts it as a result.
                 row.update(status="ok" if ok else f"wrong (max |error| {err:.2e})", ms=None)
+                if not ok:
+                    print(f"    {name}: WRONG against the float64 reference (max |error| {err:.2e}); timed, "
+                          f"never counted", file=sys.stderr, flush=True)
                 ready.append((row, fn))
             except Exception as e:  # noqa: BLE001 - one failing anchor must not end the run
                 row.update(status=f"failed: {type(e).__name__}: {str(e)[:160]}", ms=None)

@@ -33,8 +33,12 @@ def cpu_cases(dtypes):
 
 
 def _numpy_dtype(name):
+    """The numpy dtype of a name; None for bfloat16 where ml_dtypes (the bench extra) is missing."""
     if name == "bfloat16":
-        import ml_dtypes
+        try:
+            import ml_dtypes
+        except ImportError:
+            return None
         return np.dtype(ml_dtypes.bfloat16)
     return np.dtype(name)
 
@@ -85,8 +89,21 @@ def run(args, torch):
     names = [p for p in provs if not args.providers or p in args.providers.split(",") or p == "copy"]
     rng = np.random.default_rng(0)
     dtypes = [d for d in args.dtypes.split(",")] if args.dtypes else list(CPU_DTYPES)
+    if "bfloat16" in dtypes and _numpy_dtype("bfloat16") is None:
+        print("# bfloat16 skipped: numpy needs ml_dtypes for it (pip install 'softlight[bench]')", flush=True)
+        dtypes.remove("bfloat16")
+    if args.shapes:  # the shapes asked, along --dim
+        from .bench import parse_shapes
+        cases = [(shape, args.dim % len(shape), d) for shape in parse_shapes(args.shapes) for d in dtypes]
+    else:
+        cases = list(cpu_cases(dtypes))
     rows = []
-    for shape, dim, dtype in cpu_cases(dtypes):
+    started = time.monotonic()
+    for i, (shape, dim, dtype) in enumerate(cases):
+        if i:
+            spent = time.monotonic() - started
+            print(f"[{i + 1}/{len(cases)}] {spent:.0f} s so far, about {spent / i * (len(cases) - i):.0f} s left",
+                  file=sys.stderr, flush=True)
         x = (rng.standard_normal(shape, np.float32) * 3).astype(_numpy_dtype(dtype))
         xt = _as_torch(torch, x)
         xd = x.astype(np.float64)
@@ -125,7 +142,8 @@ def run(args, torch):
             if fn is not None:
                 row["ms"] = float(np.median(times[id(row)]))
             row["copy_ms"] = copy_ms
-        line = "  ".join(f"{r['provider']} {r['ms']:.2f}" if r["ms"] else f"{r['provider']} -" for r, _ in case)
+        line = "  ".join((f"{r['provider']} {r['ms']:.2f}" if r["ms"] else f"{r['provider']} -") +
+                         ("" if r["status"] == "ok" else f" [{r['status'].upper()}]") for r, _ in case)
         print(f"{'x'.join(map(str, shape)):>18s} d{dim} {dtype:9s} ms: {line}", flush=True)
     return rows
 

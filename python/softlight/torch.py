@@ -225,6 +225,8 @@ def log_softmax(x, dim=-1, *, temperature=1.0):
             if x.requires_grad and torch.is_grad_enabled():
                 return _LogSoftmaxGradEager.apply(x, dim, temperature)
             return _forward(x, dim, temperature)
+    if not isinstance(x, torch.Tensor):
+        raise ArgumentTypeError(f"softlight: x must be a torch tensor, got {type(x).__qualname__}")
     return torch.ops.softlight.log_softmax(x, dim, temperature)
 
 
@@ -587,8 +589,13 @@ for _name in ("row_stats", "cross_entropy"):
 
 def _as_rows(logits, dim=-1):
     """logits with `dim` moved last, as (rows, V), and the leading shape."""
+    if not isinstance(logits, torch.Tensor):
+        raise ArgumentTypeError(f"softlight: logits must be a torch tensor, got {type(logits).__qualname__}")
     if logits.dim() == 0:
         raise InvalidArgumentError("softlight: logits must have at least one axis")
+    dim = _api._check_dim(dim)
+    if not -logits.dim() <= dim < logits.dim():
+        raise AxisError(f"softlight: dim {dim} is out of range for a {logits.dim()}-d tensor")
     x = logits if dim in (-1, logits.dim() - 1) else logits.movedim(dim, -1)
     lead = tuple(x.shape[:-1])
     return x.reshape(math.prod(lead), x.shape[-1]), lead
@@ -611,7 +618,8 @@ def row_stats(logits, index=None, *, temperature=1.0, dim=-1, stats=None):
     if stats is not None:
         unknown = [n for n in stats if n not in STATS]
         if unknown:
-            raise InvalidArgumentError(f"softlight: unknown statistic {unknown[0]!r}; known: {', '.join(STATS)}")
+            raise InvalidArgumentError(f"softlight: stats names an unknown statistic {unknown[0]!r}; known: "
+                                       f"{', '.join(STATS)}")
         mask = sum(1 << STATS.index(n) for n in set(stats) | {"lse"})
     args = (x, idx, float(temperature), 0, False, mask)
     if not (_plain(logits) and (index is None or type(index) is torch.Tensor)):
