@@ -89,7 +89,8 @@ def assert_close_to_float64(y, x, dtype, what="", chunk_elems=1 << 28, transform
     NaN exactly where the reference has NaN, equal infinities, finite values within TOL."""
     atol, rtol = TOL[dtype]
     assert y.shape == x.shape and y.dtype == x.dtype
-    x2, y2 = x.reshape(-1, x.shape[-1]) if x.dim() else x.reshape(1, 1), y.reshape(-1, max(1, x.shape[-1] if x.dim() else 1))
+    x2 = x.reshape(-1, x.shape[-1]) if x.dim() else x.reshape(1, 1)
+    y2 = y.reshape(-1, max(1, x.shape[-1] if x.dim() else 1))
     step = max(1, chunk_elems // max(1, x2.shape[1]))
     for r0 in range(0, x2.shape[0], step):
         xd = x2[r0:r0 + step].double()
@@ -97,7 +98,8 @@ def assert_close_to_float64(y, x, dtype, what="", chunk_elems=1 << 28, transform
         yy = y2[r0:r0 + step].double()
         nan_r = torch.isnan(ref)
         mism = torch.nonzero(torch.isnan(yy) != nan_r)
-        assert mism.numel() == 0, f"{what}: NaN mismatch at rows/cols {(mism[:5] + torch.tensor([r0, 0], device=mism.device)).tolist()}"
+        where = (mism[:5] + torch.tensor([r0, 0], device=mism.device)).tolist()
+        assert mism.numel() == 0, f"{what}: NaN mismatch at rows/cols {where}"
         inf_r = torch.isinf(ref)
         assert torch.equal(yy[inf_r], ref[inf_r]), f"{what}: infinities differ"
         fin = ~nan_r & ~inf_r
@@ -106,8 +108,9 @@ def assert_close_to_float64(y, x, dtype, what="", chunk_elems=1 << 28, transform
         over = err > lim
         if over.any():
             i = torch.nonzero(over)[0]
-            raise AssertionError(f"{what}: row {r0 + int(i[0])} col {int(i[1])}: |y - ref| = {float(err[i[0], i[1]]):.3e} "
-                                 f"> {float(lim[i[0], i[1]]):.3e} (y {float(yy[i[0], i[1]])}, ref {float(ref[i[0], i[1]])})")
+            a, b = i[0], i[1]
+            raise AssertionError(f"{what}: row {r0 + int(a)} col {int(b)}: |y - ref| = {float(err[a, b]):.3e} "
+                                 f"> {float(lim[a, b]):.3e} (y {float(yy[a, b])}, ref {float(ref[a, b])})")
         del ref, yy, xd
 
 

@@ -1,6 +1,5 @@
 """The plain API and torch's autograd: no silent wrong gradient (docs/semantics.md, "Autograd and
 arrays written in place"), and the double backward of softlight.torch's cross-entropy."""
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")

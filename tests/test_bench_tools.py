@@ -169,7 +169,8 @@ def test_committed_results_follow_the_schema(path):
     assert doc["rows"]
     if doc["meta"].get("op") == "vocab-parallel":
         ranks = doc["meta"]["ranks"]
-        assert doc["meta"]["command"].startswith(f"torchrun --nproc-per-node {ranks} -m softlight bench --vocab-parallel")
+        want = f"torchrun --nproc-per-node {ranks} -m softlight bench --vocab-parallel"
+        assert doc["meta"]["command"].startswith(want)
         for r in doc["rows"]:
             assert r["op"] in ("cross_entropy", "token_logprobs", "entropy", "log_softmax")
             assert r["provider"] in ("copy", "softlight", "one-rank", "torch-vp") or \

@@ -43,7 +43,8 @@ def test_header_is_plain_c(tmp_path):
         if shutil.which(compiler) is None:
             pytest.skip(f"no {compiler}")
         src = tmp_path / ("t.c" if compiler == "cc" else "t.cpp")
-        src.write_text("#include <softlight/softlight.h>\nint main(void) { return softlight_dtype_size(SOFTLIGHT_FLOAT32) == 4 ? 0 : 1; }\n")
+        src.write_text("#include <softlight/softlight.h>\n"
+                       "int main(void) { return softlight_dtype_size(SOFTLIGHT_FLOAT32) == 4 ? 0 : 1; }\n")
         run([compiler, flag, "-Wall", "-Werror", "-pedantic", f"-I{softlight.include_dir()}", "-c", str(src),
              "-o", str(tmp_path / "t.o")])
 

@@ -71,7 +71,8 @@ def _check(got, ref, dtype, what, scale=None):
     accumulation type's tolerance (scaled by `scale` where a sum's terms set it)."""
     got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
     assert got.shape == ref.shape, (what, got.shape, ref.shape)
-    assert np.array_equal(np.isnan(got), np.isnan(ref)), f"{what}: NaN at {np.argwhere(np.isnan(got) != np.isnan(ref))[:4].tolist()}"
+    assert np.array_equal(np.isnan(got), np.isnan(ref)), \
+        f"{what}: NaN at {np.argwhere(np.isnan(got) != np.isnan(ref))[:4].tolist()}"
     inf = np.isinf(ref)
     assert np.array_equal(got[inf], ref[inf]), f"{what}: infinities differ"
     fin = np.isfinite(ref)
@@ -127,7 +128,8 @@ def test_row_stats_backward_matches_float64(rng, dtype, shape, in_place):
     lse, ent = ref["lse"].astype(acc), ref["entropy"].astype(acc)
     g = {n: rng.standard_normal(s).astype(acc) for n, s in
          (("d_lse", rows), ("d_entropy", rows), ("d_logprobs", (rows, k)), ("d_picked", (rows, k)), ("d_sum", rows))}
-    out = x if in_place else np.full_like(x, to_bfloat16_bits(np.float32(POISON))[()] if dtype == "bfloat16" else POISON)
+    poison = to_bfloat16_bits(np.float32(POISON))[()] if dtype == "bfloat16" else POISON
+    out = x if in_place else np.full_like(x, poison)
     ins = [lse.ctypes.data, ent.ctypes.data] + [g[n].ctypes.data for n in ("d_lse", "d_entropy", "d_logprobs",
                                                                                "d_picked", "d_sum")]
     st = _C.row_stats_backward(x.ctypes.data, cols, out.ctypes.data, cols, rows, cols, CODES[dtype], temperature,
@@ -312,7 +314,8 @@ def test_backward_takes_scalars_and_refuses_non_arrays(rng):
     got = softlight.row_stats(x, np.array(3), stats=("lse", "entropy", "logprobs"))
     kw = dict(entropy=got["entropy"], index=np.array(3), temperature=1.5)
     want = softlight.row_stats_backward(x, got["lse"], d_lse=np.array(0.5, np.float32),
-                                        d_entropy=np.array(-0.25, np.float32), d_logprobs=np.array(2.0, np.float32), **kw)
+                                        d_entropy=np.array(-0.25, np.float32), d_logprobs=np.array(2.0, np.float32),
+                                        **kw)
     for d_lse, d_ent, d_lp in ((np.float32(0.5), np.float64(-0.25), 2.0), (0.5, -0.25, np.float32(2.0))):
         dx = softlight.row_stats_backward(x, got["lse"][()], d_lse=d_lse, d_entropy=d_ent, d_logprobs=d_lp, **kw)
         assert np.array_equal(dx, want)
@@ -335,9 +338,11 @@ def test_grad_scale_in_place(rng, dtype):
     for bad in (dict(count=5), dict(count=0), dict(f=0)):
         kw = dict(f=f.ctypes.data, count=rows)
         kw.update(bad)
-        assert _C.cross_entropy_grad_scale(g.ctypes.data, stride, rows, cols, CODES[dtype], kw["f"], kw["count"], 2) != 0
+        assert _C.cross_entropy_grad_scale(g.ctypes.data, stride, rows, cols, CODES[dtype], kw["f"], kw["count"],
+                                           2) != 0
     assert _C.cross_entropy_grad_scale(g.ctypes.data, stride, rows, cols, CODES[dtype], g.ctypes.data, rows, 2) == 5
-    assert _C.cross_entropy_grad_scale(g.ctypes.data + 1, stride, rows, cols, CODES[dtype], f.ctypes.data, rows, 2) == 11
+    assert _C.cross_entropy_grad_scale(g.ctypes.data + 1, stride, rows, cols, CODES[dtype], f.ctypes.data, rows,
+                                       2) == 11
     assert np.array_equal(g.view(np.uint8), before.view(np.uint8))  # nothing written
     assert _C.cross_entropy_grad_scale(g.ctypes.data, stride, rows, cols, CODES[dtype], f.ctypes.data, rows, 2) == 0
     got = _values(g, dtype)
@@ -391,6 +396,8 @@ def test_c_abi_statuses_and_nothing_written(rng):
                                            temp=1.0, eps=0.0, zl=0.0, ign=True, ii=-100, red=2,
                                            loss=loss.ctypes.data, lse=0, grad=0, gs=0), **kw).values(), 1)
     assert ce(loss=0) == 1
+    assert ce(loss=0, rows=0, red=0) == 0  # no rows, no reduction: the loss is a zero-size array
+    assert ce(loss=0, rows=0, red=2) == 1  # a reduction writes its one value, even of nothing
     assert ce(red=3) == 11
     assert ce(eps=2.0) == 11
     assert ce(dtype=7) == 4

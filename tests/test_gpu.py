@@ -432,15 +432,16 @@ def test_cluster_shapes_forced(force, cluster, chunk, threads, hints, stripe, dt
 def test_chunks_resized_for_uneven_slices(cols, dtype, cluster, per_cta):
     """16-bit rows whose 32 KB chunks split unevenly over a cluster, in the chunks the planner
     resizes them to (not a multiple of 512 bytes): two larger ones a CTA where CTAs would take three,
-    four a CTA over half the cluster where CTAs would take two and some one. The planner's shape, against float64 with special
-    values planted (in rows that straddle every chunk boundary), temperature and LSE, more rows than
-    clusters."""
+    four a CTA over half the cluster where CTAs would take two and some one. The planner's shape,
+    against float64 with special values planted (in rows that straddle every chunk boundary),
+    temperature and LSE, more rows than clusters."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("clusters need sm_90")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = 3 * sms // cluster + 7
     p = planned(rows, cols, dtype)
-    assert (p["family"], p["cluster"], p["chunks_per_cta"], p["double_buffered"]) == ("cluster_rows", cluster, per_cta, True), p
+    assert (p["family"], p["cluster"], p["chunks_per_cta"], p["double_buffered"]) == \
+        ("cluster_rows", cluster, per_cta, True), p
     assert p["chunk_bytes"] != 32768 and p["chunk_bytes"] % 16 == 0 and p["chunks_per_row"] <= cluster * per_cta, p
     x = random_rows(rows, cols, dtype)
     rng = np.random.default_rng()
@@ -547,8 +548,9 @@ def test_flat_tiles(force, rows, cols, dtype):
 @pytest.mark.parametrize("cols", [8200, 12000, 32000, 50000, 65536, 131072, 262144])
 def test_rows_in_registers_over_a_cluster(force, cols, threads, iters, dtype):
     """Rows in registers over a cluster (register_cluster=threads, iters=iters forced):
-    clusters of 2 to 16 CTAs, slices ending mid-warp (lanes past the row's end), special values, temperature and LSE, strided rows, against float64; a row's result equal to
-    its result from the rows beside it."""
+    clusters of 2 to 16 CTAs, slices ending mid-warp (lanes past the row's end), special values,
+    temperature and LSE, strided rows, against float64; a row's result equal to its result from the
+    rows beside it."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("clusters need Hopper")
     force(register_cluster=threads)
@@ -645,7 +647,8 @@ def check_peeled_view(base, x, off, dtype, what):
     torch.cuda.synchronize()
     assert_close_to_float64(y, x, dtype, what, transform=lambda v: (v - v.amax(-1, keepdim=True)) / 0.75)
     assert_lse_close(lse, x, 0.75, dtype)
-    assert bool((out[:off] == POISON).all()) and bool((out[off + n:] == POISON).all()), f"{what}: written outside the rows"
+    assert bool((out[:off] == POISON).all()) and bool((out[off + n:] == POISON).all()), \
+        f"{what}: written outside the rows"
     run_and_check(x, dtype, what + ", T=1, y on 16 bytes")
 
 
@@ -675,7 +678,8 @@ def test_odd_rows_in_registers(cols, dtype):
         softlight.log_softmax(xi, out=xi)  # in place
         torch.cuda.synchronize()
         assert_close_to_float64(y1, x, dtype, what + ", T=1")
-        assert torch.equal(torch.isnan(xi), torch.isnan(y1)) and torch.equal(xi[~torch.isnan(y1)], y1[~torch.isnan(y1)]), \
+        num = ~torch.isnan(y1)
+        assert torch.equal(torch.isnan(xi), torch.isnan(y1)) and torch.equal(xi[num], y1[num]), \
             f"{what}: in place differs"
 
 
@@ -779,7 +783,8 @@ def test_fp32_rows_no_cluster_holds_go_to_grid_rows(rows, cols):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("knobs", ["", "ITEM_CHUNKS=2", "ITEM_CHUNKS=4 THREADS=288", "ITEM_CHUNKS=8 CHUNK_BYTES=8192",
                                    "SPILL_CHUNKS=1", "SPILL_CHUNKS=4 ITEM_CHUNKS=2", "SPILL_CHUNKS=1000000"])
-@pytest.mark.parametrize("rows,cols", [(37, 100_000), (9, 1_048_576), (3, 4_194_304), (700, 8192), (3000, 1000), (2, 16)])
+@pytest.mark.parametrize("rows,cols", [(37, 100_000), (9, 1_048_576), (3, 4_194_304), (700, 8192), (3000, 1000),
+                                       (2, 16)])
 def test_grid_rows(force, rows, cols, knobs, dtype):
     """Rows held once in a cooperative grid's rings, items claimed by any CTA (grid_rows=1 forced):
     rows whose last chunk and item are partial (100 000), rows of many items, rows of one item and

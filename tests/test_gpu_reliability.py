@@ -1,5 +1,6 @@
 """Hostile input on the GPU: the CPU suite's differential generator against the GPU (20,000 cases),
-misaligned device pointers, a full GPU at a workspace's allocation, and sixteen threads on sixteen streams. The CUDA context survives each, and the next call works.
+misaligned device pointers, a full GPU at a workspace's allocation, and sixteen threads on sixteen
+streams. The CUDA context survives each, and the next call works.
 Skipped without a GPU."""
 import os
 import subprocess

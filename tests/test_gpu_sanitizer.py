@@ -242,7 +242,8 @@ CHILD = textwrap.dedent(r"""
             tok = np.ascontiguousarray(idx[:, :k])
             d = [rng.standard_normal(rows).astype(acc) for _ in range(3)] + [rng.standard_normal(k * rows).astype(acc)
                                                                            for _ in range(2)]
-            ins_h = [host[0], host[1], d[0], d[1], d[3], d[4], d[2]]  # lse, entropy, d_lse, d_entropy, d_logprobs, d_picked, d_sum
+            # lse, entropy, d_lse, d_entropy, d_logprobs, d_picked, d_sum
+            ins_h = [host[0], host[1], d[0], d[1], d[3], d[4], d[2]]
             ins = [dev(a) for a in ins_h]
             ir = dev(tok)
             want = np.full_like(xh, 0)
@@ -250,7 +251,8 @@ CHILD = textwrap.dedent(r"""
             assert softlight._C.row_stats_backward(xr.ptr, cols, out.ptr, cols, rows, cols, code, 0.7, ir.ptr, k, k, 0,
                                                    False, [a.ptr for a in ins], 0, True, 0) == 0
             assert softlight._C.row_stats_backward(xh.ctypes.data, cols, want.ctypes.data, cols, rows, cols, code, 0.7,
-                                                   tok.ctypes.data, k, k, 0, False, [a.ctypes.data for a in ins_h], 0) == 0
+                                                   tok.ctypes.data, k, k, 0, False, [a.ctypes.data for a in ins_h],
+                                                   0) == 0
             same(out.get(), want, "dx")
         elif c["op"] == "cross_entropy":
             tgt = idx[:, 0].copy()
@@ -263,7 +265,8 @@ CHILD = textwrap.dedent(r"""
             assert softlight._C.cross_entropy(xr.ptr, cols, tr.ptr, rows, cols, code, 1.0, eps, 1e-3, True, -100, 2,
                                               loss.ptr, lse.ptr, grad.ptr, cols, 0, True, 0) == 0
             assert softlight._C.cross_entropy(xh.ctypes.data, cols, tgt.ctypes.data, rows, cols, code, 1.0, eps, 1e-3,
-                                              True, -100, 2, hl.ctypes.data, hs.ctypes.data, hg.ctypes.data, cols, 0) == 0
+                                              True, -100, 2, hl.ctypes.data, hs.ctypes.data, hg.ctypes.data, cols,
+                                              0) == 0
             same(loss.get(), hl, "loss")
             same(lse.get(), hs, "lse")
             if dtype in ("float16", "bfloat16"):  # (compared as values)

@@ -2,7 +2,6 @@
 import importlib.util
 from pathlib import Path
 
-import pytest
 
 from gpu_util import needs_gpu, torch
 

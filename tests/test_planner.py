@@ -54,7 +54,8 @@ def check_plan(p, prob, dev, what):
             assert prob["flat16"] and p["smem_bytes"] >= p["threads"] * p["flat_rows"] * row_bytes, what
         elif p["cluster"] > 0:
             # rows in registers over a cluster: the CTAs' packs hold the row's 16-byte blocks
-            assert p["cluster"] * p["segment"] >= math.ceil(row_bytes / 16) and p["segment"] <= p["threads"] * p["iters"], what
+            assert p["cluster"] * p["segment"] >= math.ceil(row_bytes / 16), what
+            assert p["segment"] <= p["threads"] * p["iters"], what
         elif prob["cols"] > 1:
             assert p["group"] * p["iters"] * vec >= prob["cols"] - (2 * vec if p["peel"] else 0), what
             assert p["threads"] % p["group"] == 0 or p["group"] > p["threads"], what

@@ -38,7 +38,8 @@ def test_eager_autograd_equals_the_operators(device):
         hz, = torch.autograd.grad((gz * gz).sum(), x)
         assert torch.equal(hy, hz)
     xd = x.detach().double().requires_grad_()
-    assert torch.autograd.gradcheck(lambda a: slt.log_softmax(a, 1, temperature=1.3), (xd[:3, :20].detach().requires_grad_(),))
+    assert torch.autograd.gradcheck(lambda a: slt.log_softmax(a, 1, temperature=1.3),
+                                    (xd[:3, :20].detach().requires_grad_(),))
     assert torch.autograd.gradgradcheck(lambda a: slt.log_softmax(a, 0), (xd[:3, :20].detach().requires_grad_(),))
 
 

@@ -62,7 +62,8 @@ def test_cross_entropy_torch_shapes():
         want = torch.nn.functional.cross_entropy(x, t, reduction=red)
         assert got.shape == want.shape and torch.allclose(got, want, rtol=1e-12, atol=1e-12)
     one = torch.randn(7, dtype=torch.float64)
-    assert torch.allclose(slt.cross_entropy(one, torch.tensor(3)), torch.nn.functional.cross_entropy(one, torch.tensor(3)))
+    assert torch.allclose(slt.cross_entropy(one, torch.tensor(3)),
+                          torch.nn.functional.cross_entropy(one, torch.tensor(3)))
     loss_fn = slt.CrossEntropyLoss(label_smoothing=0.2)
     y = torch.randn(5, 9, dtype=torch.float64)
     tt = torch.randint(0, 9, (5,))

@@ -122,9 +122,9 @@ def log_softmax_time(loss, *, steps=20, vocab=32000, d=128, layers=2, heads=4, c
     """(log-softmax time, all time) a step in ms, from torch.profiler over `steps` steps after three
     unprofiled ones: the self time of the kernels (on the CPU, the operators) whose name holds
     "log_softmax" (torch's, fused by inductor with what surrounds them: the NLL, the gradient's
-    pieces) or "softlight" (softlight's, the fused loss's whole pass included), and of all of them. On the GPU the kernels' device time
-    (the operators that launch them are left out, which would count it twice), on the CPU the
-    operators' CPU time."""
+    pieces) or "softlight" (softlight's, the fused loss's whole pass included), and of all of them. On
+    the GPU the kernels' device time (the operators that launch them are left out, which would count
+    it twice), on the CPU the operators' CPU time."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
     step = make_step(loss, vocab=vocab, d=d, layers=layers, heads=heads, context=context, seed=seed,

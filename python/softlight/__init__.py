@@ -42,5 +42,6 @@ def cmake_dir():
 
 __all__ = ["log_softmax", "log_softmax_backward", "log_softmax_raw", "cross_entropy", "token_logprobs", "entropy",
            "logsumexp", "row_stats", "row_stats_backward", "SoftlightError", "InvalidArgumentError",
-           "UnsupportedDTypeError", "DeviceError", "ArgumentTypeError", "AxisError", "OutOfMemoryError", "version", "include_dir", "library_path",
+           "UnsupportedDTypeError", "DeviceError", "ArgumentTypeError", "AxisError", "OutOfMemoryError", "version",
+           "include_dir", "library_path",
            "cmake_dir", "__version__"]

@@ -61,7 +61,8 @@ def demo_cpu():
     ref = (x64 - m) - np.log(np.exp(x64 - m).sum(axis=1, keepdims=True))
     err = float(np.abs(y - ref).max())
     ok = err <= 1e-5 + 1e-5 * float(np.abs(ref).max())
-    print(f"CPU ({os.cpu_count()} cores): {ms:.1f} ms; max |error| against float64 {err:.2e}: {'ok' if ok else 'WRONG'}")
+    print(f"CPU ({os.cpu_count()} cores): {ms:.1f} ms; max |error| against float64 {err:.2e}: "
+          f"{'ok' if ok else 'WRONG'}")
     return 0 if ok else 1
 
 
@@ -77,7 +78,8 @@ def info(as_json=False):
     print(f"library:   {d['library']}")
     print(f"include:   {d['include']}")
     print(f"cmake dir: {d['cmake_dir']}")
-    print(f"GPU kernels: {'built' if d['gpu_kernels_built'] else 'not built (no CUDA toolkit at build time: CPU only)'}")
+    built = "built" if d["gpu_kernels_built"] else "not built (no CUDA toolkit at build time: CPU only)"
+    print(f"GPU kernels: {built}")
     print(f"CUDA GPUs: {d['cuda_gpus']}")
     return 0
 

@@ -275,7 +275,6 @@ def row_stats_backward(logits, lse, *, entropy=None, d_lse=None, d_entropy=None,
     st = _C.row_stats_backward(xa[0], xs, ta[0], _rows(ta, "out")[2], rows, cols, xa[3], temperature, idx_ptr, count,
                                count, index_offset, bool(shard), ins, _threads(threads), xa[4], handle)
     check(st)
-    del keep
     if target is not out:
         copy_into(out, target, xa[7])
     _finish(xa, handle)

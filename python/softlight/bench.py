@@ -346,8 +346,8 @@ def main(argv=None):
                     help="cpu: the CPU backend's sweep against numpy and torch's CPU kernel (bench_cpu.py)")
     ap.add_argument("--op", default="forward",
                     choices=["forward", "backward", "cross_entropy", "token_logprobs", "entropy", "logsumexp"],
-                    help="cross_entropy, token_logprobs, entropy, logsumexp: the consumers of the log-sum-exp against their "
-                         "anchors over vocabularies (bench_consumers.py), on --device cuda or cpu")
+                    help="cross_entropy, token_logprobs, entropy, logsumexp: the consumers of the log-sum-exp against "
+                         "their anchors over vocabularies (bench_consumers.py), on --device cuda or cpu")
     ap.add_argument("--vocabs", default="", help="with a consumer --op: comma-separated vocabulary sizes (default: "
                                                  "32000,50257,128256,151936,262144)")
     ap.add_argument("--vocab-parallel", action="store_true",
@@ -362,7 +362,8 @@ def main(argv=None):
                     help="instead: the host time of one call at 8 x 1000 float32 on the GPU, softlight's entries "
                          "and torch.log_softmax side by side (median of --passes rounds of 2000 calls)")
     ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--reps", type=int, default=None, help="timed calls a provider and pass (default: 30; 5 on the CPU)")
+    ap.add_argument("--reps", type=int, default=None,
+                    help="timed calls a provider and pass (default: 30; 5 on the CPU)")
     ap.add_argument("--passes", type=int, default=1,
                     help="rounds of timing over all providers; each result is the median of its rounds")
     ap.add_argument("--providers", default="", help="comma-separated subset (copy is always timed)")
@@ -399,8 +400,8 @@ def main(argv=None):
             raise SystemExit("softlight bench --vocab-parallel: needs torch, and a GPU unless --device cpu")
         from . import bench_vocab_parallel
         if args.op not in ("forward",) + bench_vocab_parallel.OPS:
-            raise SystemExit(f"softlight bench --vocab-parallel: times {', '.join(bench_vocab_parallel.OPS)} (every one "
-                             f"without --op); not --op {args.op}")
+            raise SystemExit(f"softlight bench --vocab-parallel: times {', '.join(bench_vocab_parallel.OPS)} "
+                             f"(every one without --op); not --op {args.op}")
         return bench_vocab_parallel.run(args, argv, torch, args.commit or _git_commit())
     if consumer:
         if torch is None:

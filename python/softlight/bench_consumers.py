@@ -217,14 +217,14 @@ def run(args, argv, torch, commit):
             except Exception as e:  # noqa: BLE001 - a provider that fails is reported, not fatal
                 row["status"] = f"failed: {type(e).__name__}: {str(e)[:160]}"
             case.append(row)
-            del arg, y
+            arg = y = None  # (the inputs and graph released before the next provider)
         copy_ms = case[0]["ms"]
         for r in case:
             r["copy_ms"] = copy_ms
         line = "  ".join(f"{r['provider']} {r['ms']:.3f}" if r["ms"] else f"{r['provider']} -" for r in case)
         print(f"{rows}x{vocab} {dtype:9s} ms: {line}", flush=True)
         rows_out += case
-        del x, want, want_grad
+        x = want = want_grad = None
         if device == "cuda":
             torch.cuda.empty_cache()
     meta = {("gpu" if device == "cuda" else "cpu"): _device_name(torch, device), "commit": commit,

@@ -154,7 +154,7 @@ def run(args, argv, torch, commit):
                                      for r in out_rows if r["op"] == op and r["shape"] == base["shape"]
                                      and r["dtype"] == dtype)
                     print(f"{rows}x{vocab} / {ranks} {dtype:9s} {op:14s} ms: {line}", flush=True)
-            del x, shard, half
+            x = shard = half = None
             if device == "cuda":
                 torch.cuda.empty_cache()
     ok = all(r["status"] == "ok" for r in out_rows if r["provider"] in ("copy", "softlight"))

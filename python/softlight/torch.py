@@ -260,7 +260,8 @@ _lib.define("row_stats_backward(Tensor logits, Tensor lse, Tensor entropy, Tenso
             "Tensor? d_entropy, Tensor? d_logprobs, Tensor? d_picked, Tensor? d_sum, float temperature=1.0, "
             "int index_offset=0, bool shard=False) -> Tensor")
 _lib.define("cross_entropy(Tensor logits, Tensor target, int ignore_index=-100, float label_smoothing=0.0, "
-            "float z_loss=0.0, float temperature=1.0, int reduction=2, bool with_grad=False) -> (Tensor, Tensor, Tensor)")
+            "float z_loss=0.0, float temperature=1.0, int reduction=2, bool with_grad=False) "
+            "-> (Tensor, Tensor, Tensor)")
 # cross_entropy's gradient (written for an upstream gradient of 1) times the loss's upstream gradient,
 # in place; rows whose factor is 1 are left alone, decided where d_loss is (no read of it on the host).
 _lib.define("cross_entropy_grad_scale_(Tensor(a!) grad, Tensor d_loss) -> ()")
@@ -365,7 +366,7 @@ def _cross_entropy(logits, target, ignore_index=-100, label_smoothing=0.0, z_los
     dev = x.device
     loss = torch.empty(rows if reduction == 0 else (), dtype=acc, device=dev)
     lse = torch.empty(rows, dtype=acc, device=dev)
-    grad = torch.empty((rows, cols), dtype=x.dtype, device=dev) if with_grad else torch.empty(0, dtype=x.dtype, device=dev)
+    grad = torch.empty((rows, cols) if with_grad else 0, dtype=x.dtype, device=dev)
     code = _check(x, -1)
     gpu, stream = _stream(x)
     check(_C.cross_entropy(x.data_ptr(), x.stride(0) if rows > 1 else cols, idx.data_ptr(), rows, cols, code,

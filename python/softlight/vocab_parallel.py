@@ -16,8 +16,9 @@ vocab_start: the first token id of this rank's shard; by default rank * shard wi
 every shard to be as wide. Every call first checks that the ranks go together (as many rows, the
 same dtype, shards that tile the vocabulary) and raises the same error on every rank where they do
 not; on a GPU that check reads a few values back (it waits for the GPU), and check=False skips it
-where the caller guarantees the layout (CUDA graphs, no host synchronization). log_softmax over the split vocabulary writes the shard's
-output, which costs one more read of the shard than the statistics alone.
+where the caller guarantees the layout (CUDA graphs, no host synchronization). log_softmax over the
+split vocabulary writes the shard's output, which costs one more read of the shard than the
+statistics alone.
 """
 import math
 
