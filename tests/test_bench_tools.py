@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from softlight import bench
+from softlight.bench import forward as bench
+from softlight.bench import main as bench_main
 
 ROOT = Path(__file__).resolve().parents[1]
 PERF = ROOT / "docs" / "perf"
@@ -223,7 +224,7 @@ def test_plot_lines_are_times_over_the_copy_by_row_length():
 
 
 def test_cpu_sweep_cases_cover_the_row_lengths_both_axes_and_dtypes():
-    from softlight import bench_cpu
+    from softlight.bench import cpu as bench_cpu
     cases = list(bench_cpu.cpu_cases(["float32", "float64", "bfloat16"]))
     assert len(cases) == 3 * 2 * len(bench_cpu.CPU_COLS)
     assert {shape[dim] for shape, dim, _ in cases} == set(bench_cpu.CPU_COLS)
@@ -234,7 +235,7 @@ def test_cpu_sweep_cases_cover_the_row_lengths_both_axes_and_dtypes():
 
 
 def test_cpu_numpy_anchor_is_the_three_line_form():
-    from softlight import bench_cpu
+    from softlight.bench import cpu as bench_cpu
     x = np.random.default_rng(0).standard_normal((5, 9, 3)).astype(np.float32)
     ref = x.astype(np.float64) - x.max(1, keepdims=True)
     ref -= np.log(np.exp(ref).sum(1, keepdims=True))
@@ -247,7 +248,7 @@ def test_consumer_bench_runs_checks_and_writes_its_results(tmp_path):
     the files follow the results' schema."""
     pytest.importorskip("torch")
     for op in ("cross_entropy", "token_logprobs", "entropy", "logsumexp"):
-        code = bench.main(["--device", "cpu", "--op", op, "--vocabs", "1000", "--dtypes", "float32,bfloat16",
+        code = bench_main(["--device", "cpu", "--op", op, "--vocabs", "1000", "--dtypes", "float32,bfloat16",
                            "--sweep-gb", "0.0005", "--reps", "1", "--no-compile", "--out-dir", str(tmp_path),
                            "--commit", "test"])
         assert code == 0
@@ -266,7 +267,7 @@ def test_consumer_bench_finds_a_wrong_gradient(tmp_path, monkeypatch):
     """token_logprobs' backward mode checks each gradient against float64: one a tenth off is reported
     wrong (and still timed), beside softlight's, right; one whose forward fails is reported failed."""
     pytest.importorskip("torch")
-    from softlight import bench_consumers
+    from softlight.bench import consumers as bench_consumers
 
     plain = bench_consumers.providers
 
@@ -277,7 +278,7 @@ def test_consumer_bench_finds_a_wrong_gradient(tmp_path, monkeypatch):
         return p
 
     monkeypatch.setattr(bench_consumers, "providers", with_a_wrong_one)
-    assert bench.main(["--device", "cpu", "--op", "token_logprobs", "--vocabs", "1000", "--dtypes", "float32",
+    assert bench_main(["--device", "cpu", "--op", "token_logprobs", "--vocabs", "1000", "--dtypes", "float32",
                        "--sweep-gb", "0.0005", "--reps", "1", "--no-compile", "--out-dir", str(tmp_path),
                        "--commit", "test"]) == 0
     rows = {r["provider"]: r for r in json.loads((tmp_path / "token_logprobs-cpu.json").read_text())["rows"]}
@@ -291,7 +292,7 @@ def test_consumer_bench_gives_each_provider_its_own_logits(tmp_path, monkeypatch
     """A provider that writes over its logits (Liger's cross-entropy writes its gradient there) leaves
     the next provider's input as it was."""
     pytest.importorskip("torch")
-    from softlight import bench_consumers
+    from softlight.bench import consumers as bench_consumers
 
     plain = bench_consumers.providers
 
@@ -308,7 +309,7 @@ def test_consumer_bench_gives_each_provider_its_own_logits(tmp_path, monkeypatch
 
     monkeypatch.setattr(bench_consumers, "providers", with_a_writer)
     for op in ("cross_entropy", "entropy"):
-        assert bench.main(["--device", "cpu", "--op", op, "--vocabs", "1000", "--dtypes", "float32",
+        assert bench_main(["--device", "cpu", "--op", op, "--vocabs", "1000", "--dtypes", "float32",
                            "--sweep-gb", "0.0005", "--reps", "1", "--no-compile", "--out-dir", str(tmp_path),
                            "--commit", "test"]) == 0
         rows = json.loads((tmp_path / f"{op}-cpu.json").read_text())["rows"]
@@ -336,7 +337,7 @@ def test_command_line_subcommands(capsys):
 def test_cpu_bench_honours_shapes_and_writes_its_own_folder(tmp_path, monkeypatch, capsys):
     """--device cpu times the --shapes asked along --dim, writes softlight-bench/ in the working
     directory by default (never docs/perf), and refuses options it does not time."""
-    from softlight.bench import main as bench
+    bench = bench_main
     monkeypatch.chdir(tmp_path)
     assert bench(["--device", "cpu", "--shapes", "6x100,4x5x30", "--dim", "1", "--dtypes", "float32",
                   "--reps", "1", "--no-torch"]) == 0

@@ -235,7 +235,7 @@ def test_bench_over_ranks(tmp_path, device, ranks):
     import json
     import subprocess
     import sys
-    from softlight.bench_vocab_parallel import OPS
+    from softlight.bench.vocab_parallel import OPS
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks), "-m",
            "softlight", "bench", "--vocab-parallel", "--device", device, "--shapes", "16x1000,6x514",
            "--dtypes", "float32,bfloat16", "--reps", "1", "--out-dir", str(tmp_path)]
@@ -258,9 +258,9 @@ def test_bench_over_ranks(tmp_path, device, ranks):
 
 
 def test_bench_check_finds_wrong_results():
-    """The benches' check (bench_consumers.check, which the vocab-parallel bench uses too): equal values
+    """The benches' check (softlight.bench.consumers.check, which the vocab-parallel bench uses too): equal values
     and (loss, gradient) pairs pass, a wrong value, loss or gradient does not."""
-    from softlight.bench_consumers import check
+    from softlight.bench.consumers import check
     x, g, one = torch.randn(4, 10), torch.randn(4, 10), torch.tensor(1.0)
     assert check(torch, "entropy", x, x.clone(), None, "float32") is None
     assert check(torch, "entropy", x + 1e-2, x, None, "float32").startswith("wrong (")

@@ -12,7 +12,7 @@ import numpy as np
 
 import softlight
 from ._device import gpu_count
-from .bench import FOUNDING
+from ._device import FOUNDING
 
 
 def demo(argv):
@@ -20,7 +20,7 @@ def demo(argv):
     print(f"softlight {softlight.__version__}: log-softmax over the last axis")
     if gpu_count() == 0:
         return demo_cpu()
-    from .bench import ATOL_RTOL, HostData, TorchData
+    from ._device import ATOL_RTOL, HostData, TorchData
     from ._device import Gpu
     try:
         import torch

@@ -1,187 +1,27 @@
-"""`python -m softlight bench`: softlight against a copy of the same bytes and the public anchors,
-side by side in one run, timed with CUDA events through cuda.core.
-
-Every provider's output is checked against a float64 reference before it is timed; a provider that
-is wrong is reported as wrong (its time is recorded, but no table or plot counts it). Results go to
-<out-dir>/<name>.json and a PNG (one pair per benchmark, overwritten when measured again; the default
-out-dir is softlight-bench/ in the working directory, the repository's figures --out-dir docs/perf).
-"""
-import argparse
-import contextlib
+"""The GPU's log-softmax, forward and backward, against a copy of the same bytes and the public
+anchors (`python -m softlight bench`, the default op), and the host cost of a call (--host)."""
 import datetime
-import json
 import math
-import re
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from . import _C
-from . import _dtypes
-from ._api import log_softmax_raw
-from ._device import Gpu
-from ._errors import check
-
-FOUNDING = (4096, 393216)
-ATOL_RTOL = {"float32": (1e-5, 1e-5), "float16": (1e-4, 1e-3), "bfloat16": (1e-3, 4e-3), "float64": (1e-12, 1e-12)}
-
+from .. import _C, _dtypes
+from .._api import log_softmax_raw
+from .._device import FOUNDING, Gpu, HostData, TorchData, gpu_count
+from .._errors import check
+from .common import c_strides, parse_shapes, save_figure, write_results
 
 # The sweep of cols (rows chosen per dtype so that each tensor holds about --sweep-gb GB).
 SWEEP_COLS = [1, 7, 32, 100, 128, 1000, 1024, 4096, 8192, 32000, 32768, 50257, 65536, 128256, 131072,
               262144, 393216, 1048576, 4194304]
-GRAD_TOL = {"float64": 1e-12, "float32": 1e-5, "float16": 2e-3, "bfloat16": 8e-3}
 
-
-def parse_shapes(text):
-    """'4096x393216,64x4096x4096' -> [(4096, 393216), (64, 4096, 4096)]."""
-    out = []
-    for item in text.split(","):
-        if not re.fullmatch(r"\s*\d+(\s*[xX]\s*\d+)+\s*", item):
-            raise SystemExit(f"bad shape {item!r}: write extents joined by x, e.g. 4096x393216")
-        out.append(tuple(int(v) for v in re.split(r"[xX]", item.strip())))
-    return out
 
 
 def sweep_cases(dtypes, gb):
     return [((max(1, round(gb * 1e9 / (cols * _dtypes.itemsize(d)))), cols), d) for d in dtypes for cols in SWEEP_COLS]
-
-
-def c_strides(shape):
-    """The strides, in elements, of a C-contiguous array of `shape`."""
-    return tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
-
-
-# --- inputs and checks, with torch or with cuda-python alone -------------------------------------
-
-class TorchData:
-    """Inputs made and outputs checked with torch on the device (the whole tensor is checked)."""
-
-    def __init__(self, torch, gpu):
-        self.torch = torch
-        self.ext = torch.cuda.ExternalStream(gpu.handle)
-
-    def on_stream(self):
-        """Context in which torch work goes to our stream."""
-        return self.torch.cuda.stream(self.ext)
-
-    def make(self, shape, dtype, op="forward", dim=-1):
-        """forward: (x, y); backward: ((dy, y), dx), y a log-softmax output along dim."""
-        t = self.torch
-        with self.on_stream():
-            if op == "forward":
-                a = (t.randn(shape, device="cuda") * 3).to(getattr(t, dtype))
-            else:
-                y = t.log_softmax(t.randn(shape, device="cuda") * 3, dim).to(getattr(t, dtype))
-                a = (t.randn(shape, device="cuda").to(getattr(t, dtype)), y)
-            out = t.empty(shape, device="cuda", dtype=getattr(t, dtype))
-        self.ext.synchronize()
-        return a, out
-
-    @staticmethod
-    def ptr(a):
-        return a.data_ptr()
-
-    def _chunks(self, arrays, dim):
-        """The arrays with `dim` moved last, as matching 2-d chunks of about 2^27 elements."""
-        flat = [a.movedim(dim, -1).reshape(-1, a.shape[dim]) for a in arrays]
-        step = max(1, (1 << 27) // flat[0].shape[1])
-        for r0 in range(0, flat[0].shape[0], step):
-            yield [f[r0:r0 + step].double() for f in flat]
-
-    def check(self, out, inputs, dtype, kind, dim=-1):
-        """(ok, worst error) of a provider's output: kind 'log' / 'prob' (forward, of x) or
-        'grad' (backward, of (dy, y); errors relative to 1 + sum |dy| along the axis)."""
-        t = self.torch
-        worst, ok = 0.0, True
-        arrays = [out] + (list(inputs) if kind == "grad" else [inputs])
-        with self.on_stream():
-            for chunk in self._chunks(arrays, dim):
-                if kind == "grad":
-                    o, dy, y = chunk
-                    ref = dy - t.exp(y) * dy.sum(-1, keepdim=True)
-                    err = (o - ref).abs() / (1 + dy.abs().sum(-1, keepdim=True))
-                    ok = ok and bool((err <= GRAD_TOL[dtype]).all())
-                else:
-                    o, x = chunk
-                    ref = t.log_softmax(x, -1) if kind == "log" else t.softmax(x, -1)
-                    err = (o - ref).abs()
-                    atol, rtol = ATOL_RTOL[dtype]
-                    ok = ok and bool((err <= atol + rtol * ref.abs()).all())
-                ok = ok and not bool(t.isnan(o).any())
-                worst = max(worst, float(err.max()))
-        return ok, worst
-
-
-class HostData:
-    """Without torch: inputs drawn on the host and uploaded; a sample of rows checked on the host."""
-
-    def __init__(self, gpu):
-        self.gpu = gpu
-
-    @staticmethod
-    def on_stream():
-        return contextlib.nullcontext()
-
-    def make(self, shape, dtype, op="forward", dim=-1):
-        if op != "forward" or len(shape) != 2 or dim not in (-1, 1):
-            raise SystemExit("softlight bench: without torch only the forward over the last axis of 2-d shapes runs")
-        rows, cols = shape
-        n = rows * cols
-        size = _dtypes.itemsize(dtype)
-        x = DeviceMatrix(self.gpu.alloc(n * size), (rows, cols))
-        y = DeviceMatrix(self.gpu.alloc(n * size), (rows, cols))
-        rng = np.random.default_rng()
-        block = min(n, 1 << 24)
-        for off in range(0, n, block):  # fresh data block by block, to keep host memory small
-            self.gpu.upload_at(x.buf, off * size, to_storage(rng.standard_normal(min(block, n - off)) * 3, dtype))
-        return x, y
-
-    @staticmethod
-    def ptr(a):
-        return int(a.buf.handle)
-
-    def check(self, y, x, dtype, kind, dim=-1):
-        rows, cols = x.shape
-        size = _dtypes.itemsize(dtype)
-        atol, rtol = ATOL_RTOL[dtype]
-        worst, ok = 0.0, True
-        self.gpu.sync()
-        for r in sorted({0, rows // 2, rows - 1}):
-            xs = np.empty(cols * size, np.uint8)
-            ys = np.empty(cols * size, np.uint8)
-            self.gpu.download(x.buf, r * cols * size, xs)
-            self.gpu.download(y.buf, r * cols * size, ys)
-            xv, yv = from_storage(xs, dtype), from_storage(ys, dtype)
-            m = xv.max()
-            ref = (xv - m) - np.log(np.exp(xv - m).sum())
-            if kind == "prob":
-                ref = np.exp(ref)
-            err = np.abs(yv - ref)
-            ok = ok and bool((err <= atol + rtol * np.abs(ref)).all())
-            worst = max(worst, float(err.max()))
-        return ok, worst
-
-
-class DeviceMatrix:
-    def __init__(self, buf, shape):
-        self.buf, self.shape = buf, shape
-
-
-def to_storage(values, dtype):
-    """float64 values as the bytes of `dtype` (bfloat16 rounded to nearest even)."""
-    if dtype == "bfloat16":
-        u = values.astype(np.float32).view(np.uint32).astype(np.uint64)
-        return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16).view(np.uint8)
-    return values.astype(dtype).view(np.uint8)
-
-
-def from_storage(raw, dtype):
-    if dtype == "bfloat16":
-        return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-    return raw.view(dtype).astype(np.float64)
 
 
 # --- providers ----------------------------------------------------------------------------------
@@ -326,105 +166,15 @@ def time_passes(gpu, data, ready, args):
                 del row["ms_passes"]
 
 
-def _git_commit():
-    try:
-        return subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
-                              check=True, cwd=Path(__file__).resolve().parent).stdout.strip()
-    except Exception:  # noqa: BLE001 - outside a checkout
-        return "unknown"
-
-
-def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m softlight bench", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shapes", default=None, help="comma-separated shapes, e.g. 4096x393216,64x4096x4096 (default: "
-                                                   "4096x393216)")
-    ap.add_argument("--dim", type=int, default=-1, help="the axis of the softmax (default: the last)")
-    ap.add_argument("--dtypes", default=None, help="comma-separated (default: float32,bfloat16; with --device cpu "
-                                                   "float32,float64,bfloat16)")
-    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
-                    help="cpu: the CPU backend's sweep against numpy and torch's CPU kernel (bench_cpu.py)")
-    ap.add_argument("--op", default="forward",
-                    choices=["forward", "backward", "cross_entropy", "token_logprobs", "entropy", "logsumexp"],
-                    help="cross_entropy, token_logprobs, entropy, logsumexp: the consumers of the log-sum-exp against "
-                         "their anchors over vocabularies (bench_consumers.py), on --device cuda or cpu")
-    ap.add_argument("--vocabs", default="", help="with a consumer --op: comma-separated vocabulary sizes (default: "
-                                                 "32000,50257,128256,151936,262144)")
-    ap.add_argument("--vocab-parallel", action="store_true",
-                    help="under torchrun: softlight.vocab_parallel over the ranks against one rank and plain torch "
-                         "(bench_vocab_parallel.py); every consumer op and log_softmax, or the --op given; --shapes "
-                         "are the whole logits (default 8192x128256,8192x262144; 64x32000 on the CPU)")
-    ap.add_argument("--sweep", action="store_true",
-                    help=f"instead of --shapes: rows x cols for cols in {SWEEP_COLS}, each tensor about "
-                         f"--sweep-gb GB")
-    ap.add_argument("--sweep-gb", type=float, default=1.0)
-    ap.add_argument("--host", action="store_true",
-                    help="instead: the host time of one call at 8 x 1000 float32 on the GPU, softlight's entries "
-                         "and torch.log_softmax side by side (median of --passes rounds of 2000 calls)")
-    ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--reps", type=int, default=None,
-                    help="timed calls a provider and pass (default: 30; 5 on the CPU)")
-    ap.add_argument("--passes", type=int, default=1,
-                    help="rounds of timing over all providers; each result is the median of its rounds")
-    ap.add_argument("--providers", default="", help="comma-separated subset (copy is always timed)")
-    ap.add_argument("--no-torch", action="store_true", help="do not use torch even if installed")
-    ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
-    ap.add_argument("--compile", default="static", choices=["static", "dynamic"],
-                    help="torch.compile compiled afresh for each shape (static, the default) or once a dim "
-                         "with dynamic=True")
-    ap.add_argument("--out-dir", default="softlight-bench",
-                    help="where the JSON and PNG go (default: a folder softlight-bench in the working directory; "
-                         "'' for none; the repository's own figures are written with --out-dir docs/perf)")
-    ap.add_argument("--name", default="", help="the result files' name: <out-dir>/<name>.json and .png (default: "
-                                               "host, sweep, backward or forward, by what is measured)")
-    ap.add_argument("--commit", default=None, help="commit to record (default: git rev-parse HEAD)")
-    args = ap.parse_args(argv)
-    consumer = args.op in ("cross_entropy", "token_logprobs", "entropy", "logsumexp")
-    vp_name = "vocab-parallel" + ("-cpu" if args.device == "cpu" else "")
-    args.name = args.name or (vp_name if args.vocab_parallel else f"{args.op}-cpu" if consumer and args.device == "cpu"
-                              else args.op if consumer
-                              else "cpu" if args.device == "cpu" else "host" if args.host else "sweep" if args.sweep
-                              else args.op)
-    args.reps = args.reps if args.reps is not None else 5 if args.device == "cpu" else 30
-    if args.passes < 1 or args.reps < 1 or args.warmup < 0:
-        raise SystemExit("softlight bench: --passes and --reps must be at least 1, --warmup at least 0")
-
-    torch = None
-    if not args.no_torch:
-        try:
-            import torch
-        except ImportError:
-            print("# torch not installed: timing softlight and the copy only", file=sys.stderr)
-    if args.vocab_parallel:
-        if torch is None or (args.device == "cuda" and not torch.cuda.is_available()):
-            raise SystemExit("softlight bench --vocab-parallel: needs torch, and a GPU unless --device cpu")
-        from . import bench_vocab_parallel
-        if args.op not in ("forward",) + bench_vocab_parallel.OPS:
-            raise SystemExit(f"softlight bench --vocab-parallel: times {', '.join(bench_vocab_parallel.OPS)} "
-                             f"(every one without --op); not --op {args.op}")
-        return bench_vocab_parallel.run(args, argv, torch, args.commit or _git_commit())
-    if consumer:
-        if torch is None:
-            raise SystemExit(f"softlight bench --op {args.op}: needs torch (the anchors and the arrays)")
-        if args.device == "cuda" and not torch.cuda.is_available():
-            raise SystemExit("softlight bench: no CUDA GPU is visible; pass --device cpu")
-        from . import bench_consumers
-        return bench_consumers.run(args, argv, torch, args.commit or _git_commit())
-    if args.device == "cpu":
-        if args.op != "forward" or args.sweep or args.host:
-            raise SystemExit("softlight bench --device cpu: times the forward (the CPU backend's sweep, or --shapes "
-                             "along --dim) and the consumer --op values; not "
-                             + ("--sweep" if args.sweep else "--host" if args.host else f"--op {args.op}"))
-        from . import bench_cpu
-        return bench_cpu.main(args, argv, torch, args.commit or _git_commit())
+def run(args, argv, torch, commit):
+    """The GPU's forward and backward (--shapes, --sweep) or the host cost of a call (--host)."""
     args.dtypes = args.dtypes or "float32,bfloat16"
-    from ._device import gpu_count
     if gpu_count() == 0:
         raise SystemExit("softlight bench: no CUDA GPU is visible; pass --device cpu for the CPU backend's benchmark")
     if args.host:
         if torch is None:
             raise SystemExit("softlight bench --host: needs torch (the anchor and the arrays)")
-        return host_main(args, argv, torch)
+        return host_main(args, argv, torch, commit)
     gpu = Gpu(0)
     data = TorchData(torch, gpu) if torch is not None else HostData(gpu)
     provs = providers(args, gpu, data, torch, args.op)
@@ -474,7 +224,7 @@ def main(argv=None):
         if torch is not None:
             torch.cuda.empty_cache()
 
-    meta = {"gpu": gpu.name, "commit": args.commit or _git_commit(),
+    meta = {"gpu": gpu.name, "commit": commit,
             "command": "python -m softlight bench " + " ".join(argv if argv is not None else sys.argv[1:]),
             "softlight_version": __import__("softlight").__version__,
             "torch": getattr(torch, "__version__", None), "date": datetime.date.today().isoformat()}
@@ -482,7 +232,7 @@ def main(argv=None):
         meta["copy"] = "torch.add(dy, y, out=dx): two tensors read, one written"
     print_table(rows_out)
     if args.out_dir:
-        write_results(meta, rows_out, Path(args.out_dir), args.name)
+        write_results(meta, rows_out, Path(args.out_dir), args.name, plot)
     return 0
 
 
@@ -554,19 +304,19 @@ def host_times(torch, passes=5, calls=2000):
     return {k: float(np.median(v)) for k, v in times.items()}
 
 
-def host_main(args, argv, torch):
+def host_main(args, argv, torch, commit):
     us = host_times(torch, passes=max(args.passes, 5))
     rows = [{"op": "host", "provider": k, "shape": list(HOST_SHAPE), "dtype": "float32", "us": v, "status": "ok"}
             for k, v in us.items()]
     for r in rows:
         ref = "torch_grad" if r["provider"].endswith("_grad") else "torch"
         print(f"{r['provider']:21s} {r['us']:7.2f} us  ({r['us'] / us[ref]:.2f} x {ref})")
-    meta = {"gpu": torch.cuda.get_device_name(0), "commit": args.commit or _git_commit(),
+    meta = {"gpu": torch.cuda.get_device_name(0), "commit": commit,
             "command": "python -m softlight bench " + " ".join(argv if argv is not None else sys.argv[1:]),
             "softlight_version": __import__("softlight").__version__, "torch": torch.__version__,
             "date": datetime.date.today().isoformat()}
     if args.out_dir:
-        write_results(meta, rows, Path(args.out_dir), args.name)
+        write_results(meta, rows, Path(args.out_dir), args.name, plot)
     return 0
 
 
@@ -589,28 +339,6 @@ def print_table(rows):
     if sl and tm:
         print(f"KernelBench level 1 #24 (LogSoftmax, 4096x393216 float32): ModelNew (softlight) is "
               f"{tm / sl:.2f}x faster than Model (torch.log_softmax)")
-
-
-def write_results(meta, rows, out_dir, name="", plot_fn=None):
-    """<out_dir>/<name>.json and its PNG, drawn by plot_fn(meta, rows, path) (default: the GPU sweep's
-    plot, or the CPU sweep's for CPU results)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    # One file per benchmark, overwritten when it is measured again (the GPU and date are in meta).
-    stem = name or "results"
-    path = out_dir / f"{stem}.json"
-    path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
-    print(f"# wrote {path}")
-    try:
-        if plot_fn is not None:
-            png = plot_fn(meta, rows, out_dir / f"{stem}.png")
-        elif "cpu" in meta:
-            from . import bench_cpu
-            png = bench_cpu.plot(meta, rows, out_dir / f"{stem}.png")
-        else:
-            png = plot(meta, rows, out_dir / f"{stem}.png")
-        print(f"# wrote {png}")
-    except ImportError:
-        print("# matplotlib not installed: no plot", file=sys.stderr)
 
 
 def counted(r):
@@ -672,15 +400,3 @@ def plot(meta, rows, path):
     return save_figure(fig, f"log-softmax, {title}", path)
 
 
-def save_figure(fig, title, path):
-    """The figure's title, its layout tightened, saved at `path` (PNG) and closed."""
-    import matplotlib.pyplot as plt
-    fig.suptitle(title, fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-if __name__ == "__main__":
-    sys.exit(main())

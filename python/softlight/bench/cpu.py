@@ -9,12 +9,13 @@ elements. Results: docs/perf/cpu.json and cpu.png.
 """
 import datetime
 import math
-import platform
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+from .common import cpu_name, parse_shapes, save_figure, write_results
 
 CPU_COLS = (1, 7, 128, 1000, 32000, 393216, 1 << 24)
 CPU_ELEMENTS = 1 << 24
@@ -93,7 +94,6 @@ def run(args, torch):
         print("# bfloat16 skipped: numpy needs ml_dtypes for it (pip install 'softlight[bench]')", flush=True)
         dtypes.remove("bfloat16")
     if args.shapes:  # the shapes asked, along --dim
-        from .bench import parse_shapes
         cases = [(shape, args.dim % len(shape), d) for shape in parse_shapes(args.shapes) for d in dtypes]
     else:
         cases = list(cpu_cases(dtypes))
@@ -148,21 +148,10 @@ def run(args, torch):
     return rows
 
 
-def cpu_name():
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def main(args, argv, torch, commit):
     import os
 
     import softlight
-    from . import bench
     rows = run(args, torch)
     meta = {"cpu": f"{cpu_name()}, {os.cpu_count()} threads", "commit": commit,
             "command": "python -m softlight bench " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -181,7 +170,7 @@ def main(args, argv, torch, commit):
               f"({'x'.join(map(str, shape))} dim {dim} {dtype}), {len(worst)} cases")
     if args.out_dir:
         out = Path(args.out_dir)
-        bench.write_results(meta, rows, out, args.name or "cpu")
+        write_results(meta, rows, out, args.name or "cpu", plot)
     return 0 if all(r["status"] == "ok" for r in rows) else 1
 
 
@@ -213,5 +202,4 @@ def plot(meta, rows, path):
     for row in axes:
         row[0].set_ylabel("time / copy of the same bytes")
     axes[0][-1].legend(fontsize=7)
-    from .bench import save_figure
     return save_figure(fig, f"log-softmax on the CPU, {meta['cpu']}, {meta['date']}, commit {meta['commit']}", path)

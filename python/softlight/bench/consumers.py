@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .common import cpu_name, save_figure, write_results
+
 OPS = ("cross_entropy", "token_logprobs", "entropy", "logsumexp")
 VOCABS = (32000, 50257, 128256, 151936, 262144)
 TOL = {"float32": 1e-4, "bfloat16": 2e-2, "float64": 1e-10}
@@ -232,7 +234,6 @@ def run(args, argv, torch, commit):
             "softlight_version": __import__("softlight").__version__, "torch": torch.__version__,
             "date": datetime.date.today().isoformat(), "op": op}
     if args.out_dir:
-        from .bench import write_results
         write_results(meta, rows_out, Path(args.out_dir), args.name, plot_fn=plot)
     return 0 if all(r["status"] == "ok" for r in rows_out if r["provider"] in ("copy", "softlight")) else 1
 
@@ -240,7 +241,6 @@ def run(args, argv, torch, commit):
 def _device_name(torch, device):
     if device == "cuda":
         return torch.cuda.get_device_name(0)
-    from .bench_cpu import cpu_name
     import os
     return f"{cpu_name()}, {os.cpu_count()} threads"
 
@@ -265,6 +265,5 @@ def plot(meta, rows, path):
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("time / copy of the logits")
     axes[0][-1].legend(fontsize=7)
-    from .bench import save_figure
     where = meta.get("gpu") or meta.get("cpu")
     return save_figure(fig, f"{meta['op']}, {where}, {meta['date']}, commit {meta['commit']}", path)

@@ -19,6 +19,8 @@ import datetime
 import sys
 from pathlib import Path
 
+from .common import save_figure, write_results
+
 OPS = ("cross_entropy", "token_logprobs", "entropy", "log_softmax")
 SHAPES = {"cuda": "8192x128256,8192x262144", "cpu": "64x32000"}
 
@@ -87,8 +89,8 @@ def run(args, argv, torch, commit):
 
     import softlight.torch as slt
     import softlight.vocab_parallel as vp
-    from .bench_consumers import check, time_ms, with_backward
-    from .vocab_parallel import _all_gather
+    from .consumers import check, time_ms, with_backward
+    from ..vocab_parallel import _all_gather
 
     device = args.device
     if not dist.is_initialized():
@@ -159,8 +161,7 @@ def run(args, argv, torch, commit):
                 torch.cuda.empty_cache()
     ok = all(r["status"] == "ok" for r in out_rows if r["provider"] in ("copy", "softlight"))
     if rank == 0 and args.out_dir:
-        from .bench import write_results
-        from .bench_consumers import _device_name
+        from .consumers import _device_name
         meta = {("gpu" if device == "cuda" else "cpu"): _device_name(torch, device), "ranks": ranks,
                 "commit": commit, "command": f"torchrun --nproc-per-node {ranks} -m softlight bench " +
                 " ".join(argv if argv is not None else sys.argv[1:]),
@@ -211,7 +212,6 @@ def plot(meta, rows, path):
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("time / copy of the shard")
     axes[0][0].legend(fontsize=7)
-    from .bench import save_figure
     where = meta.get("gpu") or meta.get("cpu")
     return save_figure(fig, f"vocab-parallel over {meta['ranks']} ranks, {where}, {meta['date']}, "
                             f"commit {meta['commit']}", path)
