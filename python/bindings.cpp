@@ -4,17 +4,18 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "bindings.hpp"
-#include "../src/devices.hpp"
-#include "../src/plan.hpp"
+#include "entry/devices.hpp"
+#include "planner/plan.hpp"
 #include "softlight/softlight.h"
 #ifdef SOFTLIGHT_TUNING
-#include "../src/softlight_tuning.h"
+#include "planner/softlight_tuning.h"
 #endif
 
 namespace py = pybind11;
@@ -411,31 +412,19 @@ softlight::DeviceInfo device_of(const py::dict& d) {
   return dev;
 }
 
-// Forced values by field name (those of Overrides and SplitOverrides, plan.hpp), from a dict; an
-// unknown name is an error.
+// Forced values by knob name (src/planner/knobs.h), from a dict; an unknown name is an error.
 softlight::Tuning tuning_of(const py::dict& d) {
   softlight::Tuning t;
-  softlight::Overrides& o = t.rows;
-  struct Field { const char* name; int* i; int64_t* l; };
-  const Field fields[] = {
-      {"cluster", &o.cluster, nullptr}, {"chunk_bytes", &o.chunk_bytes, nullptr}, {"threads", &o.threads, nullptr},
-      {"hints", &o.hints, nullptr}, {"tile_bytes", &o.tile_bytes, nullptr}, {"exchange", &o.exchange, nullptr},
-      {"groups", &o.groups, nullptr}, {"claim", &o.claim, nullptr}, {"iters", &o.iters, nullptr},
-      {"register_rows_bytes", nullptr, &o.register_rows_bytes}, {"flat", &o.flat, nullptr},
-      {"rows_per_lane", &o.rows_per_lane, nullptr}, {"peel_clusters", &o.peel_clusters, nullptr},
-      {"register_cluster", &o.register_cluster, nullptr}, {"grid_rows", &o.grid_rows, nullptr},
-      {"item_chunks", &o.item_chunks, nullptr}, {"spill_chunks", nullptr, &o.spill_chunks},
-      {"stripe", &o.stripe, nullptr}, {"split_lanes", &t.split.lanes, nullptr},
-      {"split_segment_bytes", nullptr, &t.split.segment_bytes}, {"cpu_kernels", &t.cpu_kernels, nullptr}};
   for (const auto& item : d) {
     const std::string key = py::str(item.first);
     bool found = false;
-    for (const Field& f : fields) {
-      if (key != f.name) continue;
-      if (f.i) *f.i = item.second.cast<int>();
-      if (f.l) *f.l = item.second.cast<int64_t>();
-      found = true;
-    }
+#define SOFTLIGHT_READ_KNOB(name, type, unset)  \
+  if (key == #name) {                           \
+    t.name = item.second.cast<type>();          \
+    found = true;                               \
+  }
+    SOFTLIGHT_KNOBS(SOFTLIGHT_READ_KNOB)
+#undef SOFTLIGHT_READ_KNOB
     if (!found) throw py::key_error("no forced value named " + key);
   }
   return t;
@@ -487,7 +476,7 @@ py::dict plan_rows(const py::dict& problem, const py::dict& device, const py::di
   p.rows128 = get<bool>(problem, "rows128", false);
   p.peelable = get<bool>(problem, "peelable", false);
   p.flat16 = get<bool>(problem, "flat16", false);
-  return plan_dict(softlight::plan_rows(p, device_of(device), tuning_of(forced).rows));
+  return plan_dict(softlight::plan_rows(p, device_of(device), tuning_of(forced)));
 }
 
 // The plan of any other call: outer, dim, inner, elem_bytes and the flags of softlight::AxisProblem.
@@ -501,8 +490,7 @@ py::dict plan_axis(const py::dict& problem, const py::dict& device, const py::di
   p.aligned16 = get<bool>(problem, "aligned16", false);
   p.backward = get<bool>(problem, "backward", false);
   p.tiles_aligned = get<bool>(problem, "tiles_aligned", false);
-  const softlight::Tuning t = tuning_of(forced);
-  return plan_dict(softlight::plan_axis(p, device_of(device), t.split, t.rows));
+  return plan_dict(softlight::plan_axis(p, device_of(device), tuning_of(forced)));
 }
 
 #ifdef SOFTLIGHT_TUNING
@@ -511,18 +499,15 @@ py::dict plan_axis(const py::dict& problem, const py::dict& device, const py::di
 int force(const py::dict& forced) {
   if (forced.empty()) return softlight_tuning_force(nullptr);
   softlight_tuning t;
-  int64_t* fields = &t.cluster;
-  const char* names[] = {"cluster", "chunk_bytes", "threads", "hints", "tile_bytes", "exchange", "groups",
-                         "claim", "iters", "register_rows_bytes", "flat", "rows_per_lane", "peel_clusters",
-                         "register_cluster", "grid_rows", "item_chunks", "spill_chunks", "stripe", "split_lanes",
-                         "split_segment_bytes", "cpu_kernels"};
-  static_assert(sizeof(softlight_tuning) == sizeof(names) / sizeof(names[0]) * sizeof(int64_t));
-  for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); ++i) fields[i] = get<int64_t>(forced, names[i], -1);
+  std::vector<std::string> names;
+#define SOFTLIGHT_FORCE_KNOB(name, type, unset) \
+  t.name = get<int64_t>(forced, #name, -1);     \
+  names.push_back(#name);
+  SOFTLIGHT_KNOBS(SOFTLIGHT_FORCE_KNOB)
+#undef SOFTLIGHT_FORCE_KNOB
   for (const auto& item : forced) {
     const std::string key = py::str(item.first);
-    bool known = false;
-    for (const char* n : names) known = known || key == n;
-    if (!known) throw py::key_error("no forced value named " + key);
+    if (std::find(names.begin(), names.end(), key) == names.end()) throw py::key_error("no forced value named " + key);
   }
   return softlight_tuning_force(&t);
 }

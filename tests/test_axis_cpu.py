@@ -35,7 +35,7 @@ def test_every_axis_matches_float64(rng, shape, dtype):
 @pytest.mark.parametrize("dtype", list(NP_DTYPES))
 def test_middle_axis_over_a_few_inner_positions(rng, inner, dtype):
     """A middle axis over `inner` contiguous positions, in few outer blocks: each block is one span
-    of interleaved positions (cpu_simd.hpp, flat_stats), read in blocks of whole rounds of its
+    of interleaved positions (src/cpu/simd.hpp, flat_stats), read in blocks of whole rounds of its
     vectors, and split among threads where it is long (6000 x 24 is three blocks of 2048 and more)."""
     for outer, dim in ((1, 6000), (3, 300)):
         x = (rng.standard_normal((outer, dim, inner)) * 4).astype(NP_DTYPES[dtype])

@@ -227,7 +227,7 @@ def test_raw_lse_and_temperature_bfloat16(rng):
     assert_matches(lse, logsumexp_ref(x64), "float32")
 
 
-# The vector kernels' layouts (src/cpu_simd.hpp): long rows split among threads (rows fewer than
+# The vector kernels' layouts (src/cpu/simd.hpp): long rows split among threads (rows fewer than
 # twice the threads, 131072 elements or more), middle axes over a few contiguous inner positions (a
 # divisor of a vector's lanes or up to 8 vectors: a span a block, split too where the blocks are
 # few), wider inner axes in tiles, rows of up to 16, one column. Vectors hold 4 or 8 floats

@@ -1,4 +1,4 @@
-"""Each instruction set's CPU kernels (src/cpu_simd.hpp: generic, AVX2 + FMA + F16C), forced in
+"""Each instruction set's CPU kernels (src/cpu/simd.hpp: generic, AVX2 + FMA + F16C), forced in
 turn through the tuning interface (tuning builds only) on every set this CPU can run, against the
 float64 references of the tests they reuse. A default build runs only the widest set, in the other
 test files."""

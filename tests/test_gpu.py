@@ -51,8 +51,8 @@ def test_the_cols_list_reaches_every_family():
     for dtype in DTYPES:
         for cols in COLS:
             p = planned(rows_for(cols, dtype), cols, dtype)
-            fams.add((p["family"], p["resident"] if p["family"] != "warp_rows" else None))
-    expected = {("warp_rows", None), ("block_rows", True)}
+            fams.add((p["family"], p["resident"] if p["family"] in ("block_rows", "cluster_rows") else None))
+    expected = {("register_rows", None), ("short_rows", None), ("block_rows", True)}
     if torch.cuda.get_device_capability()[0] >= 9:
         expected |= {("cluster_rows", True), ("cluster_rows", False)}
     else:
@@ -559,9 +559,9 @@ def test_rows_in_registers_over_a_cluster(force, cols, threads, iters, dtype):
     c = -(-(cols // vec) // (threads * iters))
     p = planned(37, cols, dtype)
     if not 2 <= c <= 16 or cols % vec:
-        assert not (p["family"] == "warp_rows" and p["cluster"] > 0), p
+        assert p["family"] != "register_clusters", p
         pytest.skip(f"{cols} columns take {c} CTAs of {threads} x {iters} packs")
-    assert (p["family"], p["cluster"], p["threads"], p["iters"]) == ("warp_rows", c, threads, iters), p
+    assert (p["family"], p["cluster"], p["threads"], p["iters"]) == ("register_clusters", c, threads, iters), p
     # Held to 64 registers: CTAs past 128 threads, and 16-bit rows off 128 bytes. The strided rows
     # below may run the other kernel of the two; their results must agree bit for bit.
     assert p["bounded"] == (iters == 8 and (threads > 128 or (vec == 8 and cols * 2 % 128 != 0))), p
@@ -595,7 +595,7 @@ def test_rows_in_registers_fitted_packs(cols, dtype):
     packs a thread (the group's last packs on its first threads only): special values, temperature
     and LSE, strided rows, against float64; nothing written past a row."""
     p = planned(37, cols, dtype)
-    assert p["family"] == "warp_rows" and p["cluster"] == 0 and p["rows_per_lane"] == 0, p
+    assert p["family"] == "register_rows" and p["cluster"] == 0 and p["rows_per_lane"] == 0, p
     assert p["iters"] in (3, 5, 6, 7), p
     x = random_rows(37, cols, dtype)
     x[0, 1] = float("nan")
@@ -665,7 +665,7 @@ def test_odd_rows_in_registers(cols, dtype):
     row's outer blocks hold its neighbours' elements while they are written), against float64;
     nothing written outside the rows."""
     p = planned(37, cols, dtype, aligned=False, peelable=True)
-    assert (p["family"], p["peel"], p["cluster"], p["rows_per_lane"]) == ("warp_rows", True, 0, 0), p
+    assert (p["family"], p["peel"], p["cluster"], p["rows_per_lane"]) == ("register_rows", True, 0, 0), p
     assert p["iters"] in (4, 5), p
     rows = 37
     for off, base, x in peeled_views(rows, cols, dtype):
@@ -696,7 +696,7 @@ def test_register_clusters_rows_off_128_bytes(cols, off, dtype):
         pytest.skip("clusters need Hopper")
     rows, e = 37, ELEM[dtype]
     p = plan(rows, cols, e, True, **device_plan_args(), rows128=False)
-    assert (p["family"], p["threads"], p["iters"], p["bounded"]) == ("warp_rows", 128, 8, True), p
+    assert (p["family"], p["threads"], p["iters"], p["bounded"]) == ("register_clusters", 128, 8, True), p
     assert not plan(rows, cols, e, True, **device_plan_args(), rows128=True)["bounded"]
     base = random_rows(1, rows * cols + off // e, dtype).flatten()
     x = base[off // e:].view(rows, cols)
@@ -737,7 +737,7 @@ def test_peeled_rows_in_registers_over_a_cluster(force, cols, threads, dtype):
         force(register_cluster=threads)
     vec = 16 // ELEM[dtype]
     p = planned(37, cols, dtype, aligned=False, peelable=True)
-    if not (p["family"] == "warp_rows" and p["cluster"] > 0):
+    if p["family"] != "register_clusters":
         assert threads == 0 or not 2 <= -(-(cols // vec) // (threads * 8)) <= 16, p  # eight packs a thread
         pytest.skip(f"{cols} {dtype} columns are not held in registers over a cluster here: {p['family']}")
     assert p["peel"] and (threads == 0 or p["threads"] == threads), p
@@ -855,7 +855,7 @@ def test_16_bit_short_rows_special_values_at_every_place(bytes_, dtype):
     temperature."""
     cols, rows = bytes_ // 2, 1031
     p = planned(rows, cols, dtype)
-    assert p["family"] == "warp_rows" and p["rows_per_lane"] == 4 and p["group"] <= 8, p
+    assert p["family"] == "short_rows" and p["rows_per_lane"] == 4 and p["group"] <= 8, p
     x = random_rows(rows, cols, dtype)
     for r in range(0, 160, 3):  # a warp takes 32 / group rows a load: every place for groups of 1 to 8
         kind, c = (r // 3) % 4, r % cols
@@ -877,11 +877,11 @@ def test_16_bit_short_rows_special_values_at_every_place(bytes_, dtype):
 
 @pytest.mark.parametrize("temperature", [1.0, 0.75])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("cols,family", [(393216, "cluster_rows"), (4096, "warp_rows"), (128, "warp_rows")])
+@pytest.mark.parametrize("cols,family", [(393216, "cluster_rows"), (4096, "register_rows"), (128, "register_rows")])
 def test_rows_near_the_float_max(dtype, temperature, cols, family):
     """Rows whose max, times log2(e) / temperature, overflows float: every term of the row's sum is
     then exactly 0 or 1, which the statistics of rows in 16-byte packs take on a path of their own
-    (shifted_exp): in cluster_rows and in warp_rows, a group past a warp (4096) and within one."""
+    (shifted_exp): in cluster_rows and in register_rows, a group past a warp (4096) and within one."""
     if family == "cluster_rows" and torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("clusters need sm_90")
     x = random_rows(5, cols, dtype)
@@ -939,11 +939,11 @@ def test_rows_of_large_finite_max(dtype, temperature, cols):
 @pytest.mark.parametrize("temperature", [1.0, 0.75])
 @pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16"])
 @pytest.mark.parametrize("case,cols,family", [
-    ("unaligned", 100, "warp_rows"), ("unaligned", 5000, "block_rows"), ("contiguous", 50257, None),
+    ("unaligned", 100, "register_rows"), ("unaligned", 5000, "block_rows"), ("contiguous", 50257, None),
     ("axis", 4096, "cluster_tiles"), ("axis-narrow", 4096, "split_rows")])
 def test_elements_next_to_a_large_max(dtype, temperature, case, cols, family):
     """Rows whose elements lie a few ulps below a large max, with and without a temperature, through
-    the families that read element by element: rows off 16 bytes (warp_rows' element path,
+    the families that read element by element: rows off 16 bytes (register_rows' element path,
     block_rows) and a non-last axis (cluster_tiles on Hopper, split_rows for a narrow inner extent);
     and rows of 50 257, peeled into cluster_rows on Hopper (block_rows elsewhere). Every family takes
     x - max before the scale: x / T - max / T would round the differences away."""

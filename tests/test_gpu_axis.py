@@ -1,5 +1,5 @@
 """GPU tests of any axis, strided views and the backward: every layout the split_rows family and
-the warp_rows backward take, all four dtypes, against float64; outputs poisoned first, special
+the short_rows and register_rows backward take, all four dtypes, against float64; outputs poisoned first, special
 values included. Skipped without a GPU."""
 
 import pytest
@@ -375,7 +375,8 @@ def test_peeled_rows(force, cols, dtype, mode):
     # Rows under 16 KB (4099 fp32 and 16-bit): one CTA's registers, peeled, on every GPU and in
     # every mode (neither knob is about them).
     one_cta = cols == 4099 and e <= 4
-    family = "warp_rows" if registers or one_cta else "cluster_rows" if clusters else "block_rows"
+    family = ("register_clusters" if registers else "register_rows" if one_cta else
+              "cluster_rows" if clusters else "block_rows")
     assert (p["family"], p["peel"]) == (family, True), p
     assert (p["cluster"] > 0) == (family != "block_rows" and not one_cta), p
     x = rand((rows, cols), dtype)

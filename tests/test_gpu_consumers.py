@@ -210,7 +210,7 @@ def _on_chip(rows, cols, dtype):
     e = torch.empty((), dtype=tdtype(dtype)).element_size()
     p = gpu_util.plan(rows, cols, e, cols * e % 16 == 0, aligned8=cols * e % 8 == 0, rows128=cols * e % 128 == 0,
                       peelable=True, flat16=True, **gpu_util.device_plan_args())
-    if p["family"] == "warp_rows" and p["cluster"] > 0 and p["flat_rows"] == 0:
+    if p["family"] == "register_clusters":
         return "registers"
     return "ring" if p["family"] == "cluster_rows" else None
 
@@ -223,7 +223,7 @@ def test_row_stats_in_register_clusters(dtype, shape):
     """Rows of at most 128 KiB that the log-softmax holds in register clusters (asserted from the
     planner) give every statistic but the row's sum from there (rows off 16 bytes from the second row
     on, 32001 and 16001 columns: peeled); longer ones (the last two cases) take consumer_rows.cu's
-    kernel (src/gpu_api.cpp, kStatsClusterRowBytes). Either way: lse, entropy, max,
+    kernel (src/entry/gpu_entry.cpp, kStatsClusterRowBytes). Either way: lse, entropy, max,
     sumexp, moment, and picked and logprobs of 1 and 3 tokens, against float64, with special values,
     T = 1 and 0.6, and a shard's tokens (outside it: 0); max, sumexp and moment against
     consumer_rows.cu's kernel, which asking the sum too takes; the entropy alone (the entropy

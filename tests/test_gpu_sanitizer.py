@@ -94,7 +94,7 @@ def _device():
 
 
 def _rows_flags(c, elem):
-    """The layout flags of a rows problem as the library computes them (gpu_api.cpp, rows_problem)
+    """The layout flags of a rows problem as the library computes them (entry/gpu_entry.cpp, rows_problem)
     for arrays at the case's offsets from 256-byte aligned allocations, contiguous rows."""
     x, y = (o * elem for o in c["offset"])
     rows, cols = c["shape"]
@@ -117,7 +117,7 @@ def kernel_of(name):
             flags = _rows_flags(dict(c, offset=(c["offset"][0],) * 2) if c["op"] == "row_stats" else c,
                                 ELEM[c["dtype"]])
             p = gpu_util.plan(*c["shape"], ELEM[c["dtype"]], flags.pop("aligned16"), **flags, **_device())
-            if p["family"] == "warp_rows" and p["cluster"] > 0 and p["flat_rows"] == 0:
+            if p["family"] == "register_clusters":
                 return c["op"] + "_clusters" + ("_moment" if c.get("stats") == "no_sum" else "")
             if c["op"] == "cross_entropy" and p["family"] == "cluster_rows":
                 return "cross_entropy_ring" + ("_peeled" if p["peel"] else "")
@@ -138,15 +138,9 @@ def kernel_of(name):
         flags = _rows_flags(c, elem)
         p = gpu_util.plan(outer, shape[d], elem, flags.pop("aligned16"), **flags, **_device(), **c["force"])
         fam = p["family"]
-        if fam == "warp_rows":
-            if p["flat_rows"] > 0:
-                return "flat_rows"
-            if shape[d] == 1:
-                return "single_column"
-            if p["cluster"] > 0:
-                return "register_clusters" + ("_peeled" if p["peel"] else "")
-            if p["rows_per_lane"] > 0:
-                return "short_rows"
+        if fam == "register_clusters":
+            return "register_clusters" + ("_peeled" if p["peel"] else "")
+        if fam == "register_rows":  # rows in packs, or warp_rows_kernel's vectors of 8 bytes or an element
             return ("register_rows" + ("_peeled" if p["peel"] else "")) if p["vec"] * elem == 16 else "warp_rows"
         if fam == "cluster_rows":
             return "cluster_rows" + ("_peeled" if p["peel"] else "")
@@ -161,9 +155,8 @@ def kernel_of(name):
                                 tiles_aligned=tiles, **dev, **c["force"])
     fam = p["family"]
     if c["op"] == "backward":
-        if fam == "warp_rows":
-            return "short_rows_backward" if p["rows_per_lane"] > 0 else \
-                "cta_rows_backward" if p["group"] > 32 else "warp_rows_backward"
+        if fam == "register_rows":
+            return "cta_rows_backward" if p["group"] > 32 else "warp_rows_backward"
         return fam + "_backward"
     return fam
 
@@ -357,9 +350,18 @@ _SITE = re.compile(r"(?:between|and) (Read|Write) access at (.*?)\+0x[0-9a-f]+ i
 SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "src")
 
 
+def _source_path(name):
+    """A device source named in a report (its base name; the device sources' names are unique in src/)."""
+    base = os.path.basename(name)
+    for root, _, files in os.walk(SRC):
+        if base in files:
+            return os.path.join(root, base)
+    return None
+
+
 def _source_line(name, line):
-    path = os.path.join(SRC, name)
-    if not os.path.exists(path):
+    path = _source_path(name)
+    if path is None:
         return ""
     with open(path) as f:
         lines = f.read().splitlines()

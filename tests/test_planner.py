@@ -12,7 +12,9 @@ A100 = dict(cc_major=8, cc_minor=0, sm_count=108, smem_optin=166912, max_cluster
 # A Hopper part that schedules clusters of 8 at most, with fewer SMs (a partitioned or smaller GPU).
 HOPPER_SMALL = dict(cc_major=9, cc_minor=0, sm_count=66, smem_optin=232448, max_cluster=8)
 DEVICES = {"H200": H200, "A100": A100, "hopper-small": HOPPER_SMALL}
-CLUSTER_FAMILIES = {"cluster_rows", "grid_rows", "cluster_tiles"}
+CLUSTER_FAMILIES = {"cluster_rows", "grid_rows", "cluster_tiles", "register_clusters"}
+# The families that hold rows in lanes without a cluster, on every GPU.
+LANE_FAMILIES = ("single_column", "flat_rows", "short_rows", "register_rows")
 
 COLS = sorted(set(range(1, 300)) | {2 ** k + d for k in range(9, 23) for d in (-1, 0, 1, 3)} |
               {999, 1000, 1001, 3000, 4100, 5000, 8188, 32000, 50257, 128256, 151936, 262144, 393216})
@@ -48,11 +50,16 @@ def check_plan(p, prob, dev, what):
         assert prob["aligned16"], what  # 16-byte packs only where every row allows them
     if p["peel"]:
         assert prob["peelable"], what
-    if fam == "warp_rows":
-        if p["flat_rows"]:
-            assert not prob["aligned16"] or True
+    # Each family's plans carry what its launcher reads, and nothing of another family's.
+    assert (fam == "flat_rows") == (p["flat_rows"] > 0), what
+    assert (fam == "short_rows") == (p["rows_per_lane"] > 0), what
+    assert fam != "single_column" or prob["cols"] == 1, what
+    assert fam != "register_rows" or p["cluster"] == 0, what
+    if fam in ("flat_rows", "register_clusters", "register_rows", "short_rows"):
+        if fam == "flat_rows":
             assert prob["flat16"] and p["smem_bytes"] >= p["threads"] * p["flat_rows"] * row_bytes, what
-        elif p["cluster"] > 0:
+        elif fam == "register_clusters":
+            assert p["cluster"] >= 2, what
             # rows in registers over a cluster: the CTAs' packs hold the row's 16-byte blocks
             assert p["cluster"] * p["segment"] >= math.ceil(row_bytes / 16), what
             assert p["segment"] <= p["threads"] * p["iters"], what
@@ -121,13 +128,13 @@ def test_founding_shape():
 def test_short_and_medium_rows_stay_in_registers():
     for cols in (32, 128, 1000, 4096, 8192):
         p = _C.plan_rows(rows_problem(100000, cols, 4, 0), H200)
-        assert p["family"] == "warp_rows" and p["cluster"] == 0 and p["smem_bytes"] == 0, cols
+        assert p["family"] in ("short_rows", "register_rows") and p["cluster"] == 0 and p["smem_bytes"] == 0, cols
 
 
 def test_a100_never_gets_a_cluster_family():
     for cols in COLS[::7]:
         for elem in (2, 4, 8):
-            assert _C.plan_rows(rows_problem(64, cols, elem, 0), A100)["family"] in ("warp_rows", "block_rows")
+            assert _C.plan_rows(rows_problem(64, cols, elem, 0), A100)["family"] in LANE_FAMILIES + ("block_rows",)
 
 
 def test_forced_values_take_effect_and_are_checked():
