@@ -6,7 +6,8 @@ work out the 3-d layout and call the C ABI, then turn the status into an excepti
 import math
 
 from . import _C
-from ._arrays import TORCH, contiguous, copy_into, device_name, empty_like, filled, no_autograd, read, writing
+from ._arrays import (DEVICE_ID, DTYPE, FRAMEWORK, ON_GPU, PTR, READONLY, SHAPE, STRIDES, TORCH, contiguous, copy_into,
+                      device_name, empty_like, filled, no_autograd, read, writing)
 from ._dtypes import BY_NAME, NAMES
 from ._errors import ArgumentTypeError, AxisError, InvalidArgumentError, check
 from ._streams import stream_handle, synchronize
@@ -20,7 +21,7 @@ _LAYOUT = (-2, -3, -4)
 def _fail(status, dim, arrays):
     """Raise the error of a status from the bindings (a C ABI status, or -1: dim out of range)."""
     if status == -1:
-        nd = len(tuple(arrays[0][1][1]))
+        nd = len(tuple(arrays[0][1][SHAPE]))
         raise AxisError(f"softlight: dim {dim} is out of range for a {nd}-d array")
     check(status)
 
@@ -30,9 +31,9 @@ def _direct(a, arr, dim, handle, like=None):
     else a contiguous copy of it (the caller holds it until the call is done), or, for an output
     (`like`: the first input and its reading), a new contiguous array like it, whose values the
     caller copies into `a` (copy_into)."""
-    if arr[2] is None or _C.layout_code(arr[1], tuple(arr[2]), dim) == 0:
+    if arr[STRIDES] is None or _C.layout_code(arr[SHAPE], tuple(arr[STRIDES]), dim) == 0:
         return a, arr
-    c = contiguous(a, arr[7]) if like is None else empty_like(*like)
+    c = contiguous(a, arr[FRAMEWORK]) if like is None else empty_like(*like)
     return c, read(c, handle)[0]
 
 
@@ -80,12 +81,12 @@ def _real(v, name):
 
 def _matching(arr, like, name, first="the input"):
     """Checks an array that goes with the first one: same device, dtype and shape."""
-    if arr[4] != like[4] or (arr[4] and arr[5] != like[5]):
+    if arr[ON_GPU] != like[ON_GPU] or (arr[ON_GPU] and arr[DEVICE_ID] != like[DEVICE_ID]):
         raise InvalidArgumentError(f"softlight: {name} is on {device_name(arr)}, {first} on {device_name(like)}")
-    if arr[3] != like[3]:
-        raise InvalidArgumentError(f"softlight: {name} has dtype {NAMES[arr[3]]}, {first} {NAMES[like[3]]}")
-    if tuple(arr[1]) != tuple(like[1]):
-        raise InvalidArgumentError(f"softlight: {name} has shape {tuple(arr[1])}, {first} {tuple(like[1])}")
+    if arr[DTYPE] != like[DTYPE]:
+        raise InvalidArgumentError(f"softlight: {name} has dtype {NAMES[arr[DTYPE]]}, {first} {NAMES[like[DTYPE]]}")
+    if tuple(arr[SHAPE]) != tuple(like[SHAPE]):
+        raise InvalidArgumentError(f"softlight: {name} has shape {tuple(arr[SHAPE])}, {first} {tuple(like[SHAPE])}")
 
 
 def _read_named(a, stream, name):
@@ -101,11 +102,11 @@ def _first(a, stream, name="x"):
     stream, else the legacy default stream (0); stream= only for GPU arrays. A torch tensor that
     requires grad under grad mode is refused (the plain API records no autograd graph)."""
     arr, handle = _read_named(a, None if stream is None else stream_handle(stream), name)
-    if arr[7] == "torch":
+    if arr[FRAMEWORK] == "torch":
         no_autograd(a, name)
     if handle is None:
         return arr, 0
-    if not arr[4]:
+    if not arr[ON_GPU]:
         raise ArgumentTypeError("softlight: stream= applies to GPU arrays, and the arrays are on the CPU")
     return arr, handle
 
@@ -115,24 +116,24 @@ def _output(out, first, xa, stream, name):
     if out is None:
         out = empty_like(first, xa)
         # A new torch or CuPy array: C-contiguous (strides None), its pointer all that is to read.
-        if xa[7] == "torch":
-            return out, (out.data_ptr(), xa[1], None, xa[3], xa[4], xa[5], False, "torch", None)
-        if xa[7] == "cupy":
-            return out, (out.data.ptr, xa[1], None, xa[3], True, xa[5], False, "cupy", None)
+        if xa[FRAMEWORK] == "torch":
+            return out, (out.data_ptr(), xa[SHAPE], None, xa[DTYPE], xa[ON_GPU], xa[DEVICE_ID], False, "torch", None)
+        if xa[FRAMEWORK] == "cupy":
+            return out, (out.data.ptr, xa[SHAPE], None, xa[DTYPE], True, xa[DEVICE_ID], False, "cupy", None)
         return out, read(out, stream)[0]
     oa = _read_named(out, stream, name)[0]
     _matching(oa, xa, name)
-    if oa[6]:
+    if oa[READONLY]:
         raise InvalidArgumentError(f"softlight: {name} is read-only")
-    if oa[7] == "torch":
+    if oa[FRAMEWORK] == "torch":
         writing(out, name)
     return out, oa
 
 
 def _finish(arr, handle):
     """JAX tracks no foreign streams: its arrays are handed back only once the work is done."""
-    if arr[7] == "jax" and arr[4]:
-        synchronize(handle, arr[5])
+    if arr[FRAMEWORK] == "jax" and arr[ON_GPU]:
+        synchronize(handle, arr[DEVICE_ID])
 
 
 def log_softmax(x, dim=-1, *, axis=None, out=None, stream=None, temperature=1.0, return_lse=False):
@@ -183,33 +184,35 @@ def log_softmax(x, dim=-1, *, axis=None, out=None, stream=None, temperature=1.0,
                 if status not in _LAYOUT:
                     _fail(status, dim, (("x", read(x)[0]), ("out", read(y)[0])))
     xa, handle = _first(x, stream)
-    gpu = xa[4]
+    gpu = xa[ON_GPU]
     out, oa = _output(out, x, xa, handle, "out")
     lse, lse_ptr = None, 0
     if return_lse:
-        nd = len(xa[1])
+        nd = len(xa[SHAPE])
         if not -max(nd, 1) <= dim < max(nd, 1):
             raise AxisError(f"softlight: dim {dim} is out of range for a {nd}-d array")
         d = dim % max(nd, 1)
-        shape = tuple(xa[1])
-        lse = empty_like(x, xa, shape=shape[:d] + shape[d + 1:], dtype="float64" if xa[3] == 3 else "float32")
-        lse_ptr = read(lse, handle)[0][0]
-    status = _C.forward(xa[0], xa[1], xa[2], oa[0], oa[2], dim, xa[3], gpu, handle, temperature, lse_ptr)
+        shape = tuple(xa[SHAPE])
+        lse = empty_like(x, xa, shape=shape[:d] + shape[d + 1:], dtype="float64" if xa[DTYPE] == 3 else "float32")
+        lse_ptr = read(lse, handle)[0][PTR]
+    status = _C.forward(xa[PTR], xa[SHAPE], xa[STRIDES], oa[PTR], oa[STRIDES], dim, xa[DTYPE], gpu, handle, temperature,
+                        lse_ptr)
     if status in _LAYOUT:  # a layout not read in place: through contiguous copies
         xc, ca = _direct(x, xa, dim, handle)
         yc, ya = _direct(out, oa, dim, handle, (x, xa))
-        status = _C.forward(ca[0], ca[1], ca[2], ya[0], ya[2], dim, xa[3], gpu, handle, temperature, lse_ptr)
+        status = _C.forward(ca[PTR], ca[SHAPE], ca[STRIDES], ya[PTR], ya[STRIDES], dim, xa[DTYPE], gpu, handle,
+                            temperature, lse_ptr)
         del xc  # (held until the call is done)
         if status == 0 and yc is not out:
-            copy_into(out, yc, xa[7])
+            copy_into(out, yc, xa[FRAMEWORK])
     if status:
         _fail(status, dim, (("x", xa), ("out", oa)))
     _finish(xa, handle)
-    if return_lse and 0 in tuple(xa[1]):
-        shape = tuple(xa[1])
+    if return_lse and 0 in tuple(xa[SHAPE]):
+        shape = tuple(xa[SHAPE])
         d = dim % max(len(shape), 1)
         if shape[d] == 0 and math.prod(shape[:d] + shape[d + 1:]) > 0:
-            lse = filled(lse, xa[7], -math.inf)  # the log-sum-exp of an empty axis; the library wrote nothing
+            lse = filled(lse, xa[FRAMEWORK], -math.inf)  # the log-sum-exp of an empty axis; the library wrote nothing
     return (out, lse) if return_lse else out
 
 
@@ -242,20 +245,22 @@ def log_softmax_backward(grad, y, dim=-1, *, axis=None, grad_in=None, stream=Non
             if status not in _LAYOUT:
                 _fail(status, dim, (("grad", read(grad)[0]), ("y", read(y)[0])))
     ga, handle = _first(grad, stream, "grad")
-    gpu = ga[4]
+    gpu = ga[ON_GPU]
     ya = _read_named(y, handle, "y")[0]
-    if ya[7] == "torch":
+    if ya[FRAMEWORK] == "torch":
         no_autograd(y, "y")
     _matching(ya, ga, "y", "grad")
     grad_in, da = _output(grad_in, grad, ga, handle, "grad_in")
-    status = _C.backward(ga[0], ga[1], ga[2], ya[0], ya[2], da[0], da[2], dim, ga[3], gpu, handle)
+    status = _C.backward(ga[PTR], ga[SHAPE], ga[STRIDES], ya[PTR], ya[STRIDES], da[PTR], da[STRIDES], dim, ga[DTYPE],
+                         gpu, handle)
     if status in _LAYOUT:  # layouts not read in place: through contiguous copies (log_softmax)
         (gc, gca), (yc, yca) = _direct(grad, ga, dim, handle), _direct(y, ya, dim, handle)
         dc, dca = _direct(grad_in, da, dim, handle, (grad, ga))
-        status = _C.backward(gca[0], gca[1], gca[2], yca[0], yca[2], dca[0], dca[2], dim, ga[3], gpu, handle)
+        status = _C.backward(gca[PTR], gca[SHAPE], gca[STRIDES], yca[PTR], yca[STRIDES], dca[PTR], dca[STRIDES], dim,
+                             ga[DTYPE], gpu, handle)
         del gc, yc  # (held until the call is done)
         if status == 0 and dc is not grad_in:
-            copy_into(grad_in, dc, ga[7])
+            copy_into(grad_in, dc, ga[FRAMEWORK])
     if status:
         _fail(status, dim, (("grad", ga), ("y", ya), ("grad_in", da)))
     _finish(ga, handle)

@@ -227,7 +227,7 @@ def read(a, stream=None):
 def empty_like(a, arr, shape=None, dtype=None):
     """An uninitialised, C-contiguous array of the same kind and device as `a` (read as `arr`): by
     default of the same shape and dtype, else of `shape` and the dtype named `dtype`."""
-    fw = arr[7]
+    fw = arr[FRAMEWORK]
     if fw == "torch":
         torch = sys.modules["torch"]
         if shape is None and dtype is None:
@@ -236,15 +236,15 @@ def empty_like(a, arr, shape=None, dtype=None):
             return torch.empty_like(a, memory_format=torch.contiguous_format)
         return torch.empty(tuple(a.shape) if shape is None else shape,
                            dtype=a.dtype if dtype is None else getattr(torch, dtype), device=a.device)
-    shape = tuple(arr[1]) if shape is None else tuple(shape)
+    shape = tuple(arr[SHAPE]) if shape is None else tuple(shape)
     if fw == "numpy":
         import numpy as np
         return np.empty(shape, dtype=a.dtype if dtype is None else np.dtype(dtype))
     if fw == "cupy":
         cupy = sys.modules["cupy"]
-        if dtype is None and cupy.cuda.runtime.getDevice() == arr[5]:
+        if dtype is None and cupy.cuda.runtime.getDevice() == arr[DEVICE_ID]:
             return cupy.empty(shape, a.dtype)
-        with cupy.cuda.Device(arr[5]):
+        with cupy.cuda.Device(arr[DEVICE_ID]):
             return cupy.empty(shape, dtype=a.dtype if dtype is None else cupy.dtype(dtype))
     if fw == "jax":
         import jax.numpy as jnp

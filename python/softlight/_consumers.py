@@ -13,7 +13,8 @@ import math
 import numpy as np
 
 from . import _C
-from ._arrays import contiguous, copy_into, device_name, empty_like, read
+from ._arrays import (DEVICE_ID, DTYPE, FRAMEWORK, ON_GPU, PTR, SHAPE, STRIDES, contiguous, copy_into, device_name,
+                      empty_like, read)
 from ._api import _check_dim, _check_temperature, _finish, _first, _int_arg, _output, _real, log_softmax
 from ._errors import ArgumentTypeError, AxisError, InvalidArgumentError, check
 
@@ -23,7 +24,7 @@ _REDUCTIONS = {"none": 0, "sum": 1, "mean": 2}
 
 def _rows(arr, name):
     """(rows, cols, row stride) of an array read as `arr`, or raise where its layout is not rows."""
-    shape, strides = tuple(arr[1]), arr[2]
+    shape, strides = tuple(arr[SHAPE]), arr[STRIDES]
     if len(shape) == 0:
         raise InvalidArgumentError(f"softlight: {name} must have at least one axis (the vocabulary's)")
     cols = shape[-1]
@@ -50,7 +51,7 @@ def _logits(logits, name="logits"):
     xa, handle = _first(logits, None, name)
     rows = _rows(xa, name)
     if rows is None:
-        logits = contiguous(logits, xa[7])
+        logits = contiguous(logits, xa[FRAMEWORK])
         xa = read(logits, handle)[0]
         rows = _rows(xa, name)
     return xa, rows, handle, logits
@@ -62,9 +63,9 @@ def _device_array(a, xa, shape, name, integer):
     if not hasattr(a, "__dlpack__"):
         raise ArgumentTypeError(f"softlight: {name} must be an array on {device_name(xa)}")
     ptr, ashape, strides, dl, (dev_type, dev_id), _ = _C.dlpack_view(cap := a.__dlpack__())
-    want = (0, 64, 1) if integer else ((2, 64, 1) if xa[3] == 3 else (2, 32, 1))
-    kind = "int64" if integer else ("float64" if xa[3] == 3 else "float32")
-    if dev_type not in (2, 13) or dev_id != xa[5]:
+    want = (0, 64, 1) if integer else ((2, 64, 1) if xa[DTYPE] == 3 else (2, 32, 1))
+    kind = "int64" if integer else ("float64" if xa[DTYPE] == 3 else "float32")
+    if dev_type not in (2, 13) or dev_id != xa[DEVICE_ID]:
         raise InvalidArgumentError(f"softlight: {name} must be on {device_name(xa)}")
     if tuple(dl) != want:
         raise InvalidArgumentError(f"softlight: {name} must be {kind} on the GPU")
@@ -168,12 +169,12 @@ def _rows_output(out, oa, logits, xa, handle):
 
 
 def _acc_dtype(xa):
-    return "float64" if xa[3] == 3 else "float32"
+    return "float64" if xa[DTYPE] == 3 else "float32"
 
 
 def _new(like, xa, shape):
     out = empty_like(like, xa, shape=shape, dtype=_acc_dtype(xa))
-    return out, read(out)[0][0]
+    return out, read(out)[0][PTR]
 
 
 def row_stats(logits, index=None, *, stats=("lse",), temperature=1.0, index_offset=0, shard=False, threads=0):
@@ -192,7 +193,7 @@ def row_stats(logits, index=None, *, stats=("lse",), temperature=1.0, index_offs
             raise InvalidArgumentError(f"softlight: stats names an unknown statistic {s!r}; known: {', '.join(STATS)}")
     index_offset = _int_arg(index_offset, "index_offset")
     xa, (rows, cols, xs), handle, logits = _logits(logits)
-    lead = tuple(xa[1])[:-1]
+    lead = tuple(xa[SHAPE])[:-1]
     idx_ptr, k, keep = _index_of(index, xa, lead, cols, shard)
     if index is None and ("logprobs" in stats or "picked" in stats):
         raise InvalidArgumentError("softlight: logprobs and picked need an index")
@@ -201,8 +202,8 @@ def row_stats(logits, index=None, *, stats=("lse",), temperature=1.0, index_offs
     for s in stats:
         shape = (lead + (() if k is None else (k,))) if s in ("logprobs", "picked") else lead
         outs[s], ptrs[STATS.index(s)] = _new(logits, xa, shape)
-    st = _C.row_stats(xa[0], xs, rows, cols, xa[3], temperature, idx_ptr, count, count, index_offset,
-                      bool(shard), ptrs, _threads(threads), xa[4], handle)
+    st = _C.row_stats(xa[PTR], xs, rows, cols, xa[DTYPE], temperature, idx_ptr, count, count, index_offset,
+                      bool(shard), ptrs, _threads(threads), xa[ON_GPU], handle)
     check(st)
     del keep
     _finish(xa, handle)
@@ -214,7 +215,7 @@ def _index_of(index, xa, lead, cols, shard, name="index", ignore=None):
     against the vocabulary unless shard), an int64 device array on the GPU."""
     if index is None:
         return 0, None, None
-    if not xa[4]:
+    if not xa[ON_GPU]:
         idx, k = _indices(index, lead, name)
         if not shard:
             _check_range(idx, cols, name, ignore)
@@ -239,17 +240,17 @@ def row_stats_backward(logits, lse, *, entropy=None, d_lse=None, d_entropy=None,
     temperature = _check_temperature(temperature)
     index_offset = _int_arg(index_offset, "index_offset")
     xa, (rows, cols, xs), handle, logits = _logits(logits)
-    lead = tuple(xa[1])[:-1]
+    lead = tuple(xa[SHAPE])[:-1]
     idx_ptr, k, keep_index = _index_of(index, xa, lead, cols, shard)
     count = 0 if index is None else (1 if k is None else k)
-    acc = np.float64 if xa[3] == 3 else np.float32
+    acc = np.float64 if xa[DTYPE] == 3 else np.float32
     keep = [keep_index]
 
     def small(a, name, per_index=False):
         if a is None:
             return 0
         want = lead + ((() if k is None else (k,)) if per_index else ())
-        if xa[4]:
+        if xa[ON_GPU]:
             ptr, cap = _device_array(a, xa, want, name, False)
             keep.append(cap)
             return ptr
@@ -272,11 +273,11 @@ def row_stats_backward(logits, lse, *, entropy=None, d_lse=None, d_entropy=None,
            small(d_logprobs, "d_logprobs", True), small(d_picked, "d_picked", True), small(d_sum, "d_sum")]
     out, oa = _output(out, logits, xa, handle, "out")
     target, ta = _rows_output(out, oa, logits, xa, handle)
-    st = _C.row_stats_backward(xa[0], xs, ta[0], _rows(ta, "out")[2], rows, cols, xa[3], temperature, idx_ptr, count,
-                               count, index_offset, bool(shard), ins, _threads(threads), xa[4], handle)
+    st = _C.row_stats_backward(xa[PTR], xs, ta[PTR], _rows(ta, "out")[2], rows, cols, xa[DTYPE], temperature, idx_ptr,
+                               count, count, index_offset, bool(shard), ins, _threads(threads), xa[ON_GPU], handle)
     check(st)
     if target is not out:
-        copy_into(out, target, xa[7])
+        copy_into(out, target, xa[FRAMEWORK])
     _finish(xa, handle)
     return out
 
@@ -296,10 +297,10 @@ def cross_entropy(logits, target, *, ignore_index=-100, label_smoothing=0.0, red
             not hasattr(grad, "__array_interface__"):
         raise ArgumentTypeError(f"softlight: grad must be None, True or an array, got {type(grad).__qualname__}")
     xa, (rows, cols, xs), handle, logits = _logits(logits)
-    if len(xa[1]) > 2:
-        raise InvalidArgumentError(f"softlight: logits of shape {tuple(xa[1])}: pass (N, C) or (C,) "
+    if len(xa[SHAPE]) > 2:
+        raise InvalidArgumentError(f"softlight: logits of shape {tuple(xa[SHAPE])}: pass (N, C) or (C,) "
                                    f"(softlight.torch.cross_entropy takes torch's (N, C, d1, ...) too)")
-    lead = tuple(xa[1])[:-1]
+    lead = tuple(xa[SHAPE])[:-1]
     idx_ptr, k, keep = _index_of(target, xa, lead, cols, False, "target", ignore_index)
     if k is not None:
         raise InvalidArgumentError(f"softlight: target has shape {lead + (k,)}, expected {lead}")
@@ -309,14 +310,14 @@ def cross_entropy(logits, target, *, ignore_index=-100, label_smoothing=0.0, red
     if grad is not None and grad is not False:
         g, ga = _output(None if grad is True else grad, logits, xa, handle, "grad")
         gt, ga = _rows_output(g, ga, logits, xa, handle)
-        gptr, gstride = ga[0], _rows(ga, "grad")[2]
-    st = _C.cross_entropy(xa[0], xs, idx_ptr, rows, cols, xa[3], temperature, label_smoothing, z_loss,
+        gptr, gstride = ga[PTR], _rows(ga, "grad")[2]
+    st = _C.cross_entropy(xa[PTR], xs, idx_ptr, rows, cols, xa[DTYPE], temperature, label_smoothing, z_loss,
                           ignore_index is not None, 0 if ignore_index is None else ignore_index, red, loss_ptr,
-                          lse_ptr, gptr, gstride, _threads(threads), xa[4], handle)
+                          lse_ptr, gptr, gstride, _threads(threads), xa[ON_GPU], handle)
     check(st)
     del keep
     if gt is not g:
-        copy_into(g, gt, xa[7])
+        copy_into(g, gt, xa[FRAMEWORK])
     _finish(xa, handle)
     extra = ((lse,) if return_lse else ()) + ((g,) if g is not None else ())
     return (loss,) + extra if extra else loss
@@ -332,14 +333,14 @@ def _moved(logits, dim, axis):
     """logits with the axis `dim` (or `axis`) last, as a view (read through a copy where needed)."""
     dim = _check_dim(dim, axis)
     xa = _first(logits, None, "logits")[0]
-    nd = len(xa[1])
+    nd = len(xa[SHAPE])
     if not -max(nd, 1) <= dim < max(nd, 1):
         raise AxisError(f"softlight: dim {dim} is out of range for a {nd}-d array")
     if nd == 0 or dim % nd == nd - 1:
         return logits
-    if xa[7] == "torch":
+    if xa[FRAMEWORK] == "torch":
         return logits.movedim(dim, -1)
-    if xa[7] in ("numpy", "cupy"):
+    if xa[FRAMEWORK] in ("numpy", "cupy"):
         d = dim % nd
         return logits.transpose([i for i in range(nd) if i != d] + [d])
     raise InvalidArgumentError(f"softlight: dim {dim} of a {type(logits).__module__} array: move the axis last first")
@@ -359,7 +360,7 @@ def logsumexp(logits, dim=-1, *, axis=None, keepdim=False, threads=0):
     strided pass (which writes the log-softmax too)."""
     dim = _check_dim(dim, axis)
     xa = _first(logits, None, "logits")[0]
-    nd = len(xa[1])
+    nd = len(xa[SHAPE])
     if not -max(nd, 1) <= dim < max(nd, 1):
         raise AxisError(f"softlight: dim {dim} is out of range for a {nd}-d array")
     if type(keepdim) is not bool:
@@ -370,7 +371,7 @@ def logsumexp(logits, dim=-1, *, axis=None, keepdim=False, threads=0):
         lse = log_softmax(logits, dim, return_lse=True)[1]
     if keepdim and nd:
         d = dim % nd
-        lse = lse.reshape(tuple(xa[1])[:d] + (1,) + tuple(xa[1])[d + 1:])
+        lse = lse.reshape(tuple(xa[SHAPE])[:d] + (1,) + tuple(xa[SHAPE])[d + 1:])
     return lse
 
 
