@@ -93,104 +93,40 @@ py::tuple dlpack_view(py::capsule cap) {
 // (bindings.hpp).
 namespace softlight_py {
 
-// Layout errors of an array along an axis, as negative codes beside the C ABI's statuses (Python
-// turns them into messages).
-constexpr int kDimOutOfRange = -1;
-constexpr int kBeforeDoNotMerge = -2;
-constexpr int kAfterDoNotMerge = -3;
-constexpr int kNegativeStride = -4;
+// Arrays whose shape and strides differ in length: a code beside the C ABI's statuses (Python turns it
+// into a message). Every other check of an array's axis is the C ABI's (softlight_layout_nd).
 constexpr int kShapeMismatch = -5;
-
-// (extent, stride) of the axes [a, b) as one evenly strided axis (axes of extent 1 take no part;
-// none at all: (1, 0)); false where they do not form one.
-bool merge(const Dims& shape, const Dims& strides, int a, int b, int64_t* n, int64_t* s) {
-  *n = 1;
-  *s = 0;
-  bool first = true;
-  int64_t next = 0;  // the stride the next axis must have
-  for (int i = b - 1; i >= a; --i) {
-    if (shape[i] == 1) continue;
-    if (!first && strides[i] != next) return false;
-    if (first) *s = strides[i];
-    first = false;
-    *n *= shape[i];
-    next = strides[i] * shape[i];
-  }
-  return true;
-}
-
-// Axis d (normalized) of an array as (outer, dim, inner) extents and strides; a code above on error.
-int layout3(const Dims& shape, const Dims& strides, int d, int64_t n[3], int64_t s[3]) {
-  const int nd = static_cast<int>(shape.size());
-  if (nd == 0) {
-    n[0] = n[1] = n[2] = 1;
-    s[0] = s[1] = s[2] = 0;
-    return 0;
-  }
-  n[0] = n[2] = 1;
-  for (int i = 0; i < d; ++i) n[0] *= shape[i];
-  for (int i = d + 1; i < nd; ++i) n[2] *= shape[i];
-  n[1] = shape[d];
-  s[0] = s[1] = s[2] = 0;
-  for (int i = 0; i < nd; ++i)
-    if (shape[i] == 0) return 0;  // nothing is read or written: any layout will do
-  int64_t m = 0;
-  if (!merge(shape, strides, 0, d, &m, &s[0])) return kBeforeDoNotMerge;
-  if (!merge(shape, strides, d + 1, nd, &m, &s[2])) return kAfterDoNotMerge;
-  for (int i = 0; i < nd; ++i)
-    if (strides[i] < 0 && shape[i] != 1) return kNegativeStride;  // an axis of one element never steps
-  s[1] = shape[d] != 1 ? strides[d] : 0;
-  return 0;
-}
-
-// dim in [-ndim, ndim) (a 0-d array counts as one axis) made non-negative, or -1.
-int normalize_dim(int64_t dim, size_t ndim) {
-  const int64_t n = ndim > 0 ? static_cast<int64_t>(ndim) : 1;
-  if (dim < -n || dim >= n) return -1;
-  return static_cast<int>(dim < 0 ? dim + n : dim);
-}
 
 void* mptr(uintptr_t p) { return reinterpret_cast<void*>(p); }
 
 // The forward of one array along dim: y (ys strides; the shape is x's) = log_softmax(x / t), lse
-// optional. gpu: queued on `stream`; else on the CPU's threads. Returns a C ABI status or a code above.
+// optional. gpu: queued on `stream`; else on the CPU's threads. Returns a C ABI status or the code above.
 int forward(uintptr_t x, const Dims& shape, const Dims& xs, uintptr_t y, const Dims& ys, int64_t dim, int dtype,
             bool gpu, uintptr_t stream, double temperature, uintptr_t lse) {
-  const int d = normalize_dim(dim, shape.size());
-  if (d < 0) return kDimOutOfRange;
   if (xs.size() != shape.size() || ys.size() != shape.size()) return kShapeMismatch;
-  int64_t n[3], sx[3], sy[3];
-  if (int e = layout3(shape, xs, d, n, sx)) return e;
-  if (ys != xs) {
-    if (int e = layout3(shape, ys, d, n, sy)) return e;
-  } else {
-    sy[0] = sx[0], sy[1] = sx[1], sy[2] = sx[2];
-  }
   if (dtype < 0 || dtype > 3) return SOFTLIGHT_ERROR_UNSUPPORTED_DTYPE;  // never an enum out of its values
   const softlight_forward_options o{temperature, mptr(lse)};
   const auto type = static_cast<softlight_dtype>(dtype);
+  const int nd = static_cast<int>(shape.size());
   py::gil_scoped_release nogil;
-  return gpu ? softlight_log_softmax_forward_3d(mptr(x), sx, mptr(y), sy, n[0], n[1], n[2], type, &o, mptr(stream))
-             : softlight_log_softmax_forward_3d_cpu(mptr(x), sx, mptr(y), sy, n[0], n[1], n[2], type, &o, 0);
+  return gpu ? softlight_log_softmax_forward_nd(mptr(x), xs.data(), mptr(y), ys.data(), shape.data(), nd, dim, type, &o,
+                                                mptr(stream))
+             : softlight_log_softmax_forward_nd_cpu(mptr(x), xs.data(), mptr(y), ys.data(), shape.data(), nd, dim, type,
+                                                    &o, 0);
 }
 
 // The backward along dim: dx = dy - exp(y) * sum(dy), arrays of one shape.
 int backward(uintptr_t dy, const Dims& shape, const Dims& dys, uintptr_t y, const Dims& ys, uintptr_t dx,
              const Dims& dxs, int64_t dim, int dtype, bool gpu, uintptr_t stream) {
-  const int d = normalize_dim(dim, shape.size());
-  if (d < 0) return kDimOutOfRange;
   if (dys.size() != shape.size() || ys.size() != shape.size() || dxs.size() != shape.size()) return kShapeMismatch;
-  int64_t n[3], sg[3], sy[3], sd[3];
-  if (int e = layout3(shape, dys, d, n, sg)) return e;
-  if (int e = layout3(shape, ys, d, n, sy)) return e;
-  if (int e = layout3(shape, dxs, d, n, sd)) return e;
   if (dtype < 0 || dtype > 3) return SOFTLIGHT_ERROR_UNSUPPORTED_DTYPE;
   const auto type = static_cast<softlight_dtype>(dtype);
+  const int nd = static_cast<int>(shape.size());
   py::gil_scoped_release nogil;
-  return gpu ? softlight_log_softmax_backward_3d(mptr(dy), sg, mptr(y), sy, mptr(dx), sd, n[0], n[1], n[2], type,
-                                                 mptr(stream))
-             : softlight_log_softmax_backward_3d_cpu(mptr(dy), sg, mptr(y), sy, mptr(dx), sd, n[0], n[1], n[2],
-                                                     type, 0);
+  return gpu ? softlight_log_softmax_backward_nd(mptr(dy), dys.data(), mptr(y), ys.data(), mptr(dx), dxs.data(),
+                                                 shape.data(), nd, dim, type, mptr(stream))
+             : softlight_log_softmax_backward_nd_cpu(mptr(dy), dys.data(), mptr(y), ys.data(), mptr(dx), dxs.data(),
+                                                     shape.data(), nd, dim, type, 0);
 }
 
 // --- the hot entry points, without pybind11's argument conversion -----------------------------
@@ -529,9 +465,11 @@ PYBIND11_MODULE(_C, m) {
   }
   if (!softlight_py::add_torch_entries(m.ptr())) throw py::error_already_set();
   m.def("layout_code", [](const Dims& shape, const Dims& strides, int64_t dim) {
-    const int d = normalize_dim(dim, shape.size());
     int64_t n[3], s[3];
-    return d < 0 ? kDimOutOfRange : strides.size() != shape.size() ? kShapeMismatch : layout3(shape, strides, d, n, s);
+    return strides.size() != shape.size()
+               ? kShapeMismatch
+               : static_cast<int>(softlight_layout_nd(shape.data(), strides.data(), static_cast<int>(shape.size()), dim,
+                                                      n, s));
   });
   m.def("dlpack_view", &dlpack_view, py::arg("capsule"));
   m.def("row_stats", &row_stats, py::arg("x"), py::arg("xs"), py::arg("rows"), py::arg("cols"), py::arg("dtype"),

@@ -1,5 +1,5 @@
-// What bindings.cpp shares with torch_entry.cpp: an array's layout along an axis and the two calls
-// of the C ABI, as the Python module makes them.
+// What bindings.cpp shares with torch_entry.cpp: the two calls of the C ABI's N-d entries, as the
+// Python module makes them.
 #pragma once
 
 #include <Python.h>
@@ -11,9 +11,6 @@ namespace softlight_py {
 
 using Dims = std::vector<int64_t>;
 
-// dim in [-ndim, ndim) (a 0-d array counts as one axis) made non-negative, or -1.
-int normalize_dim(int64_t dim, size_t ndim);
-
 // A Python sequence of ints into `out`; false with a Python exception set.
 bool dims_of(PyObject* o, Dims* out);
 
@@ -21,8 +18,8 @@ bool dims_of(PyObject* o, Dims* out);
 bool contiguous(const Dims& shape, Dims* out);
 
 // The forward of one array along dim: y (ys strides; the shape is x's) = log_softmax(x / t), lse
-// optional. gpu: queued on `stream`; else on the CPU's threads. Returns a C ABI status, or a
-// negative layout code (bindings.cpp). Releases the GIL around the C ABI's call.
+// optional. gpu: queued on `stream`; else on the CPU's threads. Returns a C ABI status, or -5 where
+// the strides' lengths differ from the shape's (bindings.cpp). Releases the GIL around the C ABI's call.
 int forward(uintptr_t x, const Dims& shape, const Dims& xs, uintptr_t y, const Dims& ys, int64_t dim, int dtype,
             bool gpu, uintptr_t stream, double temperature, uintptr_t lse);
 

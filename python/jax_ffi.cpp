@@ -1,10 +1,11 @@
 // XLA FFI handlers that run softlight inside jitted JAX programs (python/softlight/jax.py registers
 // them). Built where JAX's headers are at hand at build time (CMakeLists.txt: SOFTLIGHT_JAX).
-// XLA hands dense row-major buffers: the axis splits them into (outer, dim, inner).
+// XLA hands dense row-major buffers: the C ABI's N-d entries take them with their C-order strides.
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "softlight/softlight.h"
 #include "xla/ffi/api/ffi.h"
@@ -23,26 +24,17 @@ bool dtype_of(ffi::DataType t, softlight_dtype* out) {
   }
 }
 
-// The (outer, dim, inner) extents and C-order strides of a buffer along `axis` (negative: from the end).
-struct Layout {
-  int64_t n[3] = {1, 1, 1};
-  int64_t s[3] = {0, 0, 0};
+// A buffer's shape and C-order strides (XLA hands dense row-major buffers), as the N-d entries take them.
+struct Dense {
+  std::vector<int64_t> shape, strides;
+  explicit Dense(const ffi::AnyBuffer& b) {
+    const auto dims = b.dimensions();
+    shape.assign(dims.begin(), dims.end());
+    strides.assign(shape.size(), 1);
+    for (size_t i = shape.size(); i-- > 1;) strides[i - 1] = strides[i] * shape[i];
+  }
+  int ndim() const { return static_cast<int>(shape.size()); }
 };
-
-ffi::Error layout_of(const ffi::AnyBuffer& b, int64_t axis, Layout* l) {
-  const auto dims = b.dimensions();
-  const int64_t rank = static_cast<int64_t>(dims.size());
-  if (rank == 0) return ffi::Error::Success();
-  if (axis < 0) axis += rank;  // counted from the end: batch axes vmap adds in front leave it be
-  if (axis < 0 || axis >= rank) return ffi::Error::InvalidArgument("softlight: axis out of range");
-  for (int64_t i = 0; i < axis; ++i) l->n[0] *= dims[i];
-  l->n[1] = dims[axis];
-  for (int64_t i = axis + 1; i < rank; ++i) l->n[2] *= dims[i];
-  l->s[0] = l->n[1] * l->n[2];
-  l->s[1] = l->n[2];
-  l->s[2] = 1;
-  return ffi::Error::Success();
-}
 
 ffi::Error status_error(softlight_status st) {
   if (st == SOFTLIGHT_SUCCESS) return ffi::Error::Success();
@@ -57,14 +49,13 @@ ffi::Error forward(void* stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y
                    int64_t axis, double temperature) {
   softlight_dtype dtype;
   if (!dtype_of(x.element_type(), &dtype)) return ffi::Error::InvalidArgument("softlight: unsupported dtype");
-  Layout l;
-  if (ffi::Error e = layout_of(x, axis, &l); e.failure()) return e;
+  const Dense a(x);  // the axis counted from the end: batch axes vmap adds in front leave it be
   const softlight_forward_options o{temperature, lse->untyped_data()};
   const softlight_status st =
-      Gpu ? softlight_log_softmax_forward_3d(x.untyped_data(), l.s, y->untyped_data(), l.s, l.n[0], l.n[1], l.n[2],
-                                             dtype, &o, stream)
-          : softlight_log_softmax_forward_3d_cpu(x.untyped_data(), l.s, y->untyped_data(), l.s, l.n[0], l.n[1],
-                                                 l.n[2], dtype, &o, 0);
+      Gpu ? softlight_log_softmax_forward_nd(x.untyped_data(), a.strides.data(), y->untyped_data(), a.strides.data(),
+                                             a.shape.data(), a.ndim(), axis, dtype, &o, stream)
+          : softlight_log_softmax_forward_nd_cpu(x.untyped_data(), a.strides.data(), y->untyped_data(),
+                                                 a.strides.data(), a.shape.data(), a.ndim(), axis, dtype, &o, 0);
   return status_error(st);
 }
 
@@ -73,13 +64,14 @@ template <bool Gpu>
 ffi::Error backward(void* stream, ffi::AnyBuffer dy, ffi::AnyBuffer y, ffi::Result<ffi::AnyBuffer> dx, int64_t axis) {
   softlight_dtype dtype;
   if (!dtype_of(dy.element_type(), &dtype)) return ffi::Error::InvalidArgument("softlight: unsupported dtype");
-  Layout l;
-  if (ffi::Error e = layout_of(dy, axis, &l); e.failure()) return e;
+  const Dense a(dy);
   const softlight_status st =
-      Gpu ? softlight_log_softmax_backward_3d(dy.untyped_data(), l.s, y.untyped_data(), l.s, dx->untyped_data(), l.s,
-                                              l.n[0], l.n[1], l.n[2], dtype, stream)
-          : softlight_log_softmax_backward_3d_cpu(dy.untyped_data(), l.s, y.untyped_data(), l.s, dx->untyped_data(),
-                                                  l.s, l.n[0], l.n[1], l.n[2], dtype, 0);
+      Gpu ? softlight_log_softmax_backward_nd(dy.untyped_data(), a.strides.data(), y.untyped_data(), a.strides.data(),
+                                              dx->untyped_data(), a.strides.data(), a.shape.data(), a.ndim(), axis,
+                                              dtype, stream)
+          : softlight_log_softmax_backward_nd_cpu(dy.untyped_data(), a.strides.data(), y.untyped_data(),
+                                                  a.strides.data(), dx->untyped_data(), a.strides.data(),
+                                                  a.shape.data(), a.ndim(), axis, dtype, 0);
   return status_error(st);
 }
 

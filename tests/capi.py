@@ -46,3 +46,35 @@ def backward_cpu(dy, dys, y, ys, dx, dxs, rows, cols, dtype, threads=0):
 def backward_3d_cpu(dy, dys, y, ys, dx, dxs, outer, dim, inner, dtype, threads=0):
     return _backward_3d_cpu(dy or None, _Strides(*dys), y or None, _Strides(*ys), dx or None, _Strides(*dxs),
                             outer, dim, inner, dtype, threads)
+
+
+_I64p = ctypes.POINTER(_i64)
+_forward_nd_cpu = _fn("softlight_log_softmax_forward_nd_cpu", _ptr, _I64p, _ptr, _I64p, _I64p, _int, _i64, _int,
+                      ctypes.POINTER(ForwardOptions), _int)
+_backward_nd_cpu = _fn("softlight_log_softmax_backward_nd_cpu", _ptr, _I64p, _ptr, _I64p, _ptr, _I64p, _I64p, _int,
+                       _i64, _int, _int)
+_layout_nd = _fn("softlight_layout_nd", _I64p, _I64p, _int, _i64, _I64p, _I64p)
+
+
+def _dims(v):
+    return None if v is None else (_i64 * max(1, len(v)))(*v)
+
+
+def forward_nd_cpu(x, xs, y, ys, shape, dim, dtype, threads=0, temperature=1.0, lse=0, ndim=None):
+    o = ForwardOptions(temperature, lse or None)
+    nd = len(shape) if ndim is None else ndim
+    return _forward_nd_cpu(x or None, _dims(xs), y or None, _dims(ys), _dims(shape), nd, dim, dtype, ctypes.byref(o),
+                           threads)
+
+
+def backward_nd_cpu(dy, dys, y, ys, dx, dxs, shape, dim, dtype, threads=0):
+    return _backward_nd_cpu(dy or None, _dims(dys), y or None, _dims(ys), dx or None, _dims(dxs), _dims(shape),
+                            len(shape), dim, dtype, threads)
+
+
+def layout_nd(shape, strides, dim, ndim=None):
+    """(status, n, s) of softlight_layout_nd."""
+    n, s = (_i64 * 3)(), (_i64 * 3)()
+    nd = len(shape) if ndim is None else ndim
+    st = _layout_nd(_dims(shape), _dims(strides), nd, dim, n, s)
+    return st, tuple(n), tuple(s)

@@ -59,7 +59,11 @@ typedef enum softlight_status {
   SOFTLIGHT_ERROR_CUDA = 10,              /* GPU entry: the CUDA runtime reported an error */
   SOFTLIGHT_ERROR_INVALID_ARGUMENT = 11,  /* any other bad argument: a temperature out of its range, a
                                              pointer not aligned to its element size */
-  SOFTLIGHT_ERROR_OUT_OF_MEMORY = 12      /* a workspace could not be allocated */
+  SOFTLIGHT_ERROR_OUT_OF_MEMORY = 12,     /* a workspace could not be allocated */
+  SOFTLIGHT_ERROR_INVALID_AXIS = 13,      /* N-d forms: dim outside [-ndim, ndim) (a 0-d array has one axis) */
+  SOFTLIGHT_ERROR_UNMERGED_LAYOUT = 14    /* N-d forms: the axes before dim, or those after it, are not one
+                                             evenly strided run, or a stride is negative: the array is not
+                                             computed in place (a contiguous copy of it is) */
 } softlight_status;
 
 typedef enum softlight_dtype {
@@ -201,6 +205,52 @@ SOFTLIGHT_API softlight_status softlight_log_softmax_backward_3d_cpu(
     void* dx, const int64_t dx_strides[3],
     int64_t outer, int64_t dim, int64_t inner,
     softlight_dtype dtype, int num_threads);
+
+/*
+ * N-d arrays: `shape` (ndim extents, ndim >= 0; NULL where ndim is 0) and, for each array, ndim
+ * strides in elements; the softmax along axis `dim`, in [-ndim, ndim) (a 0-d array counts as one axis
+ * of one element). The library merges the axes before dim into one and those after it into another
+ * (axes of extent 1 take no part) and computes the 3-d form above, with its rules; where either
+ * group is not one evenly strided run, or a stride of an axis longer than 1 is negative, it returns
+ * SOFTLIGHT_ERROR_UNMERGED_LAYOUT and writes nothing (a contiguous copy of such an array is computed).
+ * Every array has the shape `shape`. This is the form the Python, torch and JAX bindings call.
+ */
+SOFTLIGHT_API softlight_status softlight_log_softmax_forward_nd(
+    const void* x, const int64_t* x_strides,
+    void* y, const int64_t* y_strides,
+    const int64_t* shape, int ndim, int64_t dim,
+    softlight_dtype dtype, const softlight_forward_options* options, void* stream);
+
+/* softlight_log_softmax_forward_nd on the CPU (host memory). */
+SOFTLIGHT_API softlight_status softlight_log_softmax_forward_nd_cpu(
+    const void* x, const int64_t* x_strides,
+    void* y, const int64_t* y_strides,
+    const int64_t* shape, int ndim, int64_t dim,
+    softlight_dtype dtype, const softlight_forward_options* options, int num_threads);
+
+/* The backward along axis dim of N-d arrays, as softlight_log_softmax_forward_nd takes them. */
+SOFTLIGHT_API softlight_status softlight_log_softmax_backward_nd(
+    const void* dy, const int64_t* dy_strides,
+    const void* y, const int64_t* y_strides,
+    void* dx, const int64_t* dx_strides,
+    const int64_t* shape, int ndim, int64_t dim,
+    softlight_dtype dtype, void* stream);
+
+/* softlight_log_softmax_backward_nd on the CPU (host memory). */
+SOFTLIGHT_API softlight_status softlight_log_softmax_backward_nd_cpu(
+    const void* dy, const int64_t* dy_strides,
+    const void* y, const int64_t* y_strides,
+    void* dx, const int64_t* dx_strides,
+    const int64_t* shape, int ndim, int64_t dim,
+    softlight_dtype dtype, int num_threads);
+
+/*
+ * The 3-d form the N-d entries compute for one array: extents n = {outer, dim, inner} and strides
+ * s, or the status they would return (SOFTLIGHT_ERROR_INVALID_AXIS, SOFTLIGHT_ERROR_UNMERGED_LAYOUT,
+ * and NULL_POINTER or INVALID_SIZE for a missing or negative shape). Writes nothing to any array.
+ */
+SOFTLIGHT_API softlight_status softlight_layout_nd(const int64_t* shape, const int64_t* strides, int ndim, int64_t dim,
+                                                   int64_t n[3], int64_t s[3]);
 
 
 /*

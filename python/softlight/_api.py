@@ -12,15 +12,16 @@ from ._dtypes import BY_NAME, NAMES
 from ._errors import ArgumentTypeError, AxisError, InvalidArgumentError, check
 from ._streams import stream_handle, synchronize
 
-# The bindings' layout codes (python/bindings.cpp): the axes before dim (-2) or after it (-3) do not
-# merge into one evenly strided axis, or a stride is negative (-4). Such arrays are read, or written,
-# through a contiguous copy (_direct).
-_LAYOUT = (-2, -3, -4)
+# The C ABI's N-d statuses (softlight.h): dim out of range, and a layout the library does not compute
+# in place (the axes before dim or after it do not merge into one evenly strided axis, or a stride is
+# negative). Such arrays are read, or written, through a contiguous copy (_direct).
+_INVALID_AXIS = 13
+_LAYOUT = (14,)
 
 
 def _fail(status, dim, arrays):
-    """Raise the error of a status from the bindings (a C ABI status, or -1: dim out of range)."""
-    if status == -1:
+    """Raise the error of a status from the bindings (a C ABI status)."""
+    if status == _INVALID_AXIS:
         nd = len(tuple(arrays[0][1][SHAPE]))
         raise AxisError(f"softlight: dim {dim} is out of range for a {nd}-d array")
     check(status)

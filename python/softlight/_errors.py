@@ -50,6 +50,8 @@ _KIND = {
     10: DeviceError,  # CUDA error
     11: InvalidArgumentError,
     12: OutOfMemoryError,
+    13: AxisError,
+    14: InvalidArgumentError,  # a layout the N-d entries do not compute in place
 }
 
 

@@ -23,6 +23,9 @@ const char* softlight_status_string(softlight_status status) {
     case SOFTLIGHT_ERROR_INVALID_ARGUMENT:
       return "invalid argument (a temperature out of its range, or a pointer not aligned to its element)";
     case SOFTLIGHT_ERROR_OUT_OF_MEMORY: return "out of memory for a workspace";
+    case SOFTLIGHT_ERROR_INVALID_AXIS: return "dim is out of range for the array";
+    case SOFTLIGHT_ERROR_UNMERGED_LAYOUT:
+      return "the axes before dim, or after it, do not merge into one evenly strided axis, or a stride is negative";
   }
   return "unknown softlight status";
 }
