@@ -42,12 +42,10 @@ TORCH = [None, _torch_codes, None, None, None, None, None]
 
 def _torch_setup():
     torch = sys.modules["torch"]
+    from . import _torch_private as private  # torch is loaded: its private entry points, named there
     _torch_codes.update({torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float64: 3})
-    # The current stream's handle alone, without a Stream object (several microseconds less).
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    raw = raw or (lambda dev: torch.cuda.current_stream(dev).cuda_stream)
-    TORCH[:] = [torch.Tensor, _torch_codes, torch.strided, raw, torch.empty_like, torch.is_grad_enabled,
-                torch._C._increment_version]
+    TORCH[:] = [torch.Tensor, _torch_codes, torch.strided, private.raw_stream, torch.empty_like, torch.is_grad_enabled,
+                private.increment_version]
     return torch
 
 

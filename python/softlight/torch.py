@@ -28,9 +28,9 @@ eager autograd an autograd.Function over the same kernels; all paths give the sa
 import math
 
 import torch
-from torch._subclasses.fake_tensor import is_fake
 
 from . import _C, _api, _arrays, _consumers
+from . import _torch_private as _private
 from ._consumers import STATS
 from ._errors import ArgumentTypeError, AxisError, InvalidArgumentError, UnsupportedDTypeError, check
 
@@ -44,18 +44,16 @@ def _readable(t, dim):
     return t if t.is_contiguous() or _C.layout_code(t.shape, t.stride(), dim) == 0 else t.contiguous()
 
 
-# Whether autocast is on for any device (one query; torch.is_autocast_enabled(x.device.type) costs
-# ~0.8 us a call, most of it in x.device).
-_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or \
-    (lambda: torch.is_autocast_enabled("cuda") or torch.is_autocast_enabled("cpu"))
-
 # The eager calls read in C (python/torch_entry.cpp): the output, or None where the general path
 # below is to take the call. torch's objects are handed over once, here.
 _C.torch_setup(torch.Tensor, torch.strided, (torch.float32, torch.float16, torch.bfloat16, torch.float64),
-               torch.empty_like, getattr(torch._C, "_cuda_getCurrentRawStream", None), torch.is_grad_enabled,
-               _any_autocast, torch._C._are_functorch_transforms_active, torch._C._len_torch_dispatch_stack,
-               torch._C._get_tracing_state, check)
+               torch.empty_like, _private.raw_stream, torch.is_grad_enabled, _private.any_autocast,
+               _private.transforms_active, _private.dispatch_stack_len, _private.tracing_state, check)
 _eager_forward, _eager_backward = _C.torch_forward, _C.torch_backward
+# Read on every eager call: bound here, one global lookup each.
+_any_autocast, _transforms_active = _private.any_autocast, _private.transforms_active
+_dispatch_stack_len, _tracing_state, _below_autograd = (_private.dispatch_stack_len, _private.tracing_state,
+                                                         _private.below_autograd)
 
 
 def _forward(x, dim, temperature=1.0):
@@ -133,7 +131,7 @@ def _grad_backward(ctx, h):
 class _LogSoftmaxGrad(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, dim, temperature):  # (not setup_context's form: binding costs ~40 us)
-        with torch._C._AutoDispatchBelowAutograd():
+        with _below_autograd():
             y = torch.ops.softlight.log_softmax(x, dim, temperature)
         ctx.save_for_backward(y)
         ctx.dim, ctx.temperature = dim, temperature
@@ -170,7 +168,7 @@ _apply_eager = super(torch.autograd.Function, _LogSoftmaxGradEager).apply
 class _LogSoftmaxBackwardGrad(torch.autograd.Function):
     @staticmethod
     def forward(ctx, grad, y, dim, temperature):
-        with torch._C._AutoDispatchBelowAutograd():
+        with _below_autograd():
             dx = torch.ops.softlight.log_softmax_backward(grad, y, dim, temperature)
         ctx.save_for_backward(grad, y)
         ctx.dim, ctx.temperature = dim, temperature
@@ -185,14 +183,14 @@ def _forward_autograd(x, dim, temperature=1.0):
     y = _eager_forward(x, dim, temperature, True)  # (never True here: grad is not needed)
     if y is not None:
         return y
-    with torch._C._AutoDispatchBelowAutograd():
+    with _below_autograd():
         return torch.ops.softlight.log_softmax(x, dim, temperature)
 
 
 def _backward_autograd(grad, y, dim, temperature=1.0):
     if torch.is_grad_enabled() and (grad.requires_grad or y.requires_grad):
         return _LogSoftmaxBackwardGrad.apply(grad, y, dim, temperature)
-    with torch._C._AutoDispatchBelowAutograd():
+    with _below_autograd():
         return torch.ops.softlight.log_softmax_backward(grad, y, dim, temperature)
 
 
@@ -209,8 +207,8 @@ def _plain(x):
     """Whether nothing but eager torch sees a call on x: no compiler, autocast, tensor subclass,
     torch.func transform, dispatch mode or jit tracer (otherwise the operator takes the call)."""
     return type(x) is torch.Tensor and not torch.compiler.is_compiling() and not _any_autocast() and \
-        not torch._C._are_functorch_transforms_active() and not torch._C._len_torch_dispatch_stack() and \
-        torch._C._get_tracing_state() is None
+        not _transforms_active() and not _dispatch_stack_len() and \
+        _tracing_state() is None
 
 
 def log_softmax(x, dim=-1, *, temperature=1.0):
@@ -498,7 +496,7 @@ def _setup_ce(ctx, inputs, output, traced=None):
     ctx.mark_non_differentiable(output[2])
     # A traced graph: the compiler's own flag, or fake inputs (torch 2.11 raises the flag only while
     # Dynamo reads the code, not while AOTAutograd traces the forward and backward).
-    ctx.traced = (torch.compiler.is_compiling() or is_fake(logits)) if traced is None else traced
+    ctx.traced = (torch.compiler.is_compiling() or _private.is_fake(logits)) if traced is None else traced
     if with_grad and ctx.traced:  # a traced graph's gradient of the forward: multiplied below
         ctx.save_for_backward(logits, target, output[1], output[2])
         ctx.grad = None
