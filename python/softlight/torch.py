@@ -763,3 +763,9 @@ class CrossEntropyLoss(torch.nn.Module):
 
 
 __all__ += ["cross_entropy", "CrossEntropyLoss", "token_logprobs", "entropy", "logsumexp", "row_stats"]
+
+
+from ._linear import (  # noqa: E402  (the LM head with its loss, its log-probs and entropy)
+    LinearCrossEntropyLoss, linear_cross_entropy, linear_row_stats, linear_token_logprobs)
+
+__all__ += ["linear_cross_entropy", "LinearCrossEntropyLoss", "linear_row_stats", "linear_token_logprobs"]
