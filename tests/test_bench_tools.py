@@ -160,6 +160,8 @@ def test_wrong_results_are_timed_but_never_counted(capsys, tmp_path):
 
 
 RESULTS = sorted(PERF.glob("*.json"))
+LINEAR_PROVIDERS = ("gemms", "softlight", "softlight-low_memory", "matmul+softlight", "torch", "torch.compile", "liger",
+                    "cce", "cce-exact")
 
 
 @pytest.mark.parametrize("path", RESULTS, ids=lambda p: p.name)
@@ -180,6 +182,18 @@ def test_committed_results_follow_the_schema(path):
             assert r["copy_ms"] > 0 and (r["ms"] > 0 if r["status"] == "ok" else r["ms"] is None)
         return
     assert doc["meta"]["command"].startswith("python -m softlight bench")
+    if doc["rows"][0]["op"] == "linear_cross_entropy":
+        for r in doc["rows"]:
+            assert r["op"] == "linear_cross_entropy" and len(r["shape"]) == 3 and all(v > 0 for v in r["shape"])
+            assert r["provider"] in LINEAR_PROVIDERS, r
+            assert r["mode"] == {"softlight": "default", "softlight-low_memory": "low_memory"}.get(r["provider"])
+            assert r["dtype"] in ("float32", "float16", "bfloat16", "float64") and r["grads_mib"] >= 0
+            assert r["gemms_ms"] > 0 and (r["ms"] > 0 if r["status"] == "ok" else r["ms"] is None or r["ms"] > 0)
+            if "cpu" in doc["meta"]:  # (the allocator's peak is measured on the GPU alone)
+                assert r["peak_mib"] is None
+            elif r["provider"] != "gemms" and r["status"] == "ok":
+                assert r["peak_mib"] >= 0
+        return
     if doc["rows"][0]["op"] == "host":
         for r in doc["rows"]:
             assert r["op"] == "host" and r["shape"] == [8, 1000] and r["dtype"] == "float32" and r["us"] > 0
@@ -261,6 +275,42 @@ def test_consumer_bench_runs_checks_and_writes_its_results(tmp_path):
         # (The plot needs matplotlib, the bench extra; without it the run says so and writes none.)
         assert (tmp_path / f"{op}-cpu.png").exists() == (importlib.util.find_spec("matplotlib") is not None)
         test_committed_results_follow_the_schema(tmp_path / f"{op}-cpu.json")
+
+
+def test_linear_bench_runs_checks_and_writes_its_results(tmp_path):
+    """bench --op linear_cross_entropy on the CPU, small: each provider checked against float64 and
+    timed beside the bare GEMMs; the file follows the schema."""
+    pytest.importorskip("torch")
+    code = bench_main(["--device", "cpu", "--op", "linear_cross_entropy", "--shapes", "40x16x300,9x8x1000",
+                       "--dtypes", "float32,bfloat16", "--reps", "1", "--no-compile", "--out-dir", str(tmp_path),
+                       "--commit", "test"])
+    assert code == 0
+    doc = json.loads((tmp_path / "linear_cross_entropy-cpu.json").read_text())
+    assert {r["provider"] for r in doc["rows"]} == {"gemms", "softlight", "softlight-low_memory", "matmul+softlight",
+                                                     "torch"}
+    assert all(r["status"] == "ok" and r["ms"] > 0 for r in doc["rows"])
+    test_committed_results_follow_the_schema(tmp_path / "linear_cross_entropy-cpu.json")
+
+
+def test_linear_bench_finds_a_wrong_gradient(tmp_path, monkeypatch):
+    """A provider whose weight gradient is off by 5 % is reported wrong, and the run fails."""
+    torch = pytest.importorskip("torch")
+    from softlight import _linear
+    real = _linear._TokenGrads.finish
+
+    def finish(self, scale):
+        real(self, scale)
+        if self.weight is not None:
+            self.weight.mul_(1.05)
+
+    monkeypatch.setattr(_linear._TokenGrads, "finish", finish)
+    code = bench_main(["--device", "cpu", "--op", "linear_cross_entropy", "--shapes", "40x16x300", "--dtypes",
+                       "float32", "--reps", "1", "--no-compile", "--providers", "softlight", "--out-dir",
+                       str(tmp_path), "--commit", "test"])
+    assert code == 1
+    rows = json.loads((tmp_path / "linear_cross_entropy-cpu.json").read_text())["rows"]
+    assert next(r for r in rows if r["provider"] == "softlight")["status"].startswith("wrong gradient to weight")
+    del torch
 
 
 def test_consumer_bench_finds_a_wrong_gradient(tmp_path, monkeypatch):

@@ -1,14 +1,25 @@
-"""The LM head with its loss: cross-entropy of hidden @ weight.T (+ bias) without the logits in memory.
+"""The LM head with its loss: cross-entropy (or the chosen tokens' log-probs and the entropy) of
+hidden @ weight.T (+ bias) without the (tokens, vocabulary) logits in memory. Reached as
+softlight.torch.linear_cross_entropy, linear_row_stats and linear_token_logprobs.
 
-Tokens go in chunks: each chunk's logits come from torch.matmul, softlight's cross-entropy takes their
-loss and, where gradients are wanted, writes the logits' gradient over them in the same pass; that
-gradient goes through the two matmuls of the backward (to hidden and to weight) before the next chunk
-reuses the memory. Exact: no gradient is filtered. Reached as softlight.torch.linear_cross_entropy.
+The logits come a chunk at a time from torch.matmul (cuBLAS on the GPU); softlight's kernels take
+their loss or statistics and write their gradient over them; that gradient goes through the
+backward's matmuls before the next chunk reuses the memory. Exact: no gradient is filtered, and
+every sum over tokens or vocabulary is kept in float32 (float64 for float64) until it is written.
+Two forms, chosen by `memory` (docs/consumers.md, "The LM head with its loss"):
 
-memory="speed" takes a quarter of the tokens a chunk (a quarter of the logits' bytes at most) and
-computes the gradients in the forward where the loss is reduced (mean or sum), as the backward then
-only scales them; memory="low_memory" takes chunks of at most 64 MiB of logits. With reduction="none"
-the backward runs the chunks again, the loss's upstream gradient known only then.
+- "speed": the tokens in four chunks, each a quarter of the logits; three matmuls, as the plain
+  computation. Where the loss is reduced (mean or sum) the forward computes the gradients too, as the
+  backward then only scales them. The weight's gradient is summed over the chunks in float32, a
+  buffer of 4 V D bytes.
+- "low_memory": the vocabulary in chunks of at most 64 MiB of logits for every token (at least 128
+  columns). The forward merges the chunks' statistics as vocabulary shards merge; the backward
+  computes the logits again: each chunk's rows of the weight's gradient come from one matmul over
+  every token, the hidden's gradient is summed over the chunks in float32 (4 N D bytes). Four
+  matmuls.
+
+With shift, position t of each sequence predicts target t + 1: hidden is read in place, the last
+position of each sequence is computed with an ignored target and dropped from the results.
 """
 import math
 
@@ -17,35 +28,53 @@ import torch
 from . import _consumers
 from ._api import _check_temperature
 from ._errors import ArgumentTypeError, InvalidArgumentError
+from ._shards import merge
 
 MODES = ("speed", "low_memory")
-_LOW_MEMORY_CHUNK_BYTES = 64 << 20
 _SPEED_CHUNKS = 4
+_LOW_MEMORY_CHUNK_BYTES = 64 << 20
+_LOW_MEMORY_MIN_COLUMNS = 128
+_NO_TARGET = -2**63  # the ignored target of a sequence's last position under shift, where none is ignored
 
 
-def _segments(hidden, target, shift):
-    """Blocks of (hidden rows (n, D), their targets (n,) or indices (n, K), their place in a (..., D)
-    gradient), views of the inputs, and the tokens' leading shape; with shift, position t of each
-    sequence predicts target t + 1 (the last has none)."""
+def _acc(t):
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def _flat(hidden, target, shift, fill):
+    """(hidden as (N, D) rows, targets as (N,) or indices as (N, K), the results' leading shape). With
+    shift, the target of position t is target t + 1 of its sequence and the last position's is fill."""
     d = hidden.shape[-1]
-    k = tuple(target.shape[hidden.dim() - 1:])  # () for a target a token, (K,) for K indices
+    k = tuple(target.shape[hidden.dim() - 1:])
+    lead = tuple(hidden.shape[:-1])
+    if shift:
+        if hidden.dim() < 2 or hidden.shape[-2] < 1:
+            raise InvalidArgumentError("softlight: shift=True needs hidden of shape (..., T, D) with T >= 1")
+        axis = hidden.dim() - 2
+        nxt = target.narrow(axis, 1, hidden.shape[-2] - 1)
+        pad = torch.full(nxt.shape[:axis] + (1,) + k, fill, dtype=target.dtype, device=target.device)
+        target = torch.cat([nxt, pad], axis)
+    return hidden.reshape(-1, d), target.reshape((-1,) + k), lead
+
+
+def _unshift(rows, lead, shift, extra=()):
+    """Per-token results (N, ...) in the results' shape: lead, without each sequence's last position
+    under shift."""
+    out = rows.reshape(lead + extra)
+    return out.narrow(len(lead) - 1, 0, lead[-1] - 1) if shift else out
+
+
+def _reshift(grad, lead, shift, extra=()):
+    """An upstream gradient of an _unshift-ed result as per-token rows (N, ...): zero at the last
+    positions."""
     if not shift:
-        return [(hidden.reshape(-1, d), target.reshape((-1,) + k), slice(None))], tuple(hidden.shape[:-1])
-    if hidden.dim() < 2 or hidden.shape[-2] < 1:
-        raise InvalidArgumentError("softlight: shift=True needs hidden of shape (..., T, D) with T >= 1")
-    t = hidden.shape[-2]
-    h3, t3 = hidden.reshape(-1, t, d), target.reshape((-1, t) + k)
-    return [(h3[b, :-1], t3[b, 1:], b) for b in range(h3.shape[0])], tuple(hidden.shape[:-2]) + (t - 1,)
-
-
-def _chunk_rows(tokens, vocab, elem, memory):
-    if memory == "speed":
-        return max(1, -(-tokens // _SPEED_CHUNKS))
-    return max(1, _LOW_MEMORY_CHUNK_BYTES // max(1, vocab * elem))
+        return grad.reshape((-1,) + extra)
+    pad = torch.zeros(grad.shape[:len(lead) - 1] + (1,) + extra, dtype=grad.dtype, device=grad.device)
+    return torch.cat([grad, pad], len(lead) - 1).reshape((-1,) + extra)
 
 
 def _logits(hc, weight, bias, softcap):
-    """A chunk's logits (softcapped where asked) and, with softcap, the factor 1 - (z / c)^2 that its
+    """A chunk's logits (softcapped where asked) and, with softcap, the factor 1 - (z / c)^2 that their
     gradient takes back through the cap."""
     z = torch.matmul(hc, weight.t())
     if bias is not None:
@@ -57,121 +86,214 @@ def _logits(hc, weight, bias, softcap):
     return z.mul_(softcap), factor
 
 
-class _LinearCrossEntropy(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, hidden, weight, bias, target, opts):
-        shift, ignore_index, smoothing, z_loss, softcap, temperature, reduction, memory = opts
-        segs, lead = _segments(hidden, target, shift)
-        tokens = sum(s[0].shape[0] for s in segs)
-        acc = torch.float64 if hidden.dtype == torch.float64 else torch.float32
-        need = ctx.needs_input_grad[:3]
-        eager = any(need) and reduction != "none"
-        rows = _chunk_rows(tokens, weight.shape[0], weight.element_size(), memory)
-        loss_rows = torch.empty(tokens, dtype=acc, device=hidden.device) if reduction == "none" else None
-        lse_rows = torch.empty(tokens, dtype=acc, device=hidden.device)
-        total = torch.zeros((), dtype=torch.float64, device=hidden.device)  # chunks' sums, rounded once
-        grads = _Grads(hidden, weight, bias, need) if eager else None
-        at = 0
-        for h2, t1, where in segs:
-            for s in range(0, h2.shape[0], rows):
-                hc, tc = h2[s:s + rows], t1[s:s + rows]
-                z, factor = _logits(hc, weight, bias, softcap)
-                out = _consumers.cross_entropy(z, tc, ignore_index=ignore_index, label_smoothing=smoothing,
-                                               z_loss=z_loss, temperature=temperature,
-                                               reduction="none" if reduction == "none" else "sum",
-                                               return_lse=True, grad=z if eager else None)
-                n = hc.shape[0]
-                if reduction == "none":
-                    loss_rows[at:at + n] = out[0]
-                else:
-                    total += out[0]
-                lse_rows[at:at + n] = out[1]
-                if eager:
-                    grads.add(z if factor is None else z.mul_(factor), hc, where, s)
-                at += n
-        if reduction == "mean":  # the kept tokens, on the device (no host sync); none kept: NaN, as torch's
-            count = sum((t1 != ignore_index).sum() if ignore_index is not None else t1.numel() for _, t1, _ in segs)
-            count = torch.as_tensor(count, device=hidden.device)
-            scale = (1.0 / count.double()).to(acc)
-            loss = (total / count).to(acc)
-        else:
-            scale = None
-            loss = loss_rows.reshape(lead) if reduction == "none" else total.to(acc)
-        if eager:
-            grads.finish(scale)
-        ctx.opts, ctx.eager, ctx.lead = opts, eager, lead
-        ctx.grads = grads
-        ctx.save_for_backward(hidden, weight, bias, target)
-        ctx.mark_non_differentiable(lse_rows)
-        return loss, lse_rows.reshape(lead)
-
-    @staticmethod
-    def backward(ctx, d_loss, _d_lse):
-        hidden, weight, bias, target = ctx.saved_tensors
-        if ctx.eager:
-            g = ctx.grads
-            out = [None if t is None else t * d_loss.to(t.dtype) for t in (g.hidden, g.weight, g.bias)]
-            return out[0], out[1], out[2], None, None
-        shift, ignore_index, smoothing, z_loss, softcap, temperature, reduction, memory = ctx.opts
-        segs, _ = _segments(hidden, target, shift)
-        d_rows = d_loss.reshape(-1)
-        grads = _Grads(hidden, weight, bias, ctx.needs_input_grad[:3])
-        rows = _chunk_rows(d_rows.numel(), weight.shape[0], weight.element_size(), memory)
-        at = 0
-        with torch.no_grad():
-            for h2, t1, where in segs:
-                for s in range(0, h2.shape[0], rows):
-                    hc, tc = h2[s:s + rows], t1[s:s + rows]
-                    z, factor = _logits(hc, weight, bias, softcap)
-                    _consumers.cross_entropy(z, tc, ignore_index=ignore_index, label_smoothing=smoothing,
-                                             z_loss=z_loss, temperature=temperature, reduction="none", grad=z)
-                    n = hc.shape[0]
-                    z.mul_(d_rows[at:at + n, None].to(z.dtype))
-                    grads.add(z if factor is None else z.mul_(factor), hc, where, s)
-                    at += n
-        grads.finish(None)
-        return grads.hidden, grads.weight, grads.bias, None, None
+def _add_product(acc, a, b):
+    """acc += a @ b, the product summed in acc's dtype (float32 from 16-bit a and b: cuBLAS's out_dtype
+    on the GPU, an upcast on the CPU, whose matmul has no such form)."""
+    if a.dtype == acc.dtype:
+        acc.addmm_(a, b)
+    elif a.is_cuda:
+        torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
+    else:
+        acc.addmm_(a.to(acc.dtype), b.to(acc.dtype))
 
 
-class _Grads:
-    """The gradients to hidden, weight and bias, summed chunk by chunk: the weight's in float32 (float64
-    for float64), the bias's in float64, each written in the weight's dtype at the end."""
+def _chunk_tokens(tokens):
+    return max(1, -(-tokens // _SPEED_CHUNKS))
 
-    def __init__(self, hidden, weight, bias, need):
-        acc = torch.float64 if hidden.dtype == torch.float64 else torch.float32
-        self.hidden = torch.zeros(hidden.shape, dtype=hidden.dtype, device=hidden.device) if need[0] else None
-        self._w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need[1] else None
-        self._b = torch.zeros(bias.shape, dtype=torch.float64, device=bias.device) if bias is not None and need[2] \
-            else None  # (V values: summed in float64, a sum of every token's)
+
+def _chunk_columns(tokens, vocab, elem):
+    cols = _LOW_MEMORY_CHUNK_BYTES // max(1, tokens * elem)
+    return min(vocab, max(_LOW_MEMORY_MIN_COLUMNS, cols // _LOW_MEMORY_MIN_COLUMNS * _LOW_MEMORY_MIN_COLUMNS))
+
+
+def _vocab_chunks(vocab, width):
+    return [(v, min(vocab, v + width)) for v in range(0, vocab, width)] or [(0, 0)]
+
+
+class _TokenGrads:
+    """speed: the gradients to hidden, weight and bias over token chunks. The hidden's rows are each
+    one matmul's; the weight's and the bias's sums over chunks are kept in float32 (float64 for
+    float64 and for the bias) and written in their dtype at the end."""
+
+    def __init__(self, h2, weight, bias, need):
+        self.hidden = torch.empty_like(h2) if need[0] else None
+        self._w = torch.zeros(weight.shape, dtype=_acc(weight), device=weight.device) if need[1] else None
+        self._b = torch.zeros(bias.shape, dtype=torch.float64, device=bias.device) \
+            if bias is not None and need[2] else None
         self._weight, self._bias = weight, bias
         self.weight = self.bias = None
 
-    def add(self, g, hc, where, s):
-        """g: the chunk's gradient to its logits (n, V); hc its hidden rows; where, s: their place."""
+    def add(self, g, hc, s):
+        """g: the gradient to the logits of the tokens s .. s + n (n, V); hc their hidden rows."""
         if self.hidden is not None:
-            d = self.hidden.shape[-1]
-            if isinstance(where, slice):
-                dst = self.hidden.view(-1, d)[s:s + g.shape[0]]
-            else:
-                t = self.hidden.shape[-2] if self.hidden.dim() >= 2 else 1
-                dst = self.hidden.view(-1, t, d)[where, s:s + g.shape[0]]
-            torch.matmul(g, self._weight, out=dst)
-        if self._w is not None:  # each chunk's part summed in float32, rounded once at the end, as one matmul is
-            self._w.addmm_(g.t().to(self._w.dtype), hc.to(self._w.dtype))
+            torch.matmul(g, self._weight, out=self.hidden[s:s + g.shape[0]])
+        if self._w is not None:
+            _add_product(self._w, g.t(), hc)
         if self._b is not None:
             self._b += g.sum(0, dtype=self._b.dtype)
 
     def finish(self, scale):
         if scale is not None:
-            if self.hidden is not None:
-                self.hidden.mul_(scale.to(self.hidden.dtype))
-            if self._w is not None:
-                self._w.mul_(scale)
-            if self._b is not None:
-                self._b.mul_(scale)
+            for t in (self.hidden, self._w, self._b):
+                if t is not None:
+                    t.mul_(scale.to(t.dtype))
         self.weight = None if self._w is None else self._w.to(self._weight.dtype)
+        self._w = None
         self.bias = None if self._b is None else self._b.to(self._bias.dtype)
-        self._w = self._b = None
+        self._b = None
+
+
+def _vocab_backward(h2, weight, bias, softcap, need, width, grad_of_chunk):
+    """low_memory's backward: for each vocabulary chunk [v0, v1), its logits again, grad_of_chunk(z, v0)
+    writing their gradient over them, then the weight's and the bias's rows of the chunk (one matmul
+    over every token, one sum) and the hidden's gradient summed in float32."""
+    dh = torch.zeros(h2.shape, dtype=_acc(h2), device=h2.device) if need[0] else None
+    dw = torch.empty_like(weight) if need[1] else None
+    db = torch.empty_like(bias) if bias is not None and need[2] else None
+    for v0, v1 in _vocab_chunks(weight.shape[0], width):
+        wc = weight[v0:v1]
+        z, factor = _logits(h2, wc, None if bias is None else bias[v0:v1], softcap)
+        grad_of_chunk(z, v0)
+        if factor is not None:
+            z.mul_(factor)
+        if dw is not None:
+            torch.matmul(z.t(), h2, out=dw[v0:v1])
+        if db is not None:
+            db[v0:v1] = z.sum(0, dtype=_acc(z))
+        if dh is not None:
+            _add_product(dh, z, wc)
+        del z, factor
+    return None if dh is None else dh.to(h2.dtype), dw, db
+
+
+def _outside(index, keep, vocab):
+    """Where a token's (kept) index is outside [0, vocab): refused on the CPU; on a GPU, where ids are
+    not read back, NaN results for those tokens (as softlight's GPU kernels pick NaN there)."""
+    bad = (index < 0) | (index >= vocab)
+    if keep is not None:
+        bad &= keep
+    if not index.is_cuda and bool(bad.any()):
+        where = tuple(int(i) for i in torch.nonzero(bad)[0])
+        raise InvalidArgumentError(f"softlight: index{list(where)} = {int(index[where])} is outside the vocabulary "
+                                   f"[0, {vocab})")
+    return bad
+
+
+def _vocab_stats(h2, weight, bias, softcap, temperature, index, width, zsum=False):
+    """low_memory's forward: each token's (lse, entropy, picked at index, sum of z) over the whole
+    vocabulary (z = logits / temperature), merged from its chunks' row_stats."""
+    names = ("max", "sumexp", "moment") + (("picked",) if index is not None else ()) + (("sum",) if zsum else ())
+    parts = []
+    for v0, v1 in _vocab_chunks(weight.shape[0], width):
+        z, _ = _logits(h2, weight[v0:v1], None if bias is None else bias[v0:v1], softcap)
+        parts.append(_consumers.row_stats(z, index, stats=names, temperature=temperature, index_offset=v0,
+                                          shard=True))
+        del z
+    lse, ent = merge(*(torch.stack([p[s] for p in parts]) for s in ("max", "sumexp", "moment")))
+    picked = sum(p["picked"] for p in parts) if index is not None else None
+    return lse, ent, picked, sum(p["sum"] for p in parts) if zsum else None
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, target, opts):
+        shift, ignore, smoothing, z_loss, softcap, temperature, reduction, memory = opts
+        fill = _NO_TARGET if ignore is None else ignore
+        ignore = fill if shift else ignore
+        h2, t1, lead = _flat(hidden, target, shift, fill)
+        tokens, vocab = h2.shape[0], weight.shape[0]
+        keep = t1 != ignore if ignore is not None else torch.ones_like(t1, dtype=torch.bool)
+        count = keep.sum()  # on the device: no host sync
+        need = ctx.needs_input_grad[:3]
+        if memory == "low_memory":
+            width = _chunk_columns(tokens, vocab, h2.element_size())
+            bad = _outside(t1, keep, vocab)
+            idx = torch.where(keep, t1, torch.zeros_like(t1))
+            lse, _, picked, zsum = _vocab_stats(h2, weight, bias, softcap, temperature, idx, width, smoothing > 0)
+            rows = (1.0 - smoothing) * (lse - picked)
+            if smoothing > 0:
+                rows = rows + smoothing * (lse - zsum / vocab)
+            if z_loss:
+                rows = rows + z_loss * lse * lse
+            rows = torch.where(keep, rows, torch.zeros_like(rows)).masked_fill_(bad, math.nan)
+            grads, scale = None, None
+            ctx.stats = (idx, lse, width, bad)
+        else:
+            acc = _acc(h2)
+            eager = any(need) and reduction != "none"
+            rows = torch.empty(tokens, dtype=acc, device=h2.device)
+            lse = torch.empty(tokens, dtype=acc, device=h2.device)
+            grads = _TokenGrads(h2, weight, bias, need) if eager else None
+            step = _chunk_tokens(tokens)
+            for s in range(0, tokens, step):
+                hc = h2[s:s + step]
+                z, factor = _logits(hc, weight, bias, softcap)
+                rows[s:s + step], lse[s:s + step] = _consumers.cross_entropy(
+                    z, t1[s:s + step], ignore_index=ignore, label_smoothing=smoothing, z_loss=z_loss,
+                    temperature=temperature, reduction="none", return_lse=True, grad=z if eager else None)[:2]
+                if eager:
+                    grads.add(z if factor is None else z.mul_(factor), hc, s)
+                del z, factor
+            ctx.stats = None
+        if reduction == "mean":  # none kept: NaN, as torch's
+            scale = (1.0 / count.double()).to(rows.dtype)
+            loss = (rows.sum(dtype=torch.float64) / count).to(rows.dtype)
+        elif reduction == "sum":
+            scale, loss = None, rows.sum(dtype=torch.float64).to(rows.dtype)
+        else:
+            scale, loss = None, _unshift(rows, lead, shift)
+        if grads is not None:
+            grads.finish(scale)
+        ctx.opts, ctx.lead, ctx.grads, ctx.count = opts, lead, grads, count
+        ctx.save_for_backward(hidden, weight, bias, target)
+        lse_out = _unshift(lse, lead, shift)
+        ctx.mark_non_differentiable(lse_out)
+        return loss, lse_out
+
+    @staticmethod
+    def backward(ctx, d_loss, _d_lse):
+        hidden, weight, bias, target = ctx.saved_tensors
+        shift, ignore, smoothing, z_loss, softcap, temperature, reduction, memory = ctx.opts
+        if ctx.grads is not None:
+            g = ctx.grads
+            out = [None if t is None else t * d_loss.to(t.dtype) for t in (g.hidden, g.weight, g.bias)]
+            return None if out[0] is None else out[0].reshape(hidden.shape), out[1], out[2], None, None
+        fill = _NO_TARGET if ignore is None else ignore
+        ignore = fill if shift else ignore
+        h2, t1, lead = _flat(hidden, target, shift, fill)
+        need = ctx.needs_input_grad[:3]
+        if reduction == "none":
+            d_rows = _reshift(d_loss, lead, shift)
+        else:
+            d_rows = d_loss.expand(h2.shape[0]) / (ctx.count if reduction == "mean" else 1)
+        with torch.no_grad():
+            if memory == "low_memory":
+                idx, lse, width, bad = ctx.stats
+                keep = t1 != ignore if ignore is not None else torch.ones_like(t1, dtype=torch.bool)
+                d_tok = torch.where(keep, d_rows.to(lse.dtype), torch.zeros_like(lse)).masked_fill_(bad, math.nan)
+                d_lse = d_tok * (1 + 2 * z_loss * lse) if z_loss else d_tok
+                d_picked = -(1.0 - smoothing) * d_tok
+                d_sum = -smoothing / weight.shape[0] * d_tok if smoothing > 0 else None
+
+                def grad_of_chunk(z, v0):
+                    _consumers.row_stats_backward(z, lse, d_lse=d_lse, d_picked=d_picked, d_sum=d_sum, index=idx,
+                                                  temperature=temperature, index_offset=v0, shard=True, out=z)
+
+                dh, dw, db = _vocab_backward(h2, weight, bias, softcap, need, width, grad_of_chunk)
+            else:
+                grads = _TokenGrads(h2, weight, bias, need)
+                step = _chunk_tokens(h2.shape[0])
+                for s in range(0, h2.shape[0], step):
+                    hc = h2[s:s + step]
+                    z, factor = _logits(hc, weight, bias, softcap)
+                    _consumers.cross_entropy(z, t1[s:s + step], ignore_index=ignore, label_smoothing=smoothing,
+                                             z_loss=z_loss, temperature=temperature, reduction="none", grad=z)
+                    z.mul_(d_rows[s:s + step, None].to(z.dtype))
+                    grads.add(z if factor is None else z.mul_(factor), hc, s)
+                    del z, factor
+                grads.finish(None)
+                dh, dw, db = grads.hidden, grads.weight, grads.bias
+        return None if dh is None else dh.reshape(hidden.shape), dw, db, None, None
 
 
 def _check_linear(hidden, weight, bias, memory):
@@ -204,6 +326,17 @@ def _check_softcap(softcap):
     return softcap
 
 
+def _check_indices(t, hidden, name, k_allowed):
+    if not isinstance(t, torch.Tensor):
+        raise ArgumentTypeError(f"softlight: {name} must be a torch tensor, got {type(t).__qualname__}")
+    lead = tuple(hidden.shape[:-1])
+    if t.is_floating_point() or t.dtype == torch.bool or t.is_complex() or t.device != hidden.device or \
+            (tuple(t.shape) != lead and not (k_allowed and t.dim() == len(lead) + 1 and tuple(t.shape[:-1]) == lead)):
+        want = f"{lead}" + (f" or {lead} + (K,)" if k_allowed else "")
+        raise InvalidArgumentError(f"softlight: {name} must be class indices of shape {want} on {hidden.device}, "
+                                   f"got {t.dtype} {tuple(t.shape)} on {t.device}")
+
+
 def linear_cross_entropy(hidden, weight, target, *, bias=None, ignore_index=-100, label_smoothing=0.0, z_loss=0.0,
                          softcap=None, temperature=1.0, reduction="mean", shift=False, return_lse=False,
                          memory="speed"):
@@ -217,74 +350,83 @@ def linear_cross_entropy(hidden, weight, target, *, bias=None, ignore_index=-100
     float64): a scalar, or (...) for reduction="none"; with return_lse, also each token's log-sum-exp
     (without a gradient)."""
     _check_linear(hidden, weight, bias, memory)
-    red, ignore_index, label_smoothing, z_loss = _consumers.ce_options(reduction, ignore_index, label_smoothing,
-                                                                      z_loss)
-    if not isinstance(target, torch.Tensor):
-        raise ArgumentTypeError(f"softlight: target must be a torch tensor, got {type(target).__qualname__}")
-    if target.is_floating_point() or target.dtype == torch.bool or tuple(target.shape) != tuple(hidden.shape[:-1]):
-        raise InvalidArgumentError(f"softlight: target must be class indices of shape {tuple(hidden.shape[:-1])}, "
-                                   f"got {target.dtype} {tuple(target.shape)}")
+    _, ignore_index, label_smoothing, z_loss = _consumers.ce_options(reduction, ignore_index, label_smoothing, z_loss)
+    _check_indices(target, hidden, "target", False)
     softcap = _check_softcap(softcap)
-    opts = (bool(shift), ignore_index, label_smoothing, z_loss, softcap, float(temperature), reduction, memory)
+    temperature = _check_temperature(temperature)
+    opts = (bool(shift), ignore_index, label_smoothing, z_loss, softcap, temperature, reduction, memory)
     loss, lse = _LinearCrossEntropy.apply(hidden, weight, bias, target, opts)
     return (loss, lse) if return_lse else loss
 
 
 class _LinearRowStats(torch.autograd.Function):
-    """Token log-probs and entropy of hidden @ weight.T (+ bias), by chunks: the forward keeps each
-    token's lse and entropy; the backward runs the chunks again, the outputs' upstream gradients known
-    only then."""
+    """Token log-probs and entropy of hidden @ weight.T (+ bias). Both forms keep each token's lse and
+    entropy; the backward computes the logits again (the outputs' upstream gradients are known only
+    then): by token chunks (speed) or vocabulary chunks (low_memory)."""
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, index, opts):
         shift, softcap, temperature, memory = opts
-        segs, lead = _segments(hidden, index, shift)
-        tokens = sum(seg[0].shape[0] for seg in segs)
-        acc = torch.float64 if hidden.dtype == torch.float64 else torch.float32
-        k = tuple(index.shape[hidden.dim() - 1:])
-        logprobs = torch.empty((tokens,) + k, dtype=acc, device=hidden.device)
-        entropy = torch.empty(tokens, dtype=acc, device=hidden.device)
-        lse = torch.empty(tokens, dtype=acc, device=hidden.device)
-        rows = _chunk_rows(tokens, weight.shape[0], weight.element_size(), memory)
-        at = 0
-        for h2, i2, _ in segs:
-            for s in range(0, h2.shape[0], rows):
-                hc, ic = h2[s:s + rows], i2[s:s + rows]
-                z, _ = _logits(hc, weight, bias, softcap)
-                out = _consumers.row_stats(z, ic, stats=("lse", "logprobs", "entropy"), temperature=temperature)
-                n = hc.shape[0]
-                logprobs[at:at + n], entropy[at:at + n], lse[at:at + n] = out["logprobs"], out["entropy"], out["lse"]
-                at += n
-        ctx.opts = opts
+        h2, i2, lead = _flat(hidden, index, shift, 0)
+        k = tuple(i2.shape[1:])
+        tokens = h2.shape[0]
+        if memory == "low_memory":
+            width = _chunk_columns(tokens, weight.shape[0], h2.element_size())
+            bad = _outside(i2, None, weight.shape[0])
+            lse, entropy, picked, _ = _vocab_stats(h2, weight, bias, softcap, temperature, i2, width)
+            logprobs = (picked - (lse[:, None] if k else lse)).masked_fill_(bad, math.nan)
+        else:
+            acc = _acc(h2)
+            logprobs = torch.empty((tokens,) + k, dtype=acc, device=h2.device)
+            entropy = torch.empty(tokens, dtype=acc, device=h2.device)
+            lse = torch.empty(tokens, dtype=acc, device=h2.device)
+            step = _chunk_tokens(tokens)
+            for s in range(0, tokens, step):
+                z, _ = _logits(h2[s:s + step], weight, bias, softcap)
+                out = _consumers.row_stats(z, i2[s:s + step], stats=("lse", "logprobs", "entropy"),
+                                           temperature=temperature)
+                logprobs[s:s + step], entropy[s:s + step], lse[s:s + step] = \
+                    out["logprobs"], out["entropy"], out["lse"]
+                del z
+        ctx.opts, ctx.lead, ctx.k = opts, lead, k
         ctx.save_for_backward(hidden, weight, bias, index, lse, entropy)
-        return logprobs.reshape(lead + k), entropy.reshape(lead)
+        return _unshift(logprobs, lead, shift, k), _unshift(entropy, lead, shift)
 
     @staticmethod
     def backward(ctx, d_logprobs, d_entropy):
         hidden, weight, bias, index, lse, entropy = ctx.saved_tensors
         shift, softcap, temperature, memory = ctx.opts
-        segs, _ = _segments(hidden, index, shift)
-        k = tuple(index.shape[hidden.dim() - 1:])
-        d_lp = None if d_logprobs is None else d_logprobs.reshape((-1,) + k)
-        d_en = None if d_entropy is None else d_entropy.reshape(-1)
-        grads = _Grads(hidden, weight, bias, ctx.needs_input_grad[:3])
-        rows = _chunk_rows(lse.numel(), weight.shape[0], weight.element_size(), memory)
-        at = 0
+        lead, k = ctx.lead, ctx.k
+        h2, i2, _ = _flat(hidden, index, shift, 0)
+        d_lp = None if d_logprobs is None else _reshift(d_logprobs, lead, shift, k).contiguous()
+        d_en = None if d_entropy is None else _reshift(d_entropy, lead, shift).contiguous()
+        need = ctx.needs_input_grad[:3]
         with torch.no_grad():
-            for h2, i2, where in segs:
-                for s in range(0, h2.shape[0], rows):
-                    hc, ic = h2[s:s + rows], i2[s:s + rows]
-                    n = hc.shape[0]
+            if memory == "low_memory":
+                width = _chunk_columns(h2.shape[0], weight.shape[0], h2.element_size())
+
+                def grad_of_chunk(z, v0):
+                    _consumers.row_stats_backward(z, lse, entropy=entropy, d_logprobs=d_lp, d_entropy=d_en,
+                                                  index=i2, temperature=temperature, index_offset=v0, shard=True,
+                                                  out=z)
+
+                dh, dw, db = _vocab_backward(h2, weight, bias, softcap, need, width, grad_of_chunk)
+            else:
+                grads = _TokenGrads(h2, weight, bias, need)
+                step = _chunk_tokens(h2.shape[0])
+                for s in range(0, h2.shape[0], step):
+                    hc, n = h2[s:s + step], min(step, h2.shape[0] - s)
                     z, factor = _logits(hc, weight, bias, softcap)
                     _consumers.row_stats_backward(
-                        z, lse[at:at + n], entropy=entropy[at:at + n],
-                        d_logprobs=None if d_lp is None else d_lp[at:at + n].contiguous(),
-                        d_entropy=None if d_en is None else d_en[at:at + n].contiguous(), index=ic,
+                        z, lse[s:s + n], entropy=entropy[s:s + n],
+                        d_logprobs=None if d_lp is None else d_lp[s:s + n],
+                        d_entropy=None if d_en is None else d_en[s:s + n], index=i2[s:s + n],
                         temperature=temperature, out=z)
-                    grads.add(z if factor is None else z.mul_(factor), hc, where, s)
-                    at += n
-        grads.finish(None)
-        return grads.hidden, grads.weight, grads.bias, None, None
+                    grads.add(z if factor is None else z.mul_(factor), hc, s)
+                    del z, factor
+                grads.finish(None)
+                dh, dw, db = grads.hidden, grads.weight, grads.bias
+        return None if dh is None else dh.reshape(hidden.shape), dw, db, None, None
 
 
 def linear_row_stats(hidden, weight, index, *, bias=None, temperature=1.0, softcap=None, shift=False,
@@ -294,13 +436,7 @@ def linear_row_stats(hidden, weight, index, *, bias=None, temperature=1.0, softc
     distribution, both differentiable with respect to hidden, weight and bias (RL's log-probs and
     entropy from one pass). Options as linear_cross_entropy's; float32 (float64 for float64) results."""
     _check_linear(hidden, weight, bias, memory)
-    if not isinstance(index, torch.Tensor):
-        raise ArgumentTypeError(f"softlight: index must be a torch tensor, got {type(index).__qualname__}")
-    lead = tuple(hidden.shape[:-1])
-    if index.is_floating_point() or index.dtype == torch.bool or \
-            (tuple(index.shape) != lead and tuple(index.shape[:-1]) != lead):
-        raise InvalidArgumentError(f"softlight: index must be class indices of shape {lead} or {lead} + (K,), got "
-                                   f"{index.dtype} {tuple(index.shape)}")
+    _check_indices(index, hidden, "index", True)
     softcap = _check_softcap(softcap)
     temperature = _check_temperature(temperature)
     logprobs, entropy = _LinearRowStats.apply(hidden, weight, bias, index, (bool(shift), softcap, temperature, memory))

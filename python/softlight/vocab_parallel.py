@@ -28,6 +28,7 @@ import torch.distributed as dist
 from . import _api, _consumers
 from . import torch as _slt  # noqa: F401 (registers torch.ops.softlight)
 from ._errors import ArgumentTypeError, InvalidArgumentError
+from ._shards import merge
 
 _NINF = float("-inf")
 # One collective: each rank's (rows, F) block after the one before (torch 2.11 names it
@@ -47,16 +48,7 @@ def _merge(x, index, group, vocab_start, temperature):
     gathered = torch.empty((world * rows, pack.shape[1]), dtype=acc, device=x.device)
     _all_gather(gathered, pack.contiguous(), group=group)
     gathered = gathered.view(world, rows, pack.shape[1])
-    ms, ss, ts = gathered[:, :, 0], gathered[:, :, 1], gathered[:, :, 2]
-    big = ms.max(0).values
-    delta = ms - big
-    empty = ms == _NINF  # a shard whose row is all -inf adds nothing (numerics.cuh's merge)
-    w = torch.where(empty, torch.zeros_like(ms), torch.exp(delta))
-    s = (w * ss).sum(0)
-    t = torch.where(empty, torch.zeros_like(ms), w * (ts + ss * delta)).sum(0)
-    log_s = torch.log(s)
-    lse = big + log_s
-    ent = log_s - t / s
+    lse, ent = merge(gathered[:, :, 0], gathered[:, :, 1], gathered[:, :, 2])
     widths = gathered[:, 0, 4] if rows else torch.full((world,), float(x.shape[1]), dtype=acc)
     return lse, ent, gathered[:, :, 5:].sum(0).reshape(picked.shape), gathered[:, :, 3].sum(0), widths
 

@@ -25,9 +25,12 @@ def main(argv=None):
                     help="cpu: the CPU backend's sweep against numpy and torch's CPU kernel "
                          "(softlight/bench/cpu.py)")
     ap.add_argument("--op", default="forward",
-                    choices=["forward", "backward", "cross_entropy", "token_logprobs", "entropy", "logsumexp"],
+                    choices=["forward", "backward", "cross_entropy", "token_logprobs", "entropy", "logsumexp",
+                             "linear_cross_entropy"],
                     help="cross_entropy, token_logprobs, entropy, logsumexp: the consumers of the log-sum-exp against "
-                         "their anchors over vocabularies (softlight/bench/consumers.py), on --device cuda or cpu")
+                         "their anchors over vocabularies (softlight/bench/consumers.py), on --device cuda or cpu; "
+                         "linear_cross_entropy: the LM head with its loss against the bare GEMMs and the anchors, "
+                         "--shapes NxDxV (softlight/bench/linear.py)")
     ap.add_argument("--vocabs", default="", help="with a consumer --op: comma-separated vocabulary sizes (default: "
                                                  "32000,50257,128256,151936,262144)")
     ap.add_argument("--vocab-parallel", action="store_true",
@@ -43,7 +46,7 @@ def main(argv=None):
                          "and torch.log_softmax side by side (median of --passes rounds of 2000 calls)")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--reps", type=int, default=None,
-                    help="timed calls a provider and pass (default: 30; 5 on the CPU)")
+                    help="timed calls a provider and pass (default: 30; 10 for linear_cross_entropy; 5 on the CPU)")
     ap.add_argument("--passes", type=int, default=1,
                     help="rounds of timing over all providers; each result is the median of its rounds")
     ap.add_argument("--providers", default="", help="comma-separated subset (copy is always timed)")
@@ -61,11 +64,13 @@ def main(argv=None):
     args = ap.parse_args(argv)
     consumer = args.op in ("cross_entropy", "token_logprobs", "entropy", "logsumexp")
     vp_name = "vocab-parallel" + ("-cpu" if args.device == "cpu" else "")
-    args.name = args.name or (vp_name if args.vocab_parallel else f"{args.op}-cpu" if consumer and args.device == "cpu"
-                              else args.op if consumer
+    linear = args.op == "linear_cross_entropy"
+    args.name = args.name or (vp_name if args.vocab_parallel else f"{args.op}-cpu" if (consumer or linear) and
+                              args.device == "cpu"
+                              else args.op if consumer or linear
                               else "cpu" if args.device == "cpu" else "host" if args.host else "sweep" if args.sweep
                               else args.op)
-    args.reps = args.reps if args.reps is not None else 5 if args.device == "cpu" else 30
+    args.reps = args.reps if args.reps is not None else 5 if args.device == "cpu" else 10 if linear else 30
     if args.passes < 1 or args.reps < 1 or args.warmup < 0:
         raise SystemExit("softlight bench: --passes and --reps must be at least 1, --warmup at least 0")
 
@@ -83,6 +88,13 @@ def main(argv=None):
             raise SystemExit(f"softlight bench --vocab-parallel: times {', '.join(vocab_parallel.OPS)} "
                              f"(every one without --op); not --op {args.op}")
         return vocab_parallel.run(args, argv, torch, args.commit or git_commit())
+    if linear:
+        if torch is None:
+            raise SystemExit("softlight bench --op linear_cross_entropy: needs torch")
+        if args.device == "cuda" and not torch.cuda.is_available():
+            raise SystemExit("softlight bench: no CUDA GPU is visible; pass --device cpu")
+        from . import linear as linear_bench
+        return linear_bench.run(args, argv, torch, args.commit or git_commit())
     if consumer:
         if torch is None:
             raise SystemExit(f"softlight bench --op {args.op}: needs torch (the anchors and the arrays)")

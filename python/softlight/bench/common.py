@@ -1,5 +1,5 @@
 """What every benchmark of `python -m softlight bench` shares: shapes, the commit, the results'
-files and figures. The op modules (forward, consumers, cpu, vocab_parallel) import this module,
+files and figures. The op modules (forward, consumers, linear, cpu, vocab_parallel) import this module,
 never one another; cli.py dispatches to them."""
 import json
 import math
