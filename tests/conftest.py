@@ -12,18 +12,17 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 def force():
     """force(name=value, ...): values the library's planner takes on this thread until the test
     ends (its tuning interface, tuning builds only: elsewhere the test is skipped)."""
-    from softlight import _C
     import gpu_util
     if not gpu_util.TUNING:
         pytest.skip(gpu_util.NO_TUNING)
 
     def set_values(**values):
         gpu_util.FORCED.update(values)
-        assert _C.force(gpu_util.FORCED) == 0, gpu_util.FORCED
+        assert gpu_util.planner.force(gpu_util.FORCED) == 0, gpu_util.FORCED
 
     yield set_values
     gpu_util.FORCED.clear()
-    _C.force({})
+    gpu_util.planner.force({})
 
 
 @pytest.fixture

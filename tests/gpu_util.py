@@ -6,8 +6,12 @@ import pytest
 
 from reference import POISON, TOL
 
-from softlight import _C
 from softlight._device import gpu_count
+
+try:  # the planner queries and the tuning interface: tuning builds alone
+    from softlight import _planner as planner
+except ImportError:
+    planner = None
 
 try:
     import torch
@@ -52,28 +56,38 @@ _DEVICE = ("cc_major", "cc_minor", "sm_count", "smem_optin", "max_cluster")
 _ROWS_FLAGS = ("aligned8", "rows128", "peelable", "flat16")
 
 
+def _planner():
+    if planner is None:
+        pytest.skip(NO_PLANNER)
+    return planner
+
+
 def plan(rows, cols, elem_bytes, aligned16, **kw):
-    """_C.plan_rows with the problem's flags, the device and forced values as keywords."""
+    """softlight._planner.plan_rows with the problem's flags, the device and forced values as keywords
+    (a tuning build's; elsewhere the test calling it skips)."""
     dev = {k: kw.pop(k) for k in _DEVICE if k in kw}
     prob = dict(rows=rows, cols=cols, elem_bytes=elem_bytes, aligned16=aligned16,
                 **{k: kw.pop(k) for k in _ROWS_FLAGS if k in kw})
-    return _C.plan_rows(prob, dev, kw)
+    return _planner().plan_rows(prob, dev, kw)
 
 
 def plan_axis_args(outer, dim, inner, elem_bytes, rows, aligned16, backward, tiles_aligned=False, **kw):
-    """_C.plan_axis with the problem positional, the device and forced values as keywords."""
+    """softlight._planner.plan_axis with the problem positional, the device and forced values as
+    keywords (a tuning build's; elsewhere the test calling it skips)."""
     dev = {k: kw.pop(k) for k in _DEVICE if k in kw}
     prob = dict(outer=outer, dim=dim, inner=inner, elem_bytes=elem_bytes, rows=rows, aligned16=aligned16,
                 backward=backward, tiles_aligned=tiles_aligned)
-    return _C.plan_axis(prob, dev, kw)
+    return _planner().plan_axis(prob, dev, kw)
 
 
-# Values forced on the library through its tuning interface (tuning builds only; the `force`
-# fixture of conftest.py), so that the tests' plans are the library's.
+# Values forced on the library through its tuning interface (softlight._planner, tuning builds only;
+# the `force` fixture of conftest.py), so that the tests' plans are the library's.
 FORCED = {}
-TUNING = hasattr(_C, "force")
+TUNING = planner is not None
 NO_TUNING = ("a default build has no tuning interface: build with "
              "-C cmake.define.SOFTLIGHT_TUNING=ON to run the tests that force a path")
+NO_PLANNER = ("a default build has no planner queries (softlight._planner): build with "
+              "-C cmake.define.SOFTLIGHT_TUNING=ON to run the tests that read the library's plan")
 
 
 def random_rows(rows, cols, dtype, scale=3.0, gen=None):

@@ -12,7 +12,6 @@ import test_axis_cpu
 import test_consumers
 import test_cpu_backend
 import test_differential
-from softlight import _C
 
 KERNEL_SETS = {"generic": 0, "avx2": 1}  # softlight_tuning.cpu_kernels
 NEEDS = {"generic": set(), "avx2": {"avx2", "fma", "f16c"}}
@@ -46,11 +45,12 @@ def test_forcing_follows_the_cpu(force):
         runs = _runs(name)
         if runs is None:
             pytest.skip("the CPU's features are not listed in /proc/cpuinfo here")
-        assert (_C.force({"cpu_kernels": code}) == 0) == runs, name
-        _C.force({})
+        assert (gpu_util.planner.force({"cpu_kernels": code}) == 0) == runs, name
+        gpu_util.planner.force({})
     with pytest.raises(KeyError):
-        _C.force({"cpu_kernel": 0})
-    assert _C.force({"cpu_kernels": len(KERNEL_SETS)}) == 11 and _C.force({"cpu_kernels": -2}) == 11
+        gpu_util.planner.force({"cpu_kernel": 0})
+    force = gpu_util.planner.force
+    assert force({"cpu_kernels": len(KERNEL_SETS)}) == 11 and force({"cpu_kernels": -2}) == 11
 
 
 @pytest.mark.parametrize("name", list(KERNEL_SETS))
@@ -89,8 +89,8 @@ def test_each_set_on_generated_long_axes(name):
     def run(case):
         test_differential.check_forward(case, long_axes=True)
 
-    assert _C.force({"cpu_kernels": KERNEL_SETS[name]}) == 0
+    assert gpu_util.planner.force({"cpu_kernels": KERNEL_SETS[name]}) == 0
     try:
         run()
     finally:
-        _C.force({})
+        gpu_util.planner.force({})

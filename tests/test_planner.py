@@ -5,7 +5,8 @@ import math
 
 import pytest
 
-from softlight import _C
+_planner = pytest.importorskip("softlight._planner", reason="the planner queries are a module of tuning builds "
+                                   "(-C cmake.define.SOFTLIGHT_TUNING=ON); CI runs them in its tuning build")
 
 H200 = dict(cc_major=9, cc_minor=0, sm_count=132, smem_optin=232448, max_cluster=16)
 A100 = dict(cc_major=8, cc_minor=0, sm_count=108, smem_optin=166912, max_cluster=0)
@@ -84,7 +85,7 @@ def test_every_rows_plan_is_valid(device, elem):
             prob = rows_problem(rows, cols, elem, offset)
             if prob["rows"] * cols * elem > 2 ** 36:
                 continue
-            check_plan(_C.plan_rows(prob, dev), prob, dev, (device, rows, cols, elem, offset))
+            check_plan(_planner.plan_rows(prob, dev), prob, dev, (device, rows, cols, elem, offset))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -95,12 +96,12 @@ def test_every_backward_and_axis_plan_is_valid(device, elem):
         for aligned in (False, True):
             aligned = aligned and dim * elem % 16 == 0
             prob = dict(outer=64, dim=dim, inner=1, elem_bytes=elem, rows=True, aligned16=aligned, backward=True)
-            p = _C.plan_axis(prob, dev)
+            p = _planner.plan_axis(prob, dev)
             check_plan(p, dict(cols=dim, elem_bytes=elem, aligned16=aligned, peelable=False), dev, (device, dim))
         for inner in (1, 3, 64, 1000):
             prob = dict(outer=4, dim=dim, inner=inner, elem_bytes=elem, rows=False, backward=False,
                         tiles_aligned=inner * elem % 16 == 0)
-            p = _C.plan_axis(prob, dev)
+            p = _planner.plan_axis(prob, dev)
             assert p["family"] in ("split_rows", "cluster_tiles"), (device, dim, inner)
             if p["family"] == "cluster_tiles":
                 assert dev["cc_major"] >= 9 and p["smem_bytes"] <= dev["smem_optin"]
@@ -110,47 +111,48 @@ def test_every_backward_and_axis_plan_is_valid(device, elem):
 
 
 def test_nothing_to_do():
-    assert _C.plan_rows(dict(rows=0, cols=10, elem_bytes=4), H200)["family"] == "none"
-    assert _C.plan_rows(dict(rows=10, cols=0, elem_bytes=4), H200)["family"] == "none"
-    assert _C.plan_axis(dict(outer=1, dim=0, inner=1, elem_bytes=4), H200)["family"] == "none"
+    assert _planner.plan_rows(dict(rows=0, cols=10, elem_bytes=4), H200)["family"] == "none"
+    assert _planner.plan_rows(dict(rows=10, cols=0, elem_bytes=4), H200)["family"] == "none"
+    assert _planner.plan_axis(dict(outer=1, dim=0, inner=1, elem_bytes=4), H200)["family"] == "none"
 
 
 def test_founding_shape():
     """4096 x 393216 fp32 (1.5 MB rows): each row held twice in the ring of a cluster of 16 CTAs on
     an H200, one read of x; a CTA a row, streamed, on an A100."""
     prob = rows_problem(4096, 393216, 4, 0)
-    p = _C.plan_rows(prob, H200)
+    p = _planner.plan_rows(prob, H200)
     assert (p["family"], p["cluster"], p["grid_exchange"], p["resident"]) == ("cluster_rows", 16, False, True)
     assert 2 * p["chunks_per_cta"] <= p["ring_slots"]
-    assert _C.plan_rows(prob, A100)["family"] == "block_rows"
+    assert _planner.plan_rows(prob, A100)["family"] == "block_rows"
 
 
 def test_short_and_medium_rows_stay_in_registers():
     for cols in (32, 128, 1000, 4096, 8192):
-        p = _C.plan_rows(rows_problem(100000, cols, 4, 0), H200)
+        p = _planner.plan_rows(rows_problem(100000, cols, 4, 0), H200)
         assert p["family"] in ("short_rows", "register_rows") and p["cluster"] == 0 and p["smem_bytes"] == 0, cols
 
 
 def test_a100_never_gets_a_cluster_family():
     for cols in COLS[::7]:
         for elem in (2, 4, 8):
-            assert _C.plan_rows(rows_problem(64, cols, elem, 0), A100)["family"] in LANE_FAMILIES + ("block_rows",)
+            p = _planner.plan_rows(rows_problem(64, cols, elem, 0), A100)
+            assert p["family"] in LANE_FAMILIES + ("block_rows",)
 
 
 def test_forced_values_take_effect_and_are_checked():
     prob = rows_problem(512, 393216, 4, 0)
-    p = _C.plan_rows(prob, H200, dict(cluster=8, exchange=0, chunk_bytes=8192))
+    p = _planner.plan_rows(prob, H200, dict(cluster=8, exchange=0, chunk_bytes=8192))
     assert (p["family"], p["cluster"], p["chunk_bytes"]) == ("cluster_rows", 8, 8192)
     # A chunk the ring cannot hold twice is not taken (a 64 KB chunk leaves the backward's first
     # ring no slot beside its second).
-    back = _C.plan_axis(dict(outer=64, dim=393216, elem_bytes=4, rows=True, aligned16=True, backward=True), H200,
+    back = _planner.plan_axis(dict(outer=64, dim=393216, elem_bytes=4, rows=True, aligned16=True, backward=True), H200,
                         dict(chunk_bytes=65536))
     assert back["family"] == "cluster_rows" and back["chunk_bytes"] != 65536 and back["ring_slots"] >= 2
-    assert _C.tuning_valid({}) and _C.tuning_valid(dict(cluster=16, chunk_bytes=16384, rows_per_lane=4))
+    assert _planner.tuning_valid({}) and _planner.tuning_valid(dict(cluster=16, chunk_bytes=16384, rows_per_lane=4))
     for bad in (dict(chunk_bytes=262144), dict(chunk_bytes=1000), dict(cluster=3), dict(cluster=32),
                 dict(threads=100), dict(rows_per_lane=3), dict(split_lanes=3), dict(hints=8), dict(iters=5),
                 dict(register_cluster=48), dict(item_chunks=9), dict(exchange=2), dict(cpu_kernels=-2)):
-        assert not _C.tuning_valid(bad), bad
-    assert _C.tuning_valid(dict(exchange=1, cluster=33))  # grid groups take any size
+        assert not _planner.tuning_valid(bad), bad
+    assert _planner.tuning_valid(dict(exchange=1, cluster=33))  # grid groups take any size
     with pytest.raises(KeyError):
-        _C.tuning_valid(dict(no_such_value=1))
+        _planner.tuning_valid(dict(no_such_value=1))

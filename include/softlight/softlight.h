@@ -84,6 +84,10 @@ SOFTLIGHT_API int softlight_version(void);
  * then returns SOFTLIGHT_ERROR_NO_DEVICE, writing nothing. */
 SOFTLIGHT_API int softlight_gpu_built(void);
 
+/* The CUDA devices this library's runtime sees: 0 without a GPU build, a driver or a device (and no
+ * CUDA error is left pending). */
+SOFTLIGHT_API int softlight_device_count(void);
+
 /* Size in bytes of one element of dtype, or 0 for an unknown dtype. */
 SOFTLIGHT_API int softlight_dtype_size(softlight_dtype dtype);
 

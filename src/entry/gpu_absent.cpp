@@ -2,13 +2,10 @@
 // or SOFTLIGHT_GPU=OFF). Every call is checked as the GPU build checks it, so that a bad argument gets
 // the same status on every build; a valid call that has work to do returns SOFTLIGHT_ERROR_NO_DEVICE,
 // with nothing written. The CPU entry points (the _cpu suffix) are the same in both builds.
-#include "entry/devices.hpp"
 #include "softlight/softlight.h"
 #include "entry/validate.hpp"
 
 namespace softlight {
-
-int visible_device_count() { return 0; }
 
 namespace {
 softlight_status absent(softlight_status st, bool noop) {
@@ -17,6 +14,8 @@ softlight_status absent(softlight_status st, bool noop) {
 }  // namespace
 
 }  // namespace softlight
+
+extern "C" int softlight_device_count(void) { return 0; }
 
 extern "C" softlight_status softlight_log_softmax_forward_ex(
     const void* x, int64_t x_row_stride, void* y, int64_t y_row_stride, int64_t rows, int64_t cols,

@@ -9,7 +9,6 @@
 #include <utility>
 
 #include "device/launch.hpp"
-#include "entry/devices.hpp"
 #include "entry/validate.hpp"
 #include "planner/plan.hpp"
 #include "planner/tuning.hpp"
@@ -287,7 +286,9 @@ template <class A> GradArgs<A> grad_args(const softlight_row_stats_grad& g) {
 
 }  // namespace
 
-int visible_device_count() {
+}  // namespace softlight
+
+extern "C" int softlight_device_count(void) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
     cudaGetLastError();
@@ -295,8 +296,6 @@ int visible_device_count() {
   }
   return n;
 }
-
-}  // namespace softlight
 
 extern "C" softlight_status softlight_log_softmax_forward_ex(
     const void* x, int64_t x_row_stride, void* y, int64_t y_row_stride, int64_t rows, int64_t cols,

@@ -2,7 +2,7 @@
  * The planner's knobs: every value a tuning build can force, written once. Each entry is
  * X(name, type, unset): `unset` leaves the choice to the planner's rules. From this list come the
  * planner's Tuning struct (plan.hpp), the C struct of the tuning interface (softlight_tuning.h, where
- * -1 stands for unset) and the Python module's dictionary of forced values (python/bindings.cpp).
+ * -1 stands for unset) and the Python dictionary of forced values (python/planner_queries.cpp).
  * What each knob forces:
  *   cluster              CTAs a row (cluster_rows), or a grid group's size where exchange is 1
  *   chunk_bytes          bytes a bulk copy / ring slot (cluster_rows, grid_rows, cluster_tiles)

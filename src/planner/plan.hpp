@@ -1,17 +1,18 @@
 // The planner: which kernel family runs a problem, and with what launch shape.
-// Pure host code (no CUDA headers), tested on the CPU through the Python module's planner queries.
+// Pure host code (no CUDA headers), tested on the CPU through softlight._planner (tuning builds).
 #pragma once
 
 #include <cstdint>
 
 #include "planner/knobs.h"
 
-// The planner's entry points are exported for the Python bindings' planner queries (the CPU tests
-// of every plan); they are not part of the C ABI.
-#if defined(_WIN32)
-#define SOFTLIGHT_INTERNAL
-#else
+// The planner's entry points are exported by tuning builds alone, for softlight._planner's queries
+// (python/planner_queries.cpp: the CPU tests of every plan); they are not part of the C ABI, and a
+// default build keeps them hidden.
+#if defined(SOFTLIGHT_TUNING) && !defined(_WIN32)
 #define SOFTLIGHT_INTERNAL __attribute__((visibility("default")))
+#else
+#define SOFTLIGHT_INTERNAL
 #endif
 
 namespace softlight {
