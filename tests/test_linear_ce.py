@@ -267,3 +267,23 @@ def test_why_the_weight_gradient_is_summed_in_float32(monkeypatch):
 
     monkeypatch.setattr(_linear._TokenGrads, "__init__", in_bf16)
     assert err_ratio() > 1.25
+
+
+@pytest.mark.parametrize("memory", ["speed", "low_memory"])
+def test_torch_compile_fullgraph_without_graph_breaks(memory):
+    """Both functions are custom operators: torch.compile(fullgraph=True) takes them whole, forward and
+    backward, and gives the eager results."""
+    import torch._dynamo
+    h, w, t, b = data(lead=(2, 12), bias=True)
+    idx = t.clamp(min=0)
+
+    def f(h, w, b):
+        loss = slt.linear_cross_entropy(h, w, t, bias=b, shift=True, memory=memory, label_smoothing=0.1)
+        st = slt.linear_row_stats(h, w, idx, bias=b, memory=memory, temperature=0.8)
+        return loss + st["logprobs"].sum() + 0.5 * st["entropy"].sum()
+
+    torch._dynamo.reset()
+    assert torch._dynamo.explain(f)(h, w, b).graph_break_count == 0
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    for a, r in zip(grads(compiled, h, w, b), grads(f, h, w, b)):
+        assert torch.allclose(a, r, rtol=1e-12, atol=1e-12)

@@ -329,3 +329,68 @@ def test_vocab_parallel_ranks_must_go_together():
             got, want = results[rank][("ls", T)]
             assert not torch.isnan(got).any(), (T, got)
             assert torch.allclose(got, want, rtol=1e-6, atol=2e-6), (T, (got - want).abs().max())
+
+
+def _head_worker(rank, path, results, backend="gloo", device="cpu", ranks=RANKS):
+    """The LM head over a weight split by vocabulary: each rank's loss, statistics and gradients against
+    one process's over the whole weight (float64), for a few options, and an uneven split (explicit
+    vocab_start)."""
+    dist.init_process_group(backend, init_method=f"file://{path}", rank=rank, world_size=ranks)
+    import softlight.torch as slt
+    import softlight.vocab_parallel as vp
+    g = torch.Generator().manual_seed(11)
+    vocab, d = 301, 16
+    h = torch.randn(2, 9, d, generator=g, dtype=torch.float64).to(device)
+    w = (torch.randn(vocab, d, generator=g, dtype=torch.float64) / 4).to(device)
+    b = torch.randn(vocab, generator=g, dtype=torch.float64).to(device)
+    t = torch.randint(0, vocab, (2, 9), generator=g).to(device)
+    t[0, 3] = -100
+    idx = torch.randint(0, vocab, (2, 9, 3), generator=g).to(device)
+    cuts = [0, 120, vocab] if ranks == 2 else [0, vocab]  # uneven: 120 and 181 words
+    lo, hi = cuts[rank], cuts[rank + 1]
+    out = {}
+    for name, opts in (("plain", {}), ("smooth", dict(label_smoothing=0.1, z_loss=1e-3, temperature=0.7)),
+                       ("cap", dict(softcap=2.0, shift=True)), ("none", dict(reduction="none"))):
+        hs, ws, bs = (a.clone().requires_grad_() for a in (h, w[lo:hi], b[lo:hi]))
+        loss = vp.linear_cross_entropy(hs, ws, t, bias=bs, vocab_start=lo, **opts)
+        (loss * torch.linspace(0.5, 1.5, loss.numel(), dtype=loss.dtype).reshape(loss.shape)).sum().backward()
+        hf, wf, bf = (a.clone().requires_grad_() for a in (h, w, b))
+        want = slt.linear_cross_entropy(hf, wf, t, bias=bf, **opts)
+        (want * torch.linspace(0.5, 1.5, want.numel(), dtype=want.dtype).reshape(want.shape)).sum().backward()
+        out[name] = [(a.detach().cpu(), r.detach().cpu()) for a, r in
+                     ((loss, want), (hs.grad, hf.grad), (ws.grad, wf.grad[lo:hi]), (bs.grad, bf.grad[lo:hi]))]
+    hs, ws = h.clone().requires_grad_(), w[lo:hi].clone().requires_grad_()
+    st = vp.linear_row_stats(hs, ws, idx, vocab_start=lo, temperature=0.8)
+    (st["logprobs"].sum() + 2 * st["entropy"].sum()).backward()
+    hf, wf = h.clone().requires_grad_(), w.clone().requires_grad_()
+    sf = slt.linear_row_stats(hf, wf, idx, temperature=0.8)
+    (sf["logprobs"].sum() + 2 * sf["entropy"].sum()).backward()
+    out["stats"] = [(a.detach().cpu(), r.detach().cpu()) for a, r in
+                    ((st["logprobs"], sf["logprobs"]), (st["entropy"], sf["entropy"]), (hs.grad, hf.grad),
+                     (ws.grad, wf.grad[lo:hi]))]
+    results[rank] = out
+    dist.destroy_process_group()
+
+
+def _check_head(results, ranks):
+    for rank in range(ranks):
+        assert set(results[rank]) == {"plain", "smooth", "cap", "none", "stats"}
+        for name, pairs in results[rank].items():
+            for i, (a, r) in enumerate(pairs):
+                assert a.shape == r.shape and torch.isfinite(a).all(), (rank, name, i)
+                assert torch.allclose(a, r, rtol=1e-10, atol=1e-12), (rank, name, i, (a - r).abs().max())
+
+
+def test_vocab_parallel_lm_head_equals_one_process():
+    with tempfile.TemporaryDirectory() as tmp:
+        results = mp.Manager().dict()
+        mp.spawn(_head_worker, args=(os.path.join(tmp, "store"), results), nprocs=RANKS, join=True)
+        _check_head(dict(results), RANKS)
+
+
+@pytest.mark.skipif(not _NCCL, reason="no CUDA GPU, or torch has no NCCL")
+def test_vocab_parallel_lm_head_nccl_one_rank():
+    with tempfile.TemporaryDirectory() as tmp:
+        results = mp.Manager().dict()
+        mp.spawn(_head_worker, args=(os.path.join(tmp, "store"), results, "nccl", "cuda", 1), nprocs=1, join=True)
+        _check_head(dict(results), 1)

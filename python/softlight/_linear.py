@@ -22,13 +22,14 @@ With shift, position t of each sequence predicts target t + 1: hidden is read in
 position of each sequence is computed with an ignored target and dropped from the results.
 """
 import math
+from typing import Optional, Tuple
 
 import torch
 
 from . import _consumers
 from ._api import _check_temperature
 from ._errors import ArgumentTypeError, InvalidArgumentError
-from ._shards import merge
+from ._shards import combine, finish
 
 MODES = ("speed", "low_memory")
 _SPEED_CHUNKS = 4
@@ -62,15 +63,6 @@ def _unshift(rows, lead, shift, extra=()):
     under shift."""
     out = rows.reshape(lead + extra)
     return out.narrow(len(lead) - 1, 0, lead[-1] - 1) if shift else out
-
-
-def _reshift(grad, lead, shift, extra=()):
-    """An upstream gradient of an _unshift-ed result as per-token rows (N, ...): zero at the last
-    positions."""
-    if not shift:
-        return grad.reshape((-1,) + extra)
-    pad = torch.zeros(grad.shape[:len(lead) - 1] + (1,) + extra, dtype=grad.dtype, device=grad.device)
-    return torch.cat([grad, pad], len(lead) - 1).reshape((-1,) + extra)
 
 
 def _logits(hc, weight, bias, softcap):
@@ -143,10 +135,26 @@ class _TokenGrads:
         self._b = None
 
 
-def _vocab_backward(h2, weight, bias, softcap, need, width, grad_of_chunk):
+def _token_backward(h2, weight, bias, softcap, need, grad_of_chunk):
+    """speed's backward: for each token chunk [s, s + n), its logits again, grad_of_chunk(z, s, n)
+    writing their gradient over them, then through _TokenGrads."""
+    grads = _TokenGrads(h2, weight, bias, need)
+    step = _chunk_tokens(h2.shape[0])
+    for s in range(0, h2.shape[0], step):
+        hc = h2[s:s + step]
+        z, factor = _logits(hc, weight, bias, softcap)
+        grad_of_chunk(z, s, hc.shape[0])
+        grads.add(z if factor is None else z.mul_(factor), hc, s)
+        del z, factor
+    grads.finish(None)
+    return grads.hidden, grads.weight, grads.bias
+
+
+def _vocab_backward(h2, weight, bias, softcap, need, width, grad_of_chunk, shard=None):
     """low_memory's backward: for each vocabulary chunk [v0, v1), its logits again, grad_of_chunk(z, v0)
     writing their gradient over them, then the weight's and the bias's rows of the chunk (one matmul
-    over every token, one sum) and the hidden's gradient summed in float32."""
+    over every token, one sum) and the hidden's gradient summed in float32 (over the ranks too, for a
+    shard: each holds a part of the vocabulary's sum)."""
     dh = torch.zeros(h2.shape, dtype=_acc(h2), device=h2.device) if need[0] else None
     dw = torch.empty_like(weight) if need[1] else None
     db = torch.empty_like(bias) if bias is not None and need[2] else None
@@ -163,6 +171,8 @@ def _vocab_backward(h2, weight, bias, softcap, need, width, grad_of_chunk):
         if dh is not None:
             _add_product(dh, z, wc)
         del z, factor
+    if dh is not None and shard is not None:
+        shard.all_reduce(dh)
     return None if dh is None else dh.to(h2.dtype), dw, db
 
 
@@ -179,121 +189,230 @@ def _outside(index, keep, vocab):
     return bad
 
 
-def _vocab_stats(h2, weight, bias, softcap, temperature, index, width, zsum=False):
+def _vocab_stats(h2, weight, bias, softcap, temperature, index, width, zsum=False, shard=None):
     """low_memory's forward: each token's (lse, entropy, picked at index, sum of z) over the whole
-    vocabulary (z = logits / temperature), merged from its chunks' row_stats."""
+    vocabulary (z = logits / temperature), merged from its chunks' row_stats (and, for a shard of
+    the vocabulary, from every rank's: shard.merge)."""
     names = ("max", "sumexp", "moment") + (("picked",) if index is not None else ()) + (("sum",) if zsum else ())
+    start = 0 if shard is None else shard.start
     parts = []
     for v0, v1 in _vocab_chunks(weight.shape[0], width):
         z, _ = _logits(h2, weight[v0:v1], None if bias is None else bias[v0:v1], softcap)
-        parts.append(_consumers.row_stats(z, index, stats=names, temperature=temperature, index_offset=v0,
+        parts.append(_consumers.row_stats(z, index, stats=names, temperature=temperature, index_offset=start + v0,
                                           shard=True))
         del z
-    lse, ent = merge(*(torch.stack([p[s] for p in parts]) for s in ("max", "sumexp", "moment")))
+    m, se, mom = combine(*(torch.stack([p[s] for p in parts]) for s in ("max", "sumexp", "moment")))
     picked = sum(p["picked"] for p in parts) if index is not None else None
-    return lse, ent, picked, sum(p["sum"] for p in parts) if zsum else None
+    zs = sum(p["sum"] for p in parts) if zsum else None
+    if shard is not None:
+        m, se, mom, picked, zs = shard.merge(m, se, mom, picked, zs)
+    lse, ent = finish(m, se, mom)
+    return lse, ent, picked, zs
 
 
-class _LinearCrossEntropy(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, hidden, weight, bias, target, opts):
-        shift, ignore, smoothing, z_loss, softcap, temperature, reduction, memory = opts
-        fill = _NO_TARGET if ignore is None else ignore
-        ignore = fill if shift else ignore
-        h2, t1, lead = _flat(hidden, target, shift, fill)
-        tokens, vocab = h2.shape[0], weight.shape[0]
-        keep = t1 != ignore if ignore is not None else torch.ones_like(t1, dtype=torch.bool)
-        count = keep.sum()  # on the device: no host sync
-        need = ctx.needs_input_grad[:3]
-        if memory == "low_memory":
-            width = _chunk_columns(tokens, vocab, h2.element_size())
+def _detached(*ts):
+    """The arrays as the kernels take them (no autograd history: the operators' implementations run
+    below autograd, and the arrays they get may still say they require a gradient)."""
+    return tuple(None if t is None else t.detach() for t in ts)
+
+
+def _targets(opts):
+    """(the target that shift gives each sequence's last position, the ignored value or None): with
+    shift, that target is ignored, ignore_index or, where none is, a value no vocabulary holds."""
+    shift, ignore = opts[0], opts[1]
+    fill = _NO_TARGET if ignore is None else ignore
+    ignore = fill if shift else ignore
+    return fill, ignore
+
+
+def _ce_forward(hidden, weight, bias, target, need, opts, shard):
+    """The loss ((), or (N,) rows for reduction="none"), each token's lse (N,), and the gradients to
+    hidden (as (N, D)), weight and bias where speed computes them in the forward (else None)."""
+    shift, _, smoothing, z_loss, softcap, temperature, reduction, memory = opts
+    hidden, weight, bias = _detached(hidden, weight, bias)
+    fill, ignore = _targets(opts)
+    h2, t1, lead = _flat(hidden, target, shift, fill)
+    tokens, vocab = h2.shape[0], weight.shape[0] if shard is None else shard.vocab
+    keep = t1 != ignore if ignore is not None else torch.ones_like(t1, dtype=torch.bool)
+    count = keep.sum()  # on the device: no host sync
+    grads = None
+    if memory == "low_memory" or shard is not None:
+        width = _chunk_columns(tokens, weight.shape[0], h2.element_size())
+        bad = _outside(t1, keep, vocab)
+        idx = torch.where(keep, t1, torch.zeros_like(t1))
+        lse, _, picked, zsum = _vocab_stats(h2, weight, bias, softcap, temperature, idx, width, smoothing > 0, shard)
+        rows = (1.0 - smoothing) * (lse - picked)
+        if smoothing > 0:
+            rows = rows + smoothing * (lse - zsum / vocab)
+        if z_loss:
+            rows = rows + z_loss * lse * lse
+        rows = torch.where(keep, rows, torch.zeros_like(rows)).masked_fill_(bad, math.nan)
+    else:
+        acc = _acc(h2)
+        eager = any(need) and reduction != "none"
+        rows = torch.empty(tokens, dtype=acc, device=h2.device)
+        lse = torch.empty(tokens, dtype=acc, device=h2.device)
+        grads = _TokenGrads(h2, weight, bias, need) if eager else None
+        step = _chunk_tokens(tokens)
+        for s in range(0, tokens, step):
+            hc = h2[s:s + step]
+            z, factor = _logits(hc, weight, bias, softcap)
+            rows[s:s + step], lse[s:s + step] = _consumers.cross_entropy(
+                z, t1[s:s + step], ignore_index=ignore, label_smoothing=smoothing, z_loss=z_loss,
+                temperature=temperature, reduction="none", return_lse=True, grad=z if eager else None)[:2]
+            if eager:
+                grads.add(z if factor is None else z.mul_(factor), hc, s)
+            del z, factor
+    if reduction == "mean":  # none kept: NaN, as torch's
+        scale = (1.0 / count.double()).to(rows.dtype)
+        loss = (rows.sum(dtype=torch.float64) / count).to(rows.dtype)
+    elif reduction == "sum":
+        scale, loss = None, rows.sum(dtype=torch.float64).to(rows.dtype)
+    else:
+        scale, loss = None, rows
+    if grads is None:
+        return loss, lse, (None, None, None)
+    grads.finish(scale)
+    return loss, lse, (grads.hidden, grads.weight, grads.bias)
+
+
+def _ce_backward(d_loss, hidden, weight, bias, target, lse, need, opts, shard):
+    """The gradients to hidden (as (N, D)), weight and bias (None where not needed) for the loss's
+    upstream gradient d_loss (() or (N,) rows), the logits computed again."""
+    shift, _, smoothing, z_loss, softcap, temperature, reduction, memory = opts
+    d_loss, hidden, weight, bias, lse = _detached(d_loss, hidden, weight, bias, lse)
+    fill, ignore = _targets(opts)
+    h2, t1, _ = _flat(hidden, target, shift, fill)
+    keep = t1 != ignore if ignore is not None else torch.ones_like(t1, dtype=torch.bool)
+    if reduction == "none":
+        d_rows = d_loss
+    else:
+        d_rows = d_loss.expand(h2.shape[0]) / (keep.sum() if reduction == "mean" else 1)
+    with torch.no_grad():
+        if memory == "low_memory" or shard is not None:
+            start, vocab = (0, weight.shape[0]) if shard is None else (shard.start, shard.vocab)
+            width = _chunk_columns(h2.shape[0], weight.shape[0], h2.element_size())
             bad = _outside(t1, keep, vocab)
             idx = torch.where(keep, t1, torch.zeros_like(t1))
-            lse, _, picked, zsum = _vocab_stats(h2, weight, bias, softcap, temperature, idx, width, smoothing > 0)
-            rows = (1.0 - smoothing) * (lse - picked)
-            if smoothing > 0:
-                rows = rows + smoothing * (lse - zsum / vocab)
-            if z_loss:
-                rows = rows + z_loss * lse * lse
-            rows = torch.where(keep, rows, torch.zeros_like(rows)).masked_fill_(bad, math.nan)
-            grads, scale = None, None
-            ctx.stats = (idx, lse, width, bad)
-        else:
-            acc = _acc(h2)
-            eager = any(need) and reduction != "none"
-            rows = torch.empty(tokens, dtype=acc, device=h2.device)
-            lse = torch.empty(tokens, dtype=acc, device=h2.device)
-            grads = _TokenGrads(h2, weight, bias, need) if eager else None
-            step = _chunk_tokens(tokens)
-            for s in range(0, tokens, step):
-                hc = h2[s:s + step]
-                z, factor = _logits(hc, weight, bias, softcap)
-                rows[s:s + step], lse[s:s + step] = _consumers.cross_entropy(
-                    z, t1[s:s + step], ignore_index=ignore, label_smoothing=smoothing, z_loss=z_loss,
-                    temperature=temperature, reduction="none", return_lse=True, grad=z if eager else None)[:2]
-                if eager:
-                    grads.add(z if factor is None else z.mul_(factor), hc, s)
-                del z, factor
-            ctx.stats = None
-        if reduction == "mean":  # none kept: NaN, as torch's
-            scale = (1.0 / count.double()).to(rows.dtype)
-            loss = (rows.sum(dtype=torch.float64) / count).to(rows.dtype)
-        elif reduction == "sum":
-            scale, loss = None, rows.sum(dtype=torch.float64).to(rows.dtype)
-        else:
-            scale, loss = None, _unshift(rows, lead, shift)
-        if grads is not None:
-            grads.finish(scale)
-        ctx.opts, ctx.lead, ctx.grads, ctx.count = opts, lead, grads, count
-        ctx.save_for_backward(hidden, weight, bias, target)
-        lse_out = _unshift(lse, lead, shift)
-        ctx.mark_non_differentiable(lse_out)
-        return loss, lse_out
+            d_tok = torch.where(keep, d_rows.to(lse.dtype), torch.zeros_like(lse)).masked_fill_(bad, math.nan)
+            d_lse = d_tok * (1 + 2 * z_loss * lse) if z_loss else d_tok
+            d_picked = -(1.0 - smoothing) * d_tok
+            d_sum = -smoothing / vocab * d_tok if smoothing > 0 else None
+
+            def grad_of_chunk(z, v0):
+                _consumers.row_stats_backward(z, lse, d_lse=d_lse, d_picked=d_picked, d_sum=d_sum, index=idx,
+                                              temperature=temperature, index_offset=start + v0, shard=True, out=z)
+
+            return _vocab_backward(h2, weight, bias, softcap, need, width, grad_of_chunk, shard)
+
+        def grad_of_tokens(z, s, n):
+            _consumers.cross_entropy(z, t1[s:s + n], ignore_index=ignore, label_smoothing=smoothing, z_loss=z_loss,
+                                     temperature=temperature, reduction="none", grad=z)
+            z.mul_(d_rows[s:s + n, None].to(z.dtype))
+
+        return _token_backward(h2, weight, bias, softcap, need, grad_of_tokens)
+
+
+def _scaled(grads, d_loss):
+    """speed's gradients from the forward, scaled by the loss's upstream gradient."""
+    return tuple(None if t is None else t * d_loss.to(t.dtype) for t in grads)
+
+
+class _ShardCrossEntropy(torch.autograd.Function):
+    """linear_cross_entropy over a vocabulary shard (softlight.vocab_parallel; eager: the process
+    group is no operator argument)."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, target, opts, shard):
+        need = ctx.needs_input_grad[:3]
+        loss, lse, _ = _ce_forward(hidden, weight, bias, target, need, opts, shard)
+        ctx.opts, ctx.shard = opts, shard
+        ctx.save_for_backward(hidden, weight, bias, target, lse)
+        ctx.mark_non_differentiable(lse)
+        return loss, lse
 
     @staticmethod
     def backward(ctx, d_loss, _d_lse):
-        hidden, weight, bias, target = ctx.saved_tensors
-        shift, ignore, smoothing, z_loss, softcap, temperature, reduction, memory = ctx.opts
-        if ctx.grads is not None:
-            g = ctx.grads
-            out = [None if t is None else t * d_loss.to(t.dtype) for t in (g.hidden, g.weight, g.bias)]
-            return None if out[0] is None else out[0].reshape(hidden.shape), out[1], out[2], None, None
-        fill = _NO_TARGET if ignore is None else ignore
-        ignore = fill if shift else ignore
-        h2, t1, lead = _flat(hidden, target, shift, fill)
-        need = ctx.needs_input_grad[:3]
-        if reduction == "none":
-            d_rows = _reshift(d_loss, lead, shift)
-        else:
-            d_rows = d_loss.expand(h2.shape[0]) / (ctx.count if reduction == "mean" else 1)
-        with torch.no_grad():
-            if memory == "low_memory":
-                idx, lse, width, bad = ctx.stats
-                keep = t1 != ignore if ignore is not None else torch.ones_like(t1, dtype=torch.bool)
-                d_tok = torch.where(keep, d_rows.to(lse.dtype), torch.zeros_like(lse)).masked_fill_(bad, math.nan)
-                d_lse = d_tok * (1 + 2 * z_loss * lse) if z_loss else d_tok
-                d_picked = -(1.0 - smoothing) * d_tok
-                d_sum = -smoothing / weight.shape[0] * d_tok if smoothing > 0 else None
+        hidden, weight, bias, target, lse = ctx.saved_tensors
+        dh, dw, db = _ce_backward(d_loss, hidden, weight, bias, target, lse, ctx.needs_input_grad[:3], ctx.opts,
+                                  ctx.shard)
+        return None if dh is None else dh.reshape(hidden.shape), dw, db, None, None, None
 
-                def grad_of_chunk(z, v0):
-                    _consumers.row_stats_backward(z, lse, d_lse=d_lse, d_picked=d_picked, d_sum=d_sum, index=idx,
-                                                  temperature=temperature, index_offset=v0, shard=True, out=z)
 
-                dh, dw, db = _vocab_backward(h2, weight, bias, softcap, need, width, grad_of_chunk)
-            else:
-                grads = _TokenGrads(h2, weight, bias, need)
-                step = _chunk_tokens(h2.shape[0])
-                for s in range(0, h2.shape[0], step):
-                    hc = h2[s:s + step]
-                    z, factor = _logits(hc, weight, bias, softcap)
-                    _consumers.cross_entropy(z, t1[s:s + step], ignore_index=ignore, label_smoothing=smoothing,
-                                             z_loss=z_loss, temperature=temperature, reduction="none", grad=z)
-                    z.mul_(d_rows[s:s + step, None].to(z.dtype))
-                    grads.add(z if factor is None else z.mul_(factor), hc, s)
-                    del z, factor
-                grads.finish(None)
-                dh, dw, db = grads.hidden, grads.weight, grads.bias
-        return None if dh is None else dh.reshape(hidden.shape), dw, db, None, None
+# The custom operators (one process): torch.compile sees them whole (fullgraph, no graph break) and
+# autograd takes their backward from register_autograd. Options travel as the operators' arguments;
+# a gradient that is not computed travels as an empty tensor.
+_OPTS = ("shift", "ignore_index", "label_smoothing", "z_loss", "softcap", "temperature", "reduction", "memory")
+
+
+def _none(t):
+    """A gradient the operators passed as an empty tensor, as None."""
+    return None if t is None or t.shape == (0,) else t
+
+
+@torch.library.custom_op("softlight::linear_cross_entropy", mutates_args=())
+def _ce_op(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], target: torch.Tensor,
+           need_hidden: bool, need_weight: bool, need_bias: bool, shift: bool, ignore_index: Optional[int],
+           label_smoothing: float, z_loss: float, softcap: Optional[float], temperature: float, reduction: str,
+           memory: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    opts = (shift, ignore_index, label_smoothing, z_loss, softcap, temperature, reduction, memory)
+    loss, lse, grads = _ce_forward(hidden, weight, bias, target, (need_hidden, need_weight, need_bias), opts, None)
+    return (loss, lse) + tuple(hidden.new_empty(0) if g is None else g for g in grads)
+
+
+def _eager_grads(hidden, weight, bias, need, reduction, memory):
+    """The shapes speed computes in the forward (else empty)."""
+    eager = memory == "speed" and reduction != "none"
+    return [hidden.new_empty((math.prod(hidden.shape[:-1]), hidden.shape[-1])) if eager and need[0]
+            else hidden.new_empty(0),
+            weight.new_empty(weight.shape) if eager and need[1] else hidden.new_empty(0),
+            bias.new_empty(bias.shape) if eager and need[2] and bias is not None else hidden.new_empty(0)]
+
+
+@_ce_op.register_fake
+def _ce_fake(hidden, weight, bias, target, need_hidden, need_weight, need_bias, shift, ignore_index, label_smoothing,
+             z_loss, softcap, temperature, reduction, memory):
+    acc = _acc(hidden)
+    tokens = target.numel()
+    loss = hidden.new_empty((tokens,) if reduction == "none" else (), dtype=acc)
+    grads = _eager_grads(hidden, weight, bias, (need_hidden, need_weight, need_bias), reduction, memory)
+    return (loss, hidden.new_empty((tokens,), dtype=acc)) + tuple(grads)
+
+
+@torch.library.custom_op("softlight::linear_cross_entropy_backward", mutates_args=())
+def _ce_backward_op(d_loss: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                    target: torch.Tensor, lse: torch.Tensor, need_hidden: bool, need_weight: bool, need_bias: bool,
+                    shift: bool, ignore_index: Optional[int], label_smoothing: float, z_loss: float,
+                    softcap: Optional[float], temperature: float, reduction: str,
+                    memory: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    opts = (shift, ignore_index, label_smoothing, z_loss, softcap, temperature, reduction, memory)
+    grads = _ce_backward(d_loss, hidden, weight, bias, target, lse, (need_hidden, need_weight, need_bias), opts, None)
+    return tuple(hidden.new_empty(0) if g is None else g for g in grads)
+
+
+@_ce_backward_op.register_fake
+def _ce_backward_fake(d_loss, hidden, weight, bias, target, lse, need_hidden, need_weight, need_bias, *opts):
+    need = (need_hidden, need_weight, need_bias)
+    return tuple(_eager_grads(hidden, weight, bias, need, "mean", "speed"))
+
+
+def _ce_setup(ctx, inputs, output):
+    hidden, weight, bias, target = inputs[:4]
+    ctx.args = inputs[4:]
+    ctx.save_for_backward(hidden, weight, bias, target, output[1], *output[2:])
+
+
+def _ce_grad(ctx, d_loss, _d_lse, *_):
+    hidden, weight, bias, target, lse, gh, gw, gb = ctx.saved_tensors
+    eager = [_none(g) for g in (gh, gw, gb)]
+    if any(g is not None for g in eager):
+        dh, dw, db = _scaled(eager, d_loss)
+    else:
+        dh, dw, db = (_none(g) for g in _ce_backward_op(d_loss, hidden, weight, bias, target, lse, *ctx.args))
+    return (None if dh is None else dh.reshape(hidden.shape), dw, db) + (None,) * (len(ctx.args) + 1)
+
+
+_ce_op.register_autograd(_ce_grad, setup_context=_ce_setup)
 
 
 def _check_linear(hidden, weight, bias, memory):
@@ -339,7 +458,7 @@ def _check_indices(t, hidden, name, k_allowed):
 
 def linear_cross_entropy(hidden, weight, target, *, bias=None, ignore_index=-100, label_smoothing=0.0, z_loss=0.0,
                          softcap=None, temperature=1.0, reduction="mean", shift=False, return_lse=False,
-                         memory="speed"):
+                         memory="speed", _shard=None):
     """cross_entropy(hidden @ weight.T + bias, target) (softlight.torch.cross_entropy's options), with
     gradients to hidden, weight and bias, without the (tokens, vocabulary) logits in memory.
 
@@ -355,82 +474,144 @@ def linear_cross_entropy(hidden, weight, target, *, bias=None, ignore_index=-100
     softcap = _check_softcap(softcap)
     temperature = _check_temperature(temperature)
     opts = (bool(shift), ignore_index, label_smoothing, z_loss, softcap, temperature, reduction, memory)
-    loss, lse = _LinearCrossEntropy.apply(hidden, weight, bias, target, opts)
+    lead = tuple(hidden.shape[:-1])
+    if _shard is not None:
+        loss, lse = _ShardCrossEntropy.apply(hidden, weight, bias, target, opts, _shard)
+    else:
+        grad = torch.is_grad_enabled()
+        need = (grad and hidden.requires_grad, grad and weight.requires_grad,
+                grad and bias is not None and bias.requires_grad)
+        loss, lse, *_ = _ce_op(hidden, weight, bias, target, *need, *opts)
+    if reduction == "none":
+        loss = _unshift(loss, lead, opts[0])
+    lse = _unshift(lse, lead, opts[0])
     return (loss, lse) if return_lse else loss
 
 
-class _LinearRowStats(torch.autograd.Function):
-    """Token log-probs and entropy of hidden @ weight.T (+ bias). Both forms keep each token's lse and
-    entropy; the backward computes the logits again (the outputs' upstream gradients are known only
-    then): by token chunks (speed) or vocabulary chunks (low_memory)."""
+def _stats_forward(hidden, weight, bias, index, opts, shard):
+    """Each token's (log-probs at index (N,) or (N, K), entropy (N,), lse (N,)) over the whole
+    vocabulary."""
+    shift, softcap, temperature, memory = opts
+    hidden, weight, bias = _detached(hidden, weight, bias)
+    h2, i2, _ = _flat(hidden, index, shift, 0 if shard is None else shard.start)
+    k = tuple(i2.shape[1:])
+    tokens = h2.shape[0]
+    if memory == "low_memory" or shard is not None:
+        width = _chunk_columns(tokens, weight.shape[0], h2.element_size())
+        bad = _outside(i2, None, weight.shape[0] if shard is None else shard.vocab)
+        lse, entropy, picked, _ = _vocab_stats(h2, weight, bias, softcap, temperature, i2, width, False, shard)
+        return (picked - (lse[:, None] if k else lse)).masked_fill_(bad, math.nan), entropy, lse
+    acc = _acc(h2)
+    logprobs = torch.empty((tokens,) + k, dtype=acc, device=h2.device)
+    entropy = torch.empty(tokens, dtype=acc, device=h2.device)
+    lse = torch.empty(tokens, dtype=acc, device=h2.device)
+    step = _chunk_tokens(tokens)
+    for s in range(0, tokens, step):
+        z, _ = _logits(h2[s:s + step], weight, bias, softcap)
+        out = _consumers.row_stats(z, i2[s:s + step], stats=("lse", "logprobs", "entropy"), temperature=temperature)
+        logprobs[s:s + step], entropy[s:s + step], lse[s:s + step] = out["logprobs"], out["entropy"], out["lse"]
+        del z
+    return logprobs, entropy, lse
+
+
+def _stats_backward(d_lp, d_en, hidden, weight, bias, index, lse, entropy, need, opts, shard):
+    """The gradients to hidden (as (N, D)), weight and bias for the upstream gradients of the log-probs
+    and the entropy (per token, (N, ...), or None), the logits computed again."""
+    shift, softcap, temperature, memory = opts
+    d_lp, d_en, hidden, weight, bias, lse, entropy = _detached(d_lp, d_en, hidden, weight, bias, lse, entropy)
+    start = 0 if shard is None else shard.start
+    h2, i2, _ = _flat(hidden, index, shift, start)
+    d_lp = None if d_lp is None else d_lp.contiguous()
+    d_en = None if d_en is None else d_en.contiguous()
+    with torch.no_grad():
+        if memory == "low_memory" or shard is not None:
+            width = _chunk_columns(h2.shape[0], weight.shape[0], h2.element_size())
+
+            def grad_of_chunk(z, v0):
+                _consumers.row_stats_backward(z, lse, entropy=entropy, d_logprobs=d_lp, d_entropy=d_en, index=i2,
+                                              temperature=temperature, index_offset=start + v0, shard=True, out=z)
+
+            return _vocab_backward(h2, weight, bias, softcap, need, width, grad_of_chunk, shard)
+
+        def grad_of_tokens(z, s, n):
+            _consumers.row_stats_backward(
+                z, lse[s:s + n], entropy=entropy[s:s + n], d_logprobs=None if d_lp is None else d_lp[s:s + n],
+                d_entropy=None if d_en is None else d_en[s:s + n], index=i2[s:s + n], temperature=temperature,
+                out=z)
+
+        return _token_backward(h2, weight, bias, softcap, need, grad_of_tokens)
+
+
+class _ShardRowStats(torch.autograd.Function):
+    """linear_row_stats over a vocabulary shard (softlight.vocab_parallel, eager)."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, index, opts):
-        shift, softcap, temperature, memory = opts
-        h2, i2, lead = _flat(hidden, index, shift, 0)
-        k = tuple(i2.shape[1:])
-        tokens = h2.shape[0]
-        if memory == "low_memory":
-            width = _chunk_columns(tokens, weight.shape[0], h2.element_size())
-            bad = _outside(i2, None, weight.shape[0])
-            lse, entropy, picked, _ = _vocab_stats(h2, weight, bias, softcap, temperature, i2, width)
-            logprobs = (picked - (lse[:, None] if k else lse)).masked_fill_(bad, math.nan)
-        else:
-            acc = _acc(h2)
-            logprobs = torch.empty((tokens,) + k, dtype=acc, device=h2.device)
-            entropy = torch.empty(tokens, dtype=acc, device=h2.device)
-            lse = torch.empty(tokens, dtype=acc, device=h2.device)
-            step = _chunk_tokens(tokens)
-            for s in range(0, tokens, step):
-                z, _ = _logits(h2[s:s + step], weight, bias, softcap)
-                out = _consumers.row_stats(z, i2[s:s + step], stats=("lse", "logprobs", "entropy"),
-                                           temperature=temperature)
-                logprobs[s:s + step], entropy[s:s + step], lse[s:s + step] = \
-                    out["logprobs"], out["entropy"], out["lse"]
-                del z
-        ctx.opts, ctx.lead, ctx.k = opts, lead, k
+    def forward(ctx, hidden, weight, bias, index, opts, shard):
+        logprobs, entropy, lse = _stats_forward(hidden, weight, bias, index, opts, shard)
+        ctx.opts, ctx.shard = opts, shard
         ctx.save_for_backward(hidden, weight, bias, index, lse, entropy)
-        return _unshift(logprobs, lead, shift, k), _unshift(entropy, lead, shift)
+        return logprobs, entropy
 
     @staticmethod
-    def backward(ctx, d_logprobs, d_entropy):
+    def backward(ctx, d_lp, d_en):
         hidden, weight, bias, index, lse, entropy = ctx.saved_tensors
-        shift, softcap, temperature, memory = ctx.opts
-        lead, k = ctx.lead, ctx.k
-        h2, i2, _ = _flat(hidden, index, shift, 0)
-        d_lp = None if d_logprobs is None else _reshift(d_logprobs, lead, shift, k).contiguous()
-        d_en = None if d_entropy is None else _reshift(d_entropy, lead, shift).contiguous()
-        need = ctx.needs_input_grad[:3]
-        with torch.no_grad():
-            if memory == "low_memory":
-                width = _chunk_columns(h2.shape[0], weight.shape[0], h2.element_size())
+        dh, dw, db = _stats_backward(d_lp, d_en, hidden, weight, bias, index, lse, entropy, ctx.needs_input_grad[:3],
+                                     ctx.opts, ctx.shard)
+        return None if dh is None else dh.reshape(hidden.shape), dw, db, None, None, None
 
-                def grad_of_chunk(z, v0):
-                    _consumers.row_stats_backward(z, lse, entropy=entropy, d_logprobs=d_lp, d_entropy=d_en,
-                                                  index=i2, temperature=temperature, index_offset=v0, shard=True,
-                                                  out=z)
 
-                dh, dw, db = _vocab_backward(h2, weight, bias, softcap, need, width, grad_of_chunk)
-            else:
-                grads = _TokenGrads(h2, weight, bias, need)
-                step = _chunk_tokens(h2.shape[0])
-                for s in range(0, h2.shape[0], step):
-                    hc, n = h2[s:s + step], min(step, h2.shape[0] - s)
-                    z, factor = _logits(hc, weight, bias, softcap)
-                    _consumers.row_stats_backward(
-                        z, lse[s:s + n], entropy=entropy[s:s + n],
-                        d_logprobs=None if d_lp is None else d_lp[s:s + n],
-                        d_entropy=None if d_en is None else d_en[s:s + n], index=i2[s:s + n],
-                        temperature=temperature, out=z)
-                    grads.add(z if factor is None else z.mul_(factor), hc, s)
-                    del z, factor
-                grads.finish(None)
-                dh, dw, db = grads.hidden, grads.weight, grads.bias
-        return None if dh is None else dh.reshape(hidden.shape), dw, db, None, None
+@torch.library.custom_op("softlight::linear_row_stats", mutates_args=())
+def _stats_op(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], index: torch.Tensor,
+              shift: bool, softcap: Optional[float], temperature: float,
+              memory: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _stats_forward(hidden, weight, bias, index, (shift, softcap, temperature, memory), None)
+
+
+@_stats_op.register_fake
+def _stats_fake(hidden, weight, bias, index, shift, softcap, temperature, memory):
+    tokens = torch.Size(hidden.shape[:-1]).numel()
+    k = tuple(index.shape[hidden.dim() - 1:])
+    acc = _acc(hidden)
+    return (hidden.new_empty((tokens,) + k, dtype=acc), hidden.new_empty((tokens,), dtype=acc),
+            hidden.new_empty((tokens,), dtype=acc))
+
+
+@torch.library.custom_op("softlight::linear_row_stats_backward", mutates_args=())
+def _stats_backward_op(d_logprobs: Optional[torch.Tensor], d_entropy: Optional[torch.Tensor], hidden: torch.Tensor,
+                       weight: torch.Tensor, bias: Optional[torch.Tensor], index: torch.Tensor, lse: torch.Tensor,
+                       entropy: torch.Tensor, need_hidden: bool, need_weight: bool, need_bias: bool, shift: bool,
+                       softcap: Optional[float], temperature: float,
+                       memory: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    grads = _stats_backward(d_logprobs, d_entropy, hidden, weight, bias, index, lse, entropy,
+                            (need_hidden, need_weight, need_bias), (shift, softcap, temperature, memory), None)
+    return tuple(hidden.new_empty(0) if g is None else g for g in grads)
+
+
+@_stats_backward_op.register_fake
+def _stats_backward_fake(d_logprobs, d_entropy, hidden, weight, bias, index, lse, entropy, need_hidden, need_weight,
+                         need_bias, *opts):
+    return tuple(_eager_grads(hidden, weight, bias, (need_hidden, need_weight, need_bias), "mean", "speed"))
+
+
+def _stats_setup(ctx, inputs, output):
+    hidden, weight, bias, index = inputs[:4]
+    ctx.opts = inputs[4:]
+    ctx.need = tuple(t is not None and t.requires_grad for t in (hidden, weight, bias))
+    ctx.save_for_backward(hidden, weight, bias, index, output[2], output[1])
+
+
+def _stats_grad(ctx, d_lp, d_en, _d_lse):
+    hidden, weight, bias, index, lse, entropy = ctx.saved_tensors
+    dh, dw, db = (_none(g) for g in _stats_backward_op(d_lp, d_en, hidden, weight, bias, index, lse, entropy,
+                                                        *ctx.need, *ctx.opts))
+    return (None if dh is None else dh.reshape(hidden.shape), dw, db) + (None,) * (len(ctx.opts) + 1)
+
+
+_stats_op.register_autograd(_stats_grad, setup_context=_stats_setup)
 
 
 def linear_row_stats(hidden, weight, index, *, bias=None, temperature=1.0, softcap=None, shift=False,
-                     memory="speed"):
+                     memory="speed", _shard=None):
     """{"logprobs", "entropy"} of log_softmax((hidden @ weight.T + bias) / temperature) without the
     logits in memory: each token's log-prob at index ((...) or (..., K) indices) and the entropy of its
     distribution, both differentiable with respect to hidden, weight and bias (RL's log-probs and
@@ -439,8 +620,13 @@ def linear_row_stats(hidden, weight, index, *, bias=None, temperature=1.0, softc
     _check_indices(index, hidden, "index", True)
     softcap = _check_softcap(softcap)
     temperature = _check_temperature(temperature)
-    logprobs, entropy = _LinearRowStats.apply(hidden, weight, bias, index, (bool(shift), softcap, temperature, memory))
-    return {"logprobs": logprobs, "entropy": entropy}
+    opts = (bool(shift), softcap, temperature, memory)
+    lead, k = tuple(hidden.shape[:-1]), tuple(index.shape[hidden.dim() - 1:])
+    if _shard is not None:
+        logprobs, entropy = _ShardRowStats.apply(hidden, weight, bias, index, opts, _shard)
+    else:
+        logprobs, entropy, _ = _stats_op(hidden, weight, bias, index, *opts)
+    return {"logprobs": _unshift(logprobs, lead, opts[0], k), "entropy": _unshift(entropy, lead, opts[0])}
 
 
 def linear_token_logprobs(hidden, weight, index, *, bias=None, temperature=1.0, softcap=None, shift=False,

@@ -25,15 +25,25 @@ import math
 import torch
 import torch.distributed as dist
 
-from . import _api, _consumers
+from . import _api, _consumers, _linear
 from . import torch as _slt  # noqa: F401 (registers torch.ops.softlight)
 from ._errors import ArgumentTypeError, InvalidArgumentError
-from ._shards import merge
+from ._shards import combine, merge
 
 _NINF = float("-inf")
 # One collective: each rank's (rows, F) block after the one before (torch 2.11 names it
 # all_gather_single, earlier versions all_gather_into_tensor).
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def _gather_rows(columns, group):
+    """Every rank's (rows, F) block of per-row values (columns (rows, k) side by side), as (world, rows,
+    F): one all-gather."""
+    pack = torch.cat(columns, 1).contiguous()
+    world = dist.get_world_size(group)
+    gathered = torch.empty((world * pack.shape[0], pack.shape[1]), dtype=pack.dtype, device=pack.device)
+    _all_gather(gathered, pack, group=group)
+    return gathered.view(world, pack.shape[0], pack.shape[1])
 
 
 def _merge(x, index, group, vocab_start, temperature):
@@ -43,11 +53,9 @@ def _merge(x, index, group, vocab_start, temperature):
     _, _, _, picked, zsum, m, se, mom = out
     acc = m.dtype
     width = torch.full((rows, 1), float(x.shape[1]), dtype=acc, device=x.device)
-    pack = torch.cat([m[:, None], se[:, None], mom[:, None], zsum[:, None], width, picked.reshape(rows, -1)], 1)
-    world = dist.get_world_size(group)
-    gathered = torch.empty((world * rows, pack.shape[1]), dtype=acc, device=x.device)
-    _all_gather(gathered, pack.contiguous(), group=group)
-    gathered = gathered.view(world, rows, pack.shape[1])
+    gathered = _gather_rows([m[:, None], se[:, None], mom[:, None], zsum[:, None], width, picked.reshape(rows, -1)],
+                            group)
+    world = gathered.shape[0]
     lse, ent = merge(gathered[:, :, 0], gathered[:, :, 1], gathered[:, :, 2])
     widths = gathered[:, 0, 4] if rows else torch.full((world,), float(x.shape[1]), dtype=acc)
     return lse, ent, gathered[:, :, 5:].sum(0).reshape(picked.shape), gathered[:, :, 3].sum(0), widths
@@ -257,4 +265,76 @@ def log_softmax(logits, *, group=None, temperature=1.0):
     return _LogSoftmax.apply(x, group, _api._check_temperature(temperature)).reshape(logits.shape)
 
 
-__all__ = ["cross_entropy", "token_logprobs", "entropy", "logsumexp", "log_softmax"]
+class _Ranks:
+    """This rank's part of a vocabulary split over a process group, as the LM head's functions see it
+    (softlight/_linear.py): its first word, the whole vocabulary's size, the merge of every rank's
+    statistics (one all-gather of a few values a token) and the sum of the ranks' hidden gradients."""
+
+    def __init__(self, group, start, vocab):
+        self.group, self.start, self.vocab = group, start, vocab
+
+    def merge(self, m, se, mom, picked, zsum):
+        cols = [m[:, None], se[:, None], mom[:, None], (zsum if zsum is not None else torch.zeros_like(m))[:, None]]
+        g = _gather_rows(cols + ([picked.reshape(m.shape[0], -1)] if picked is not None else []), self.group)
+        m, se, mom = combine(g[:, :, 0], g[:, :, 1], g[:, :, 2])
+        return (m, se, mom, None if picked is None else g[:, :, 4:].sum(0).reshape(picked.shape),
+                None if zsum is None else g[:, :, 3].sum(0))
+
+    def all_reduce(self, t):
+        dist.all_reduce(t, group=self.group)
+
+
+def _head_shard(hidden, weight, group, vocab_start, check):
+    """_Ranks of an LM head's weight shard: with check, the ranks' agreement (as _agree: as many tokens,
+    one dtype and kind of device, shards that tile the vocabulary); without, equal shard widths."""
+    if not isinstance(hidden, torch.Tensor) or not isinstance(weight, torch.Tensor) or weight.dim() != 2 or \
+            hidden.dim() < 1:
+        raise InvalidArgumentError("softlight: hidden (..., D) and a weight shard (V / ranks, D) expected")
+    if vocab_start is not None:
+        if isinstance(vocab_start, bool) or not hasattr(vocab_start, "__index__"):
+            raise ArgumentTypeError(f"softlight: vocab_start must be an int, got {type(vocab_start).__qualname__}")
+        vocab_start = vocab_start.__index__()
+    rows = math.prod(hidden.shape[:-1])
+    if check:  # (a stand-in of the shard's logits' shape, holding no memory)
+        like = torch.empty((), dtype=weight.dtype, device=weight.device).expand(rows, weight.shape[0])
+        vocab, start = _agree(like, None, group, vocab_start)
+    else:
+        world, rank = dist.get_world_size(group), dist.get_rank(group)
+        start = rank * weight.shape[0] if vocab_start is None else vocab_start
+        vocab = weight.shape[0] * world
+    return _Ranks(group, start, vocab)
+
+
+def linear_cross_entropy(hidden, weight, target, *, group=None, vocab_start=None, bias=None, ignore_index=-100,
+                         label_smoothing=0.0, z_loss=0.0, softcap=None, temperature=1.0, reduction="mean", shift=False,
+                         return_lse=False, check=True):
+    """softlight.torch.linear_cross_entropy with the weight (and bias) of this rank's shard of the
+    vocabulary, (V / ranks, D) (Megatron's vocabulary-parallel LM head): hidden (..., D) and global
+    target ids (...) the same on every rank. Every rank returns the same loss, equal to one process's
+    over the whole weight; the hidden's gradient is the whole one on every rank (summed over the ranks
+    here: an all-reduce), the weight's and the bias's are the shard's. In vocabulary chunks, as the
+    low-memory form: 64 MiB of logits and 4 N D bytes beyond the gradients. check: the ranks'
+    agreement, on every call unless False (then the shards must be equally wide)."""
+    shard = _head_shard(hidden, weight, group, vocab_start, check)
+    return _linear.linear_cross_entropy(hidden, weight, target, bias=bias, ignore_index=ignore_index,
+                                        label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap,
+                                        temperature=temperature, reduction=reduction, shift=shift,
+                                        return_lse=return_lse, memory="low_memory", _shard=shard)
+
+
+def linear_row_stats(hidden, weight, index, *, group=None, vocab_start=None, bias=None, temperature=1.0, softcap=None,
+                     shift=False, check=True):
+    """softlight.torch.linear_row_stats ({"logprobs", "entropy"} over the whole vocabulary) with the
+    weight (and bias) of this rank's shard, as linear_cross_entropy takes them."""
+    shard = _head_shard(hidden, weight, group, vocab_start, check)
+    return _linear.linear_row_stats(hidden, weight, index, bias=bias, temperature=temperature, softcap=softcap,
+                                    shift=shift, memory="low_memory", _shard=shard)
+
+
+def linear_token_logprobs(hidden, weight, index, **kw):
+    """linear_row_stats' logprobs: each token's log-prob at its global id over the whole vocabulary."""
+    return linear_row_stats(hidden, weight, index, **kw)["logprobs"]
+
+
+__all__ = ["cross_entropy", "token_logprobs", "entropy", "logsumexp", "log_softmax", "linear_cross_entropy",
+           "linear_row_stats", "linear_token_logprobs"]
