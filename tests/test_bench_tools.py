@@ -182,6 +182,11 @@ def test_committed_results_follow_the_schema(path):
             assert r["copy_ms"] > 0 and (r["ms"] > 0 if r["status"] == "ok" else r["ms"] is None)
         return
     assert doc["meta"]["command"].startswith("python -m softlight bench")
+    if doc["rows"][0]["op"] == "hf_step":
+        for r in doc["rows"]:
+            assert r["provider"] in ("transformers", "softlight", "liger") and r["dtype"] == "bfloat16"
+            assert (r["ms"] > 0 and r["peak_mib"] > 0) if r["status"] == "ok" else r["status"]
+        return
     if doc["rows"][0]["op"] == "linear_cross_entropy":
         for r in doc["rows"]:
             assert r["op"] == "linear_cross_entropy" and len(r["shape"]) == 3 and all(v > 0 for v in r["shape"])

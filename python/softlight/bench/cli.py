@@ -26,11 +26,12 @@ def main(argv=None):
                          "(softlight/bench/cpu.py)")
     ap.add_argument("--op", default="forward",
                     choices=["forward", "backward", "cross_entropy", "token_logprobs", "entropy", "logsumexp",
-                             "linear_cross_entropy"],
+                             "linear_cross_entropy", "hf_step"],
                     help="cross_entropy, token_logprobs, entropy, logsumexp: the consumers of the log-sum-exp against "
                          "their anchors over vocabularies (softlight/bench/consumers.py), on --device cuda or cpu; "
                          "linear_cross_entropy: the LM head with its loss against the bare GEMMs and the anchors, "
-                         "--shapes NxDxV (softlight/bench/linear.py)")
+                         "--shapes NxDxV (softlight/bench/linear.py); hf_step: a Hugging Face Llama's training step "
+                         "as it comes and patched, --shapes BxT")
     ap.add_argument("--vocabs", default="", help="with a consumer --op: comma-separated vocabulary sizes (default: "
                                                  "32000,50257,128256,151936,262144)")
     ap.add_argument("--vocab-parallel", action="store_true",
@@ -64,7 +65,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     consumer = args.op in ("cross_entropy", "token_logprobs", "entropy", "logsumexp")
     vp_name = "vocab-parallel" + ("-cpu" if args.device == "cpu" else "")
-    linear = args.op == "linear_cross_entropy"
+    linear = args.op in ("linear_cross_entropy", "hf_step")
     args.name = args.name or (vp_name if args.vocab_parallel else f"{args.op}-cpu" if (consumer or linear) and
                               args.device == "cpu"
                               else args.op if consumer or linear
@@ -94,7 +95,8 @@ def main(argv=None):
         if args.device == "cuda" and not torch.cuda.is_available():
             raise SystemExit("softlight bench: no CUDA GPU is visible; pass --device cpu")
         from . import linear as linear_bench
-        return linear_bench.run(args, argv, torch, args.commit or git_commit())
+        run = linear_bench.run_hf_step if args.op == "hf_step" else linear_bench.run
+        return run(args, argv, torch, args.commit or git_commit())
     if consumer:
         if torch is None:
             raise SystemExit(f"softlight bench --op {args.op}: needs torch (the anchors and the arrays)")

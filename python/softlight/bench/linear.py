@@ -236,3 +236,95 @@ def plot(meta, rows, path):
     where = meta.get("gpu") or meta.get("cpu")
     return save_figure(fig, f"linear_cross_entropy (N x D x V), {where}, {meta['date']}, commit {meta['commit']}",
                        path)
+
+
+HF_LLAMA = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=2, num_attention_heads=16,
+                num_key_value_heads=8, vocab_size=128256, max_position_embeddings=4096)
+
+
+def run_hf_step(args, argv, torch, commit):
+    """--op hf_step: one training step (forward and backward with labels) of a Hugging Face Llama built
+    from a config (HF_LLAMA, bfloat16, batch 2 x 4096 by default: --shapes BxT), as it comes
+    ("transformers"), patched by softlight.transformers ("softlight") and by Liger's
+    apply_liger_kernel_to_llama ("liger", where it is installed): time, and the allocator's peak above
+    the model, its inputs and its gradients' buffers from an earlier step. Each loss is checked
+    against the unpatched model's first."""
+    import copy
+
+    import transformers
+
+    import softlight.transformers as slx
+    device = args.device
+    if device != "cuda":
+        raise SystemExit("softlight bench --op hf_step: on a GPU")
+    batch, seq = parse_shapes(args.shapes)[0] if args.shapes else (2, 4096)
+    torch.manual_seed(0)
+    base = transformers.LlamaForCausalLM(transformers.LlamaConfig(**HF_LLAMA)).to(device, torch.bfloat16).train()
+    g = torch.Generator(device=device).manual_seed(0)
+    ids = torch.randint(0, HF_LLAMA["vocab_size"], (batch, seq), device=device, generator=g)
+
+    def patched_by(name):
+        if name == "transformers":
+            return base
+        model = copy.deepcopy(base)
+        if name == "softlight":
+            return slx.patch(model)
+        from liger_kernel.transformers import apply_liger_kernel_to_llama
+        apply_liger_kernel_to_llama(model=model, fused_linear_cross_entropy=True, cross_entropy=False)
+        return model
+
+    rows, want = [], None
+    meta = {"gpu": torch.cuda.get_device_name(0), "commit": commit,
+            "command": "python -m softlight bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "softlight_version": __import__("softlight").__version__, "torch": torch.__version__,
+            "transformers": transformers.__version__, "date": datetime.date.today().isoformat(), "op": "hf_step"}
+    for name in ("transformers", "softlight", "liger"):
+        row = {"op": "hf_step", "device": device, "provider": name, "model": "llama", "config": HF_LLAMA,
+               "shape": [batch, seq], "dtype": "bfloat16", "status": "ok", "ms": None, "peak_mib": None}
+        try:
+            model = patched_by(name)
+
+            def step():
+                model.zero_grad(set_to_none=False)
+                loss = model(input_ids=ids, labels=ids).loss
+                loss.backward()
+                return loss
+
+            loss = step()  # (the gradients' buffers exist from here on)
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            at = torch.cuda.memory_allocated()
+            loss = step()
+            torch.cuda.synchronize()
+            row["peak_mib"] = round((torch.cuda.max_memory_allocated() - at) / 2**20, 1)
+            value = float(loss)
+            want = value if want is None else want
+            if not math.isclose(value, want, rel_tol=1e-2):
+                row["status"] = f"wrong loss ({value:.6g} against {want:.6g})"
+            row["ms"] = time_ms(torch, step, device, args.reps)
+            row["loss"] = value
+        except Exception as e:  # noqa: BLE001 - a provider that fails is reported, not fatal
+            row["status"] = f"failed: {type(e).__name__}: {str(e)[:160]}"
+        model = None
+        torch.cuda.empty_cache()
+        rows.append(row)
+        print(f"hf_step {name}: {row['ms'] and round(row['ms'], 2)} ms, peak +{row['peak_mib']} MiB, {row['status']}",
+              flush=True)
+    if args.out_dir:
+        write_results(meta, rows, Path(args.out_dir), args.name, plot_fn=plot_hf_step)
+    return 0 if all(r["status"] == "ok" for r in rows if r["provider"] != "liger") else 1
+
+
+def plot_hf_step(meta, rows, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    ok = [r for r in rows if r["status"] == "ok"]
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3.2))
+    for ax, key, label in zip(axes, ("ms", "peak_mib"), ("step time (ms)", "peak above the model (MiB)")):
+        ax.bar([r["provider"] for r in ok], [r[key] for r in ok])
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3, axis="y")
+    return save_figure(fig, f"Llama training step (2 layers, vocabulary 128256), {meta['gpu']}, {meta['date']}, "
+                            f"commit {meta['commit']}", path)
