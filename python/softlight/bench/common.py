@@ -66,3 +66,29 @@ def cpu_name():
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def time_ms(torch, fn, device, reps, untimed_each=True):
+    """Median of reps calls of fn, in milliseconds: CUDA events on the GPU, perf_counter on the CPU.
+    untimed_each: an untimed call before each timed one (else one before them all)."""
+    import time
+
+    import numpy as np
+    if not untimed_each:
+        fn()
+    times = []
+    for _ in range(reps):
+        if untimed_each:
+            fn()
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return float(np.median(times))

@@ -23,12 +23,10 @@ with CUDA events, the CPU with perf_counter, each timed call right after an unti
 import datetime
 import math
 import sys
-import time
 from pathlib import Path
 
-import numpy as np
 
-from .common import cpu_name, save_figure, write_results
+from .common import cpu_name, time_ms, save_figure, write_results
 
 OPS = ("cross_entropy", "token_logprobs", "entropy", "logsumexp")
 VOCABS = (32000, 50257, 128256, 151936, 262144)
@@ -156,25 +154,6 @@ def check(torch, op, got, want, want_grad, dtype, backward=False):
     err = (got.double() - want).abs()
     lim = tol * (1 + want.abs())
     return None if bool((err <= lim).all()) else f"wrong (max |error| {err.max().item():.3g})"
-
-
-def time_ms(torch, fn, device, reps):
-    """Median of reps calls, each right after an untimed one."""
-    times = []
-    for _ in range(reps):
-        fn()
-        if device == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return float(np.median(times))
 
 
 def run(args, argv, torch, commit):

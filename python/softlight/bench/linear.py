@@ -21,12 +21,10 @@ resident size on the CPU is not measured: null there), "grads_mib" the two gradi
 import datetime
 import math
 import sys
-import time
 from pathlib import Path
 
-import numpy as np
 
-from .common import cpu_name, parse_shapes, save_figure, write_results
+from .common import cpu_name, time_ms, parse_shapes, save_figure, write_results
 
 SHAPES = ((8192, 2304, 256000), (8192, 4096, 128256), (16384, 1024, 32000), (32768, 4096, 151936))
 TOL = {"float32": 1e-4, "bfloat16": 2e-2, "float16": 2e-2, "float64": 1e-10}
@@ -105,25 +103,6 @@ def check(loss, gh, gw, want, dtype):
     return None
 
 
-def time_ms(torch, fn, device, reps):
-    """Median of reps calls after one untimed call."""
-    fn()
-    times = []
-    for _ in range(reps):
-        if device == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return float(np.median(times))
-
-
 def _inputs(torch, n, d, v, dtype, device, seed):
     g = torch.Generator(device=device).manual_seed(seed)
     h = torch.randn(n, d, device=device, generator=g).to(dtype)
@@ -162,7 +141,7 @@ def run(args, argv, torch, commit):
                 torch.matmul(z, w, out=dh)
                 torch.matmul(z.t(), h, out=dw)
 
-            case = [dict(base, provider="gemms", mode=None, status="ok", ms=time_ms(torch, gemms, device, reps),
+            case = [dict(base, provider="gemms", mode=None, status="ok", ms=time_ms(torch, gemms, device, reps, False),
                          peak_mib=None)]
             z = dh = dw = None
             for name, (mode, fn) in provs.items():
@@ -185,7 +164,7 @@ def run(args, argv, torch, commit):
                         row["peak_mib"] = round((torch.cuda.max_memory_allocated() - at) / 2**20, 1)
                     row["status"] = check(loss.detach(), hh.grad, ww.grad, want, dtype) or "ok"
                     loss = None
-                    row["ms"] = time_ms(torch, step, device, reps)
+                    row["ms"] = time_ms(torch, step, device, reps, False)
                 except Exception as e:  # noqa: BLE001 - a provider that fails is reported, not fatal
                     row["status"] = f"failed: {type(e).__name__}: {str(e)[:160]}"
                 hh = ww = loss = None
@@ -302,7 +281,7 @@ def run_hf_step(args, argv, torch, commit):
             want = value if want is None else want
             if not math.isclose(value, want, rel_tol=1e-2):
                 row["status"] = f"wrong loss ({value:.6g} against {want:.6g})"
-            row["ms"] = time_ms(torch, step, device, args.reps)
+            row["ms"] = time_ms(torch, step, device, args.reps, False)
             row["loss"] = value
         except Exception as e:  # noqa: BLE001 - a provider that fails is reported, not fatal
             row["status"] = f"failed: {type(e).__name__}: {str(e)[:160]}"
