@@ -349,6 +349,9 @@ PYBIND11_MODULE(_C, m) {
                                                       n, s));
   });
   m.def("dlpack_view", &dlpack_view, py::arg("capsule"));
+  // The consumers' entries, named here argument by argument; python/softlight/_consumers.py calls them
+  // positionally: each is on a training step's path (a call per loss), and pybind11's keyword matching
+  // would add to every call's host cost, which is kept at torch's own (docs/perf/host.json).
   m.def("row_stats", &row_stats, py::arg("x"), py::arg("xs"), py::arg("rows"), py::arg("cols"), py::arg("dtype"),
         py::arg("temperature"), py::arg("index"), py::arg("k"), py::arg("index_stride"), py::arg("offset"),
         py::arg("shard"), py::arg("out"), py::arg("threads"), py::arg("gpu") = false, py::arg("stream") = 0);
