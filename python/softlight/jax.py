@@ -10,7 +10,8 @@ jax.custom_vjp. The handlers are built where JAX is importable at build time:
     pip install --no-build-isolation .          # in an environment that has jax
 
 (the default `pip install .` needs no JAX and builds none). Without them, importing this module
-raises ImportError saying so.
+raises ImportError saying so. linear_cross_entropy, the LM head with its loss without the logits, is
+written in JAX itself (python/softlight/_jax_linear.py).
 """
 import ctypes
 from functools import partial
@@ -21,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._api import _check_temperature
+from ._jax_linear import linear_cross_entropy
 
 _LIBS = sorted((Path(__file__).resolve().parent / "lib").glob("libsoftlight_jax.so*"))
 if not _LIBS:
@@ -94,4 +96,4 @@ def logsumexp(x, axis=-1, *, temperature=1.0):
     return _forward(x, _end_axis(x, axis), _check_temperature(temperature))[1]
 
 
-__all__ = ["log_softmax", "logsumexp"]
+__all__ = ["log_softmax", "logsumexp", "linear_cross_entropy"]
