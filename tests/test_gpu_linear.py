@@ -134,3 +134,18 @@ def test_a_target_outside_the_vocabulary_gives_nan(memory):
     t[5] = 500
     assert torch.isnan(slt.linear_cross_entropy(h, w, t, bias=b, memory=memory))
     assert torch.isnan(slt.linear_cross_entropy(h, w, t, bias=b, memory=memory, reduction="none")[5])
+
+
+def test_both_float32_sums_of_the_weight_gradient_agree(monkeypatch):
+    """The weight gradient's float32 sum over token chunks, in place (addmm with out_dtype into the
+    sum) and through a float32 product added after (taken where this torch's in-place form fails its
+    check), give the same gradients."""
+    from softlight import _linear
+    h, w, b, t = _data(1024, 128, 5000, torch.bfloat16, 11)
+    assert _linear._in_place_ok(h.device) in (True, False)
+    results = []
+    for ok in (True, False):
+        monkeypatch.setitem(_linear._IN_PLACE_OK, h.device, ok)
+        results.append(_grads(lambda h, w, b: slt.linear_cross_entropy(h, w, t, bias=b), h, w, b))
+    for a, r in zip(*results):
+        assert torch.allclose(a.float(), r.float(), rtol=1e-2, atol=1e-6)

@@ -78,13 +78,40 @@ def _logits(hc, weight, bias, softcap):
     return z.mul_(softcap), factor
 
 
+_IN_PLACE_OK = {}  # device -> whether addmm(out_dtype=float32, out=acc) sums into acc as it should
+
+
+def _in_place_ok(device):
+    """Whether this torch's addmm with out_dtype writes acc + a @ b into acc itself, checked once a
+    device on small arrays (pytorch issue 154086 found the out= form of mixed-dtype addmm broken in
+    one build); never inside a CUDA graph capture, where the answer is taken as no."""
+    ok = _IN_PLACE_OK.get(device)
+    if ok is None:
+        if torch.cuda.is_current_stream_capturing():
+            return False
+        g = torch.Generator(device=device).manual_seed(0)
+        a, b = (torch.randn(s, device=device, generator=g).to(torch.bfloat16) for s in ((64, 32), (32, 48)))
+        acc = torch.randn(64, 48, device=device, generator=g)
+        want = acc + a.float() @ b.float()
+        try:
+            torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+            ok = bool(torch.allclose(acc, want, rtol=1e-4, atol=1e-4))
+        except (RuntimeError, TypeError):
+            ok = False
+        _IN_PLACE_OK[device] = ok
+    return ok
+
+
 def _add_product(acc, a, b):
-    """acc += a @ b, the product summed in acc's dtype (float32 from 16-bit a and b: cuBLAS's out_dtype
-    on the GPU, an upcast on the CPU, whose matmul has no such form)."""
+    """acc += a @ b, the product summed in acc's dtype. From 16-bit a and b into float32 on the GPU,
+    cuBLAS's out_dtype: in place where this torch does it right, else into a float32 product added
+    after; on the CPU, whose matmul has no out_dtype, float32 copies of a and b."""
     if a.dtype == acc.dtype:
         acc.addmm_(a, b)
-    elif a.is_cuda:
+    elif a.is_cuda and _in_place_ok(a.device):
         torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
+    elif a.is_cuda:
+        acc.add_(torch.mm(a, b, out_dtype=acc.dtype))
     else:
         acc.addmm_(a.to(acc.dtype), b.to(acc.dtype))
 
