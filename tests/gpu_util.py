@@ -90,6 +90,14 @@ NO_PLANNER = ("a default build has no planner queries (softlight._planner): buil
               "-C cmake.define.SOFTLIGHT_TUNING=ON to run the tests that read the library's plan")
 
 
+def on_path(ok, what):
+    """Skip unless this GPU plans the problem down the path the test exercises: which path an H100
+    takes is pinned on the CPU (test_planner, tests/paths.py); the GPU tests check the kernels."""
+    if not ok:
+        pytest.skip(f"this GPU does not plan {what} down the path this test exercises (test_planner pins "
+                    "the H100's plan)")
+
+
 def random_rows(rows, cols, dtype, scale=3.0, gen=None):
     return (torch.randn(rows, cols, device="cuda", generator=gen) * scale).to(tdtype(dtype))
 

@@ -8,23 +8,13 @@ import pytest
 
 import softlight
 from softlight import _C
+import paths
 from gpu_util import (DTYPES, FORCED, assert_close_to_float64, assert_lse_close, axis_plan, device_plan_args,
-                      plan,
-                      needs_gpu, poisoned_like, random_rows, tdtype, torch)
+                      needs_gpu, on_path, plan, poisoned_like, random_rows, tdtype, torch)
+from paths import COLS, ELEM, rows_for
 from reference import POISON, SPECIAL_ROWS, TOL, special_matrix
 
 pytestmark = needs_gpu
-
-ELEM = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
-# Boundaries of each family for each element size (warp: 256 vectors; block: up to 32 KB rows on
-# Hopper; cluster: resident up to a 16-CTA cluster's ring, streamed beyond).
-COLS = [1, 2, 3, 4, 7, 8, 31, 32, 33, 100, 127, 128, 255, 256, 257, 512, 1000, 1023, 1024, 1025, 2048,
-        2049, 4096, 4100, 8191, 8192, 16384, 16392, 32768, 50257, 65536, 131072, 262144, 393216,
-        1048576, 4194304]
-
-
-def rows_for(cols, dtype, budget=1 << 24):
-    return int(max(1, min(129, budget // (cols * ELEM[dtype]))))
 
 
 def planned(rows, cols, dtype, aligned=True, peelable=False):
@@ -46,18 +36,13 @@ def run_and_check(x, dtype, what, out=None):
     return y
 
 
-def test_the_cols_list_reaches_every_family():
-    fams = set()
-    for dtype in DTYPES:
-        for cols in COLS:
-            p = planned(rows_for(cols, dtype), cols, dtype)
-            fams.add((p["family"], p["resident"] if p["family"] in ("block_rows", "cluster_rows") else None))
-    expected = {("register_rows", None), ("short_rows", None), ("block_rows", True)}
-    if torch.cuda.get_device_capability()[0] >= 9:
-        expected |= {("cluster_rows", True), ("cluster_rows", False)}
-    else:
-        expected |= {("block_rows", False)}
-    assert expected <= fams, fams
+def test_this_gpu_plans_as_the_h100_the_planner_tests_pin():
+    """On an H100 or H200 (sm_90, 132 SMs) the library plans with the device test_planner pins the
+    GPU tests' paths for (tests/paths.py): there, no test below skips for its path."""
+    dev = device_plan_args()
+    if (dev["cc_major"], dev["sm_count"]) != (9, 132):
+        pytest.skip(f"not a GPU of the pinned profile: {dev}")
+    assert dev == paths.H100
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -396,7 +381,7 @@ def test_many_host_threads_many_streams():
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("cluster", [1, 2, 4, 8, 16])
-@pytest.mark.parametrize("chunk,threads,hints,stripe", [(4096, 288, 0, 0), (16384, 544, 3, 1), (32768, 160, 1, -1)])
+@pytest.mark.parametrize("chunk,threads,hints,stripe", paths.CLUSTER_FORCED)
 def test_cluster_shapes_forced(force, cluster, chunk, threads, hints, stripe, dtype):
     """Every cluster size, chunk size, warp count and cache hint the tuning knobs can pick, chunks
     dealt in turn or in contiguous slices (STRIPE=0), on rows that leave some CTAs of a cluster with
@@ -411,11 +396,9 @@ def test_cluster_shapes_forced(force, cluster, chunk, threads, hints, stripe, dt
     force(hints=hints)
     force(stripe=stripe)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for cols in (8192, 69632, 393216, 2_000_000):
-        rows = min(3 * sms // cluster + 5, max(1, (1 << 26) // (cols * ELEM[dtype])))
-        x = random_rows(rows, cols, dtype)
+    for cols in paths.CLUSTER_FORCED_COLS:
+        x = random_rows(paths.cluster_forced_rows(cols, ELEM[dtype], cluster, sms), cols, dtype)
         p = planned(*x.shape, dtype)
-        assert p["family"] != "cluster_rows" or p["striped"] == (stripe != 0), p
         run_and_check(x, dtype, f"cluster={cluster} chunk={chunk} threads={threads} cols={cols} {p}")
     y, lse = softlight.log_softmax(x, temperature=1.5, return_lse=True)  # the last, streamed shape
     torch.cuda.synchronize()
@@ -424,11 +407,7 @@ def test_cluster_shapes_forced(force, cluster, chunk, threads, hints, stripe, dt
     assert bool(((lse.double() - ref).abs() <= 1e-5 + 1e-5 * ref.abs()).all())
 
 
-@pytest.mark.parametrize("cols,dtype,cluster,per_cta", [
-    (140000, "bfloat16", 4, 2), (150000, "float16", 4, 2), (262152, "bfloat16", 8, 2), (280000, "float16", 8, 2),
-    (310000, "bfloat16", 8, 2), (600000, "float16", 16, 2),  # two larger chunks for three
-    (196616, "float16", 4, 4), (212992, "bfloat16", 4, 4),  # 13 chunks over 8 CTAs: 16 over 4
-    (395000, "bfloat16", 8, 4), (458752, "float16", 8, 4)])  # 25 and 28 chunks over 16: 32 over 8
+@pytest.mark.parametrize("cols,dtype,cluster,per_cta", paths.RESIZED_CHUNKS)
 def test_chunks_resized_for_uneven_slices(cols, dtype, cluster, per_cta):
     """16-bit rows whose 32 KB chunks split unevenly over a cluster, in the chunks the planner
     resizes them to (not a multiple of 512 bytes): two larger ones a CTA where CTAs would take three,
@@ -438,11 +417,10 @@ def test_chunks_resized_for_uneven_slices(cols, dtype, cluster, per_cta):
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("clusters need sm_90")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    rows = 3 * sms // cluster + 7
+    rows = paths.resized_chunks_rows(cluster, sms)
     p = planned(rows, cols, dtype)
-    assert (p["family"], p["cluster"], p["chunks_per_cta"], p["double_buffered"]) == \
-        ("cluster_rows", cluster, per_cta, True), p
-    assert p["chunk_bytes"] != 32768 and p["chunk_bytes"] % 16 == 0 and p["chunks_per_row"] <= cluster * per_cta, p
+    on_path((p["family"], p["cluster"], p["chunks_per_cta"]) == ("cluster_rows", cluster, per_cta) and
+            p["chunk_bytes"] != 32768, f"{rows}x{cols} {dtype} in resized chunks: {p}")
     x = random_rows(rows, cols, dtype)
     rng = np.random.default_rng()
     special = torch.from_numpy(special_matrix(rng, cols, np.float64)).to(device="cuda", dtype=tdtype(dtype))
@@ -459,12 +437,7 @@ def test_chunks_resized_for_uneven_slices(cols, dtype, cluster, per_cta):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
-@pytest.mark.parametrize("cluster,chunk,groups,row_bytes,rows", [
-    (4, 8192, 1, 32768, 300),     # slices of one chunk: the producer runs up to the queue's bound ahead
-    (1, 8192, 2, 32768, 301),     # each cluster claims ~150 rows: the row queue wraps many times
-    (16, 0, 3, 1572864, 40),      # the founding shape's rows, the planner's chunks
-    (2, 4096, 5, 400000, 57),     # rows not a whole number of chunks
-])
+@pytest.mark.parametrize("cluster,chunk,groups,row_bytes,rows", paths.CLAIMED)
 def test_claimed_rows(force, cluster, chunk, groups, row_bytes, rows, dtype):
     """Clusters that claim their rows from a counter: few clusters, each through dozens to hundreds
     of rows; the same bits as rows dealt in turn, and right against float64 with temperature and LSE."""
@@ -477,7 +450,6 @@ def test_claimed_rows(force, cluster, chunk, groups, row_bytes, rows, dtype):
     force(claim=1)  # the default
     x = random_rows(rows, row_bytes // ELEM[dtype], dtype)
     p = planned(*x.shape, dtype)
-    assert p["family"] == "cluster_rows" and p["claim_rows"] and p["cluster"] == cluster, p
     y = run_and_check(x, dtype, f"claimed {p}")
     y2, lse = softlight.log_softmax(x, temperature=0.75, return_lse=True)
     torch.cuda.synchronize()
@@ -485,7 +457,6 @@ def test_claimed_rows(force, cluster, chunk, groups, row_bytes, rows, dtype):
     ref = torch.logsumexp(x.double() / 0.75, -1)
     assert bool(((lse.double() - ref).abs() <= 1e-5 + 1e-5 * ref.abs()).all())
     force(claim=0)
-    assert not planned(*x.shape, dtype)["claim_rows"]
     dealt = run_and_check(x, dtype, "rows dealt in turn")
     assert torch.equal(y.view(torch.uint8), dealt.view(torch.uint8)), "a row's result depends on its cluster"
 
@@ -498,12 +469,9 @@ def test_claimed_rows_back_to_back(force):
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("claimed rows are cluster_rows' (sm_90)")
     force(register_cluster=0)
-    shapes = [(300, 32768, "float32"), (40, 393216, "float32"), (700, 32768, "bfloat16"),
-              (300, 32768, "float32"), (64, 131072, "float16")]
+    shapes = paths.CLAIMED_BACK_TO_BACK
     xs = [random_rows(*s) for s in shapes]
     ys = [poisoned_like(x) for x in xs]
-    for x, (_, _, dtype) in zip(xs, shapes):
-        assert planned(*x.shape, dtype)["claim_rows"], (x.shape, dtype)
     torch.cuda.synchronize()
     s = torch.cuda.Stream()
     with torch.cuda.stream(s):
@@ -517,23 +485,21 @@ def test_claimed_rows_back_to_back(force):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rows,cols", [(1, 7), (3, 7), (70_001, 7), (5_003, 3), (2_051, 50), (4_099, 100),
-                                       (1_025, 127), (300, 9)])
+@pytest.mark.parametrize("rows,cols", paths.FLAT_TILES)
 def test_flat_tiles(force, rows, cols, dtype):
     """Short rows not in 16-byte packs, in one contiguous run: tiles staged through shared memory
     as packs of the flat array (tails of a tile that are not a whole pack included), against float64;
     and the same rows the other way (flat=0 forced)."""
-    if cols * ELEM[dtype] > 256 or cols * ELEM[dtype] % 16 == 0:
+    if not paths.is_flat_tile_row(cols, dtype):
         pytest.skip("not a flat-tile row")
     x = random_rows(rows, cols, dtype)
     x[0, 1] = float("nan")
     if rows > 2:
         x[1, :] = float("-inf")
         x[2, 0] = float("inf")
-    assert planned(rows, cols, dtype)["flat_rows"] > 0
+    on_path(planned(rows, cols, dtype)["flat_rows"] > 0, f"{rows}x{cols} {dtype} in flat tiles")
     flat = run_and_check(x, dtype, f"flat tiles {dtype} {rows}x{cols}")
     force(flat=0)
-    assert planned(rows, cols, dtype)["flat_rows"] == 0
     other = run_and_check(x, dtype, f"rows {dtype} {rows}x{cols}")
     assert torch.equal(torch.isnan(flat), torch.isnan(other))
     force(flat=-1)
@@ -544,8 +510,8 @@ def test_flat_tiles(force, rows, cols, dtype):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
-@pytest.mark.parametrize("threads,iters", [(128, 8), (256, 8), (64, 4), (256, 4)])
-@pytest.mark.parametrize("cols", [8200, 12000, 32000, 50000, 65536, 131072, 262144])
+@pytest.mark.parametrize("threads,iters", paths.REGISTER_CLUSTER_SHAPES)
+@pytest.mark.parametrize("cols", paths.REGISTER_CLUSTER_COLS)
 def test_rows_in_registers_over_a_cluster(force, cols, threads, iters, dtype):
     """Rows in registers over a cluster (register_cluster=threads, iters=iters forced):
     clusters of 2 to 16 CTAs, slices ending mid-warp (lanes past the row's end), special values,
@@ -556,15 +522,10 @@ def test_rows_in_registers_over_a_cluster(force, cols, threads, iters, dtype):
     force(register_cluster=threads)
     force(iters=iters)
     vec = 16 // ELEM[dtype]
-    c = -(-(cols // vec) // (threads * iters))
-    p = planned(37, cols, dtype)
-    if not 2 <= c <= 16 or cols % vec:
-        assert p["family"] != "register_clusters", p
-        pytest.skip(f"{cols} columns take {c} CTAs of {threads} x {iters} packs")
-    assert (p["family"], p["cluster"], p["threads"], p["iters"]) == ("register_clusters", c, threads, iters), p
-    # Held to 64 registers: CTAs past 128 threads, and 16-bit rows off 128 bytes. The strided rows
-    # below may run the other kernel of the two; their results must agree bit for bit.
-    assert p["bounded"] == (iters == 8 and (threads > 128 or (vec == 8 and cols * 2 % 128 != 0))), p
+    if paths.register_cluster_ctas(cols, dtype, threads, iters) is None:
+        pytest.skip(f"{cols} columns are not held in CTAs of {threads} x {iters} packs")
+    # (The strided rows below may run the other kernel of the two, held to 64 registers or not:
+    # their results must agree bit for bit.)
     x = random_rows(37, cols, dtype)
     x[0, 1] = float("nan")
     x[1, :] = float("-inf")
@@ -587,16 +548,13 @@ def test_rows_in_registers_over_a_cluster(force, cols, threads, iters, dtype):
     assert torch.equal(wide[:, :cols][ok], y[ok]), "a row's result depends on its neighbours"
 
 
-@pytest.mark.parametrize("cols,dtype", [(1032, "bfloat16"), (2052, "float32"),
-                                        (3000, "float16"), (4104, "bfloat16"), (6000, "float32"), (8200, "float16"),
-                                        (4100, "float32"), (1500, "float64")])
+@pytest.mark.parametrize("cols,dtype", paths.FITTED_PACKS)
 def test_rows_in_registers_fitted_packs(cols, dtype):
     """Rows in 16-byte packs just past a power of two of packs, held in three, five, six or seven
     packs a thread (the group's last packs on its first threads only): special values, temperature
     and LSE, strided rows, against float64; nothing written past a row."""
     p = planned(37, cols, dtype)
-    assert p["family"] == "register_rows" and p["cluster"] == 0 and p["rows_per_lane"] == 0, p
-    assert p["iters"] in (3, 5, 6, 7), p
+    on_path(p["family"] == "register_rows" and p["iters"] in (3, 5, 6, 7), f"37x{cols} {dtype} in fitted packs")
     x = random_rows(37, cols, dtype)
     x[0, 1] = float("nan")
     x[1, :] = float("-inf")
@@ -652,9 +610,7 @@ def check_peeled_view(base, x, off, dtype, what):
     run_and_check(x, dtype, what + ", T=1, y on 16 bytes")
 
 
-@pytest.mark.parametrize("cols,dtype", [(257, "float32"), (999, "float32"), (2049, "float32"), (4095, "float32"),
-                                        (511, "bfloat16"), (1025, "bfloat16"), (3001, "float16"), (4097, "bfloat16"),
-                                        (8191, "float16")])
+@pytest.mark.parametrize("cols,dtype", paths.ODD_ROWS)
 def test_odd_rows_in_registers(cols, dtype):
     """Rows off 16 bytes, x and y off alike (odd lengths: each row of a contiguous array starts at
     another offset), under 16 KB, in registers: the 16-byte blocks that end in each row in packs; the
@@ -665,8 +621,7 @@ def test_odd_rows_in_registers(cols, dtype):
     row's outer blocks hold its neighbours' elements while they are written), against float64;
     nothing written outside the rows."""
     p = planned(37, cols, dtype, aligned=False, peelable=True)
-    assert (p["family"], p["peel"], p["cluster"], p["rows_per_lane"]) == ("register_rows", True, 0, 0), p
-    assert p["iters"] in (4, 5), p
+    on_path(p["family"] == "register_rows" and p["peel"], f"37x{cols} {dtype} peeled in registers: {p}")
     rows = 37
     for off, base, x in peeled_views(rows, cols, dtype):
         what = f"odd rows in registers {dtype} {cols} off={off}"
@@ -685,7 +640,7 @@ def test_odd_rows_in_registers(cols, dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("off", [16, 48, 64, 112])
-@pytest.mark.parametrize("cols", [32000, 50264])
+@pytest.mark.parametrize("cols", paths.OFF_128_COLS)
 def test_register_clusters_rows_off_128_bytes(cols, off, dtype):
     """16-bit rows in 16-byte packs whose rows do not start on 128 bytes (views `off` bytes into an
     allocation, rows of 32 000 that would start on 128 bytes, and rows of 50 264 that never do) run
@@ -696,8 +651,7 @@ def test_register_clusters_rows_off_128_bytes(cols, off, dtype):
         pytest.skip("clusters need Hopper")
     rows, e = 37, ELEM[dtype]
     p = plan(rows, cols, e, True, **device_plan_args(), rows128=False)
-    assert (p["family"], p["threads"], p["iters"], p["bounded"]) == ("register_clusters", 128, 8, True), p
-    assert not plan(rows, cols, e, True, **device_plan_args(), rows128=True)["bounded"]
+    on_path(p["family"] == "register_clusters" and p["bounded"], f"{cols} {dtype} off 128 bytes, held to 64 registers")
     base = random_rows(1, rows * cols + off // e, dtype).flatten()
     x = base[off // e:].view(rows, cols)
     x[0, 0] = float("nan")
@@ -722,7 +676,7 @@ def test_register_clusters_rows_off_128_bytes(cols, off, dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("threads", [0, 128, 256])
-@pytest.mark.parametrize("cols", [8203, 32001, 50257, 65531, 131069])
+@pytest.mark.parametrize("cols", paths.PEELED_REGISTER_CLUSTER_COLS)
 def test_peeled_rows_in_registers_over_a_cluster(force, cols, threads, dtype):
     """Rows off 16 bytes, x and y off alike (odd lengths: each row of a contiguous array starts at
     another offset), in registers over a cluster: the 16-byte blocks each row touches in packs, the
@@ -738,9 +692,7 @@ def test_peeled_rows_in_registers_over_a_cluster(force, cols, threads, dtype):
     vec = 16 // ELEM[dtype]
     p = planned(37, cols, dtype, aligned=False, peelable=True)
     if p["family"] != "register_clusters":
-        assert threads == 0 or not 2 <= -(-(cols // vec) // (threads * 8)) <= 16, p  # eight packs a thread
         pytest.skip(f"{cols} {dtype} columns are not held in registers over a cluster here: {p['family']}")
-    assert p["peel"] and (threads == 0 or p["threads"] == threads), p
     rows = 37
     for off, base, x in peeled_views(rows, cols, dtype):
         check_peeled_view(base, x, off, dtype, f"peeled register clusters {dtype} {cols} threads={threads} off={off}")
@@ -760,15 +712,14 @@ def test_peeled_rows_in_registers_over_a_cluster(force, cols, threads, dtype):
     assert_close_to_float64(xi, x, dtype, f"peeled register clusters {dtype} {cols}, in place")
 
 
-@pytest.mark.parametrize("rows,cols", [(5, 2_097_152), (7, 524_288), (3, 3_027_760), (4, 4_194_304), (3, 6_058_800)])
+@pytest.mark.parametrize("rows,cols", paths.GRID_ROWS_FP32)
 def test_fp32_rows_no_cluster_holds_go_to_grid_rows(rows, cols):
     """fp32 rows of 2 MB to 23 MB as the planner sends them on a Hopper GPU of 132 SMs: held in the
     grid's rings (grid_rows), those past a fifth of the rings partly spilled (read again from L2), no
     knob set, rows of 11.5 and 23 MB with a partial last chunk; special values, temperature and LSE
     against float64."""
     p = planned(rows, cols, "float32")
-    if p["family"] != "grid_rows":
-        pytest.skip(f"this GPU plans no grid_rows for {rows}x{cols} float32: {p}")
+    on_path(p["family"] == "grid_rows", f"{rows}x{cols} float32 in grid_rows")
     x = random_rows(rows, cols, "float32")
     x[0, 1] = float("nan")
     x[1, -1] = float("inf")
@@ -781,22 +732,15 @@ def test_fp32_rows_no_cluster_holds_go_to_grid_rows(rows, cols):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
-@pytest.mark.parametrize("knobs", ["", "ITEM_CHUNKS=2", "ITEM_CHUNKS=4 THREADS=288", "ITEM_CHUNKS=8 CHUNK_BYTES=8192",
-                                   "SPILL_CHUNKS=1", "SPILL_CHUNKS=4 ITEM_CHUNKS=2", "SPILL_CHUNKS=1000000"])
-@pytest.mark.parametrize("rows,cols", [(37, 100_000), (9, 1_048_576), (3, 4_194_304), (700, 8192), (3000, 1000),
-                                       (2, 16)])
+@pytest.mark.parametrize("knobs", paths.GRID_ROWS_KNOBS)
+@pytest.mark.parametrize("rows,cols", paths.GRID_ROWS_SHAPES)
 def test_grid_rows(force, rows, cols, knobs, dtype):
     """Rows held once in a cooperative grid's rings, items claimed by any CTA (grid_rows=1 forced):
     rows whose last chunk and item are partial (100 000), rows of many items, rows of one item and
     of one partial chunk (3000 rows: a ring holds rows far apart, whose numbers differ by multiples of
     its table of merged rows); other item, chunk and CTA sizes. Special values, temperature and LSE
     against float64; y strided, nothing written past a row."""
-    force(grid_rows=1)
-    for kv in knobs.split():
-        k, v = kv.split("=")
-        force(**{k.lower(): int(v)})
-    p = planned(rows, cols, dtype)
-    assert p["family"] == "grid_rows", p
+    force(grid_rows=1, **paths.knobs(knobs))
     x = random_rows(rows, cols, dtype)
     x[0, 0] = float("nan")
     x[1, :] = float("-inf")
@@ -825,13 +769,12 @@ def test_grid_rows(force, rows, cols, knobs, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("per_lane", [1, 2, 4, 8])
-@pytest.mark.parametrize("rows,bytes_", [(1, 32), (37, 64), (10_001, 48), (4_097, 256), (999, 512)])
+@pytest.mark.parametrize("rows,bytes_", paths.ROWS_PER_LANE)
 def test_rows_per_lane(force, rows, bytes_, per_lane, dtype):
     """Short rows in 16-byte packs, a lane holding one pack of each of several rows (rows of 3 packs
     leave a lane of each group idle), against float64, with the LSE and a temperature."""
     cols = bytes_ // ELEM[dtype]
     force(rows_per_lane=per_lane)
-    assert planned(rows, cols, dtype)["rows_per_lane"] == per_lane
     x = random_rows(rows, cols, dtype)
     x[0, 1] = float("nan")
     if rows > 2:
@@ -846,7 +789,7 @@ def test_rows_per_lane(force, rows, bytes_, per_lane, dtype):
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-@pytest.mark.parametrize("bytes_", [16, 32, 64, 96, 128])
+@pytest.mark.parametrize("bytes_", paths.SHORT_16_BIT_BYTES)
 def test_16_bit_short_rows_special_values_at_every_place(bytes_, dtype):
     """16-bit short rows as planned (a lane holds a pack of each of four rows, the group of 1 to 8
     lanes known at compile time; from groups of four, each row's log is taken on one lane of the
@@ -855,7 +798,7 @@ def test_16_bit_short_rows_special_values_at_every_place(bytes_, dtype):
     temperature."""
     cols, rows = bytes_ // 2, 1031
     p = planned(rows, cols, dtype)
-    assert p["family"] == "short_rows" and p["rows_per_lane"] == 4 and p["group"] <= 8, p
+    on_path(p["family"] == "short_rows" and p["rows_per_lane"] == 4, f"{rows}x{cols} {dtype} four rows a lane")
     x = random_rows(rows, cols, dtype)
     for r in range(0, 160, 3):  # a warp takes 32 / group rows a load: every place for groups of 1 to 8
         kind, c = (r // 3) % 4, r % cols
@@ -877,7 +820,7 @@ def test_16_bit_short_rows_special_values_at_every_place(bytes_, dtype):
 
 @pytest.mark.parametrize("temperature", [1.0, 0.75])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("cols,family", [(393216, "cluster_rows"), (4096, "register_rows"), (128, "register_rows")])
+@pytest.mark.parametrize("cols,family", paths.NEAR_THE_MAX)
 def test_rows_near_the_float_max(dtype, temperature, cols, family):
     """Rows whose max, times log2(e) / temperature, overflows float: every term of the row's sum is
     then exactly 0 or 1, which the statistics of rows in 16-byte packs take on a path of their own
@@ -885,7 +828,7 @@ def test_rows_near_the_float_max(dtype, temperature, cols, family):
     if family == "cluster_rows" and torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("clusters need sm_90")
     x = random_rows(5, cols, dtype)
-    assert planned(*x.shape, dtype)["family"] == family
+    on_path(planned(*x.shape, dtype)["family"] == family, f"{tuple(x.shape)} {dtype} in {family}")
     # (x / temperature stays within float's range, as it must for a finite reference)
     x[0, 7] = x[0, cols - 3] = 2.5e38   # two at the max: -log 2 there
     x[1, 5] = 2.4e38
@@ -938,16 +881,14 @@ def test_rows_of_large_finite_max(dtype, temperature, cols):
 
 @pytest.mark.parametrize("temperature", [1.0, 0.75])
 @pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16"])
-@pytest.mark.parametrize("case,cols,family", [
-    ("unaligned", 100, "register_rows"), ("unaligned", 5000, "block_rows"), ("contiguous", 50257, None),
-    ("axis", 4096, "cluster_tiles"), ("axis-narrow", 4096, "split_rows")])
+@pytest.mark.parametrize("case,cols,family", paths.NEXT_TO_A_LARGE_MAX)
 def test_elements_next_to_a_large_max(dtype, temperature, case, cols, family):
     """Rows whose elements lie a few ulps below a large max, with and without a temperature, through
     the families that read element by element: rows off 16 bytes (register_rows' element path,
     block_rows) and a non-last axis (cluster_tiles on Hopper, split_rows for a narrow inner extent);
     and rows of 50 257, peeled into cluster_rows on Hopper (block_rows elsewhere). Every family takes
     x - max before the scale: x / T - max / T would round the differences away."""
-    rows = 64 if case == "axis" else 6
+    rows = paths.next_to_a_large_max_rows(case)
     x = (torch.randn(rows, cols, device="cuda", dtype=torch.float64) * 3)
     r = torch.rand(cols, device="cuda", dtype=torch.float64)
     x[0] = 1e20 * (1 + 0.01 * r)      # many elements a few ulps below the max
@@ -957,7 +898,7 @@ def test_elements_next_to_a_large_max(dtype, temperature, case, cols, family):
     if case == "unaligned":
         base = torch.empty(rows, cols + 1, device="cuda", dtype=x.dtype)
         base[:, 1:] = x
-        assert planned(rows, cols, dtype, aligned=False)["family"] == family
+        on_path(planned(rows, cols, dtype, aligned=False)["family"] == family, f"{rows}x{cols} unaligned in {family}")
         y, lse = softlight.log_softmax(base[:, 1:], temperature=temperature, return_lse=True)
     elif case == "contiguous":
         y, lse = softlight.log_softmax(x, temperature=temperature, return_lse=True)
@@ -965,8 +906,7 @@ def test_elements_next_to_a_large_max(dtype, temperature, case, cols, family):
     else:
         xt = x.t().contiguous()  # the rows of x along axis 0: inner = rows
         if torch.cuda.get_device_capability()[0] >= 9 or family == "split_rows":
-            p = axis_plan(xt, 0)
-            assert p["family"] == family, p
+            on_path(axis_plan(xt, 0)["family"] == family, f"{tuple(xt.shape)} along 0 in {family}")
         yt, lse = softlight.log_softmax(xt, dim=0, temperature=temperature, return_lse=True)
         y = yt.t()
     torch.cuda.synchronize()
@@ -976,7 +916,7 @@ def test_elements_next_to_a_large_max(dtype, temperature, case, cols, family):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("group", [1, 3, 22, 40, 132])
+@pytest.mark.parametrize("group", paths.GRID_GROUPS)
 def test_grid_groups_forced(force, group, dtype):
     """cluster_rows with each row's CTAs a group of a cooperative grid, trading partials through
     global memory: group sizes off the powers of two, wider than a cluster and than a warp (each
@@ -988,11 +928,10 @@ def test_grid_groups_forced(force, group, dtype):
     force(exchange=1)
     force(cluster=group)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for cols in (8192, 69632, 393216, 2_000_000):
+    for cols in paths.CLUSTER_FORCED_COLS:
         rows = min(3 * max(1, sms // group) + 5, max(1, (1 << 26) // (cols * ELEM[dtype])))
         x = random_rows(rows, cols, dtype)
         p = planned(*x.shape, dtype)
-        assert p["family"] == "cluster_rows" and p["grid_exchange"] and p["cluster"] == min(group, sms), p
         run_and_check(x, dtype, f"group={group} {rows}x{cols} {p}")
     x = torch.from_numpy(special_matrix(np.random.default_rng(), 393216, np.float64)).to(device="cuda",
                                                                                        dtype=tdtype(dtype))
@@ -1009,7 +948,7 @@ def test_grid_groups_forced(force, group, dtype):
         ((lse.double() - ref).abs()[finite] <= 1e-5 + 1e-5 * ref.abs()[finite]).all())
 
 
-@pytest.mark.parametrize("rows,cols,workspace", [(8, 1_048_576, "grid_exchange"), (300, 393216, "claim_rows")])
+@pytest.mark.parametrize("rows,cols,workspace", paths.WORKSPACES)
 def test_cluster_workspace_in_a_cuda_graph(rows, cols, workspace):
     """A launch with a workspace (grid groups' table, claimed rows' counter) captured into a CUDA
     graph (its allocation, fill and release become graph nodes) gives the right answer on every
@@ -1017,7 +956,7 @@ def test_cluster_workspace_in_a_cuda_graph(rows, cols, workspace):
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("grid groups and claimed rows are cluster_rows' (sm_90)")
     x = random_rows(rows, cols, "float32")
-    assert planned(*x.shape, "float32")[workspace]
+    on_path(planned(*x.shape, "float32")[workspace], f"{rows}x{cols} float32 with a workspace ({workspace})")
     y = poisoned_like(x)
     softlight.log_softmax(x, out=y)  # outside the capture first, as torch asks of captured work
     torch.cuda.synchronize()
@@ -1037,7 +976,6 @@ def test_many_streamed_rows_per_cluster(force, dtype):
     force(exchange=0)  # grid groups would hold these rows
     x = random_rows(64, 4_194_304, dtype)  # 16 MB rows: each cluster streams several of them
     p = planned(*x.shape, dtype)
-    assert p["family"] != "cluster_rows" or not p["resident"]
     run_and_check(x, dtype, f"{p}")
 
 
@@ -1060,14 +998,11 @@ def test_streamed_slices_keep_a_ring_for_the_writers(force, dtype, extra, peeled
     x[2, :] = float("-inf")
     # (x and y from torch's allocator: rows off 16 bytes are off alike, so the library peels them)
     p = plan(12, cols, e, not peeled, **device_plan_args(), cluster=16, exchange=0, peelable=peeled)
-    assert p["family"] == "cluster_rows" and p["cluster"] == 16 and not p["resident"], p
-    assert p["chunks_per_cta"] == p0["ring_slots"] + extra and p["peel"] == peeled, p
-    # One chunk read twice is held in L2 between its reads (the hint), nine are not.
-    assert bool(p["hints"] & 4) == (4 * extra <= p0["ring_slots"]), p
+    on_path(p["family"] == "cluster_rows" and not p["resident"], f"12x{cols} {dtype} streamed: {p}")
     run_and_check(x, dtype, f"{p}")
 
 
-@pytest.mark.parametrize("rows,cols", [(11, 4_194_304), (13, 2_097_152)])
+@pytest.mark.parametrize("rows,cols", paths.STREAMED_GRID_GROUPS)
 def test_streamed_grid_groups(force, rows, cols):
     """Rows of 2 M and 4 M fp32 as the planner sends them on a Hopper GPU of 132 SMs with grid_rows
     left out (rows of 2 M go there otherwise: test_fp32_rows_no_cluster_holds_go_to_grid_rows): grid
@@ -1075,9 +1010,8 @@ def test_streamed_grid_groups(force, rows, cols):
     values; temperature and LSE. (Rows off 16 bytes never go to grid groups: plan_rows.)"""
     force(grid_rows=0)
     p = plan(rows, cols, 4, True, **device_plan_args(), grid_rows=0)
-    if not (p["family"] == "cluster_rows" and p["grid_exchange"] and not p["resident"]):
-        pytest.skip(f"this GPU plans no streamed grid groups for {rows}x{cols} float32: {p}")
-    assert p["chunks_per_cta"] > p["ring_slots"] and 2 * p["cluster"] <= device_plan_args()["sm_count"], p
+    on_path(p["family"] == "cluster_rows" and p["grid_exchange"] and not p["resident"],
+            f"{rows}x{cols} float32 in streamed grid groups")
     x = random_rows(rows, cols, "float32")
     x[0, 5] = float("nan")
     x[1, -2] = float("inf")
@@ -1098,9 +1032,7 @@ def test_misaligned_rows_grid_groups_would_take_go_to_clusters_peeled():
     x[0, 3] = float("nan")
     x[1, :] = float("-inf")
     p = plan(13, cols, 4, False, **device_plan_args(), peelable=True)
-    if not (p["family"] == "cluster_rows" and p["peel"]):
-        pytest.skip(f"this GPU peels no rows into clusters: {p}")
-    assert not p["grid_exchange"] and not p["resident"], p
+    on_path(p["family"] == "cluster_rows" and p["peel"], f"13x{cols} float32 peeled into clusters")
     run_and_check(x, "float32", f"{p}")
 
 

@@ -4,9 +4,10 @@ values included. Skipped without a GPU."""
 
 import pytest
 
+import paths
 import softlight
-from gpu_util import (DTYPES, assert_lse_close, axis_plan, device_plan_args, needs_gpu, plan, plan_axis_args, tdtype,
-                      torch)
+from gpu_util import (DTYPES, assert_lse_close, axis_plan, device_plan_args, needs_gpu, on_path, plan, plan_axis_args,
+                      tdtype, torch)
 from reference import POISON, TOL
 
 pytestmark = needs_gpu
@@ -106,8 +107,7 @@ def test_forward_in_place_along_an_axis():
 
 # --- non-last axes through cluster_tiles (Hopper; split_rows elsewhere) ------------------------------
 
-TILE_SHAPES = [((64, 2048, 256), 1), ((3, 1000, 100), 1), ((5, 777, 48), 1), ((4, 10000, 64), 1),
-               ((2, 300, 32), 1), ((1000, 64, 256), 1), ((8, 12288), 0), ((2, 5, 70000), 1)]
+TILE_SHAPES = paths.TILE_SHAPES
 
 
 def with_column_specials(x):
@@ -117,16 +117,6 @@ def with_column_specials(x):
     x[-1, 3 % x.shape[1], 2] = float("inf")
     x[0, ::2, 3] = float("-inf")
     return x
-
-
-def test_tile_shapes_reach_cluster_tiles():
-    if torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("cluster_tiles needs sm_90")
-    for dtype in DTYPES:
-        fams = {axis_plan(rand(s, dtype), d)["family"] for s, d in TILE_SHAPES}
-        assert "cluster_tiles" in fams, (dtype, fams)
-    p = axis_plan(rand((4, 10000, 64), "float32"), 1)
-    assert p["family"] == "cluster_tiles" and not p["double_buffered"]
 
 
 @pytest.mark.parametrize("shape,d", TILE_SHAPES, ids=lambda v: str(v))
@@ -151,13 +141,12 @@ def test_forward_tiles_forced_clusters(force, cluster, chunk, dtype):
         pytest.skip("clusters need sm_90")
     force(cluster=cluster)
     force(chunk_bytes=chunk)
-    for shape in ((16, 600, 384), (40, 40, 128)):
+    for shape in paths.TILES_FORCED_SHAPES:
         x = with_column_specials(rand(shape, dtype))
         p = axis_plan(x, 1, cluster=cluster)
         y, lse = softlight.log_softmax(x, dim=1, temperature=1.5, return_lse=True)
         torch.cuda.synchronize()
         what = f"{shape} {p}"
-        assert p["family"] == "cluster_tiles" and p["cluster"] == cluster, what
         assert_close(y, torch.log_softmax(x.double() / 1.5, 1), dtype, what)
         # The LSE of a column holding NaN or +inf is NaN (docs/semantics.md).
         ref = torch.logsumexp(x.double() / 1.5, 1)
@@ -327,7 +316,8 @@ def test_backward_grid_groups_forced(force, group, dtype):
 @pytest.mark.parametrize("cols", [393216, 1048576])
 def test_backward_cluster_rows_in_place_and_special_values(cols):
     hopper = torch.cuda.get_device_capability()[0] >= 9
-    assert backward_plan(8, cols, "float32")["family"] == ("cluster_rows" if hopper else "split_rows")
+    on_path(backward_plan(8, cols, "float32")["family"] == ("cluster_rows" if hopper else "split_rows"),
+            f"the backward of 8x{cols} float32 in cluster_rows (split_rows before Hopper)")
     y = torch.log_softmax(rand((8, cols), "float32"), -1)
     y[0, 7] = float("-inf")
     y[1, cols - 3] = float("nan")
@@ -350,7 +340,7 @@ def test_backward_cluster_rows_in_place_and_special_values(cols):
 # --- rows misaligned alike in x and y: peeled to vectors ---------------------------------------------
 
 @pytest.mark.parametrize("mode", ["default", "ring", "off"])
-@pytest.mark.parametrize("cols", [50257, 4099, 70001, 32777])
+@pytest.mark.parametrize("cols", paths.PEELED_COLS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_peeled_rows(force, cols, dtype, mode):
     """Rows misaligned alike in x and y, peeled: under 16 KB (fp32 and 16-bit) in one CTA's
@@ -358,27 +348,13 @@ def test_peeled_rows(force, cols, dtype, mode):
     512 KB fp32, 256 KB 16-bit) or in cluster_rows (the ring carries each row's 16-byte interior).
     "ring": register_cluster=0 forced (the ring's peel); "off": peel_clusters=0 forced keeps
     the rows from 32 KB in block_rows."""
-    knobs = {"ring": {"register_cluster": 0}, "off": {"peel_clusters": 0}}
-    if mode in knobs:
-        force(**knobs[mode])
+    if paths.PEELED_MODES[mode]:
+        force(**paths.PEELED_MODES[mode])
     rows = 37
     e = torch.tensor([], dtype=tdtype(dtype)).element_size()
-    p = plan(rows, cols, e, False, **device_plan_args(), peelable=True,
-                peel_clusters=0 if mode == "off" else -1, register_cluster=0 if mode == "ring" else -1)
-    hopper = torch.cuda.get_device_capability()[0] >= 9
-    registers = (hopper and mode == "default" and e <= 4 and
-                 32768 <= cols * e <= (524288 if e == 4 else 262144))
-    # 32777 fp32 (16 KB chunks): the row's last chunk holds 36 bytes, an interior's 16 or 32; fp64
-    # (8 KB chunks) 72 bytes; 16-bit (32 KB chunks) 18 bytes, too few: block_rows.
-    long_enough = cols in (50257, 70001) or (cols == 32777 and dtype in ("float32", "float64"))
-    clusters = hopper and long_enough and mode != "off"
-    # Rows under 16 KB (4099 fp32 and 16-bit): one CTA's registers, peeled, on every GPU and in
-    # every mode (neither knob is about them).
-    one_cta = cols == 4099 and e <= 4
-    family = ("register_clusters" if registers else "register_rows" if one_cta else
-              "cluster_rows" if clusters else "block_rows")
-    assert (p["family"], p["peel"]) == (family, True), p
-    assert (p["cluster"] > 0) == (family != "block_rows" and not one_cta), p
+    p = plan(rows, cols, e, False, **device_plan_args(), peelable=True, **paths.PEELED_MODES[mode])
+    family = paths.peeled_family(cols, dtype, mode, torch.cuda.get_device_capability()[0] >= 9)
+    on_path((p["family"], p["peel"]) == (family, True), f"{rows}x{cols} {dtype} peeled in {family}")
     x = rand((rows, cols), dtype)
     # Special values on the peeled edges: the first and last elements of some rows.
     x[0, 0] = float("nan")

@@ -4,7 +4,8 @@ special values, torch.compile on the GPU, CuPy arrays, and the CPU's results on 
 import numpy as np
 import pytest
 
-from gpu_util import HAVE_GPU, needs_gpu, tdtype, torch
+import paths
+from gpu_util import HAVE_GPU, needs_gpu, on_path, tdtype, torch
 from reference import TOL
 
 pytestmark = needs_gpu
@@ -205,20 +206,15 @@ def test_rows_off_a_16_byte_boundary(dtype, skip):
 
 def _on_chip(rows, cols, dtype):
     """Where cross-entropy holds rows of x and a fresh gradient (both contiguous) on chip, as the
-    planner says: "registers" (register clusters), "ring" (cluster_rows), or None."""
+    planner says on this GPU: "registers" (register clusters), "ring" (cluster_rows), or None."""
     import gpu_util
     e = torch.empty((), dtype=tdtype(dtype)).element_size()
-    p = gpu_util.plan(rows, cols, e, cols * e % 16 == 0, aligned8=cols * e % 8 == 0, rows128=cols * e % 128 == 0,
-                      peelable=True, flat16=True, **gpu_util.device_plan_args())
-    if p["family"] == "register_clusters":
-        return "registers"
-    return "ring" if p["family"] == "cluster_rows" else None
+    prob = paths.rows_problem(rows, cols, e, peelable=True)
+    return paths.on_chip(gpu_util.plan(prob.pop("rows"), prob.pop("cols"), prob.pop("elem_bytes"),
+                                       prob.pop("aligned16"), **prob, **gpu_util.device_plan_args()))
 
 
-@pytest.mark.parametrize("dtype, shape", [(d, (64, 32000)) for d in ("float32", "float16", "bfloat16")] +
-                         [("bfloat16", (33, 32001)), ("float32", (33, 16001))] +
-                         [(d, (33, 50257)) for d in ("float16", "bfloat16")] +
-                         [("float32", (33, 50257)), ("bfloat16", (16, 128256))], ids=str)
+@pytest.mark.parametrize("dtype, shape", paths.STATS_IN_REGISTER_CLUSTERS, ids=str)
 def test_row_stats_in_register_clusters(dtype, shape):
     """Rows of at most 128 KiB that the log-softmax holds in register clusters (asserted from the
     planner) give every statistic but the row's sum from there (rows off 16 bytes from the second row
@@ -229,7 +225,7 @@ def test_row_stats_in_register_clusters(dtype, shape):
     consumer_rows.cu's kernel, which asking the sum too takes; the entropy alone (the entropy
     function's call) as with the rest."""
     rows, cols = shape
-    assert _on_chip(rows, cols, dtype) == "registers", shape
+    on_path(_on_chip(rows, cols, dtype) == "registers", f"{shape} {dtype} in register clusters")
     want = ("lse", "entropy", "max", "sumexp", "moment", "picked", "logprobs")
     for seed, (T, k, shard) in enumerate(((1.0, 1, False), (0.6, 3, False), (1.0, 2, True))):
         x = _logits(shape, dtype, True, 41 + seed)
@@ -265,10 +261,7 @@ def test_row_stats_in_register_clusters(dtype, shape):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-@pytest.mark.parametrize("shape", [(64, 32000, "registers", "registers"), (33, 50257, "registers", "registers"),
-                                   (16, 128256, "registers", "registers"), (64, 151936, "ring", "ring"),
-                                   (40, 262144, "ring", "ring"), (16, 200003, "ring", "ring"),
-                                   (16, 5000, None, None)], ids=str)
+@pytest.mark.parametrize("shape", paths.CE_ON_CHIP, ids=str)
 def test_cross_entropy_on_chip(dtype, shape):
     """Rows the log-softmax holds on chip, in register clusters or cluster_rows' ring (asserted from
     the planner, fp32 and 16-bit rows; 200003 columns are peeled), write cross-entropy's gradient from
@@ -277,7 +270,8 @@ def test_cross_entropy_on_chip(dtype, shape):
     (NaN and 0 gradient rows)."""
     rows, cols, where32, where16 = shape
     shape = (rows, cols)
-    assert _on_chip(rows, cols, dtype) == (where32 if dtype == "float32" else where16), shape
+    where = where32 if dtype == "float32" else where16
+    on_path(_on_chip(rows, cols, dtype) == where, f"{shape} {dtype} {'on chip: ' + where if where else 'off chip'}")
     t = torch.randint(0, cols, (rows,), generator=torch.Generator().manual_seed(32)).cuda()
     t[7] = -100
     t[1] = 0  # (row 1's -inf element is not its target)
@@ -322,8 +316,7 @@ def _bits(a):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-@pytest.mark.parametrize("shape", [(64, 32000), (40, 50257), (40, 128256), (64, 151936), (40, 262144),
-                                   (40, 200003), (40, 5000)], ids=str)
+@pytest.mark.parametrize("shape", paths.CE_OVER_THE_LOGITS, ids=str)
 def test_cross_entropy_over_the_logits(dtype, shape):
     """The gradient written over the logits (grad=x) takes the plan a fresh gradient takes (on chip
     where _on_chip says so; rows of 5000 consumer_rows.cu's kernel): the same bits of loss, lse and
@@ -331,7 +324,6 @@ def test_cross_entropy_over_the_logits(dtype, shape):
     (a peeled row's edges), an ignored row, one outside the row (NaN), special values, each
     reduction, z-loss and T = 0.6; the loss against float64."""
     rows, cols = shape
-    assert (_on_chip(rows, cols, dtype) is None) == (cols == 5000), shape
     x0 = _logits(shape, dtype, True, 41).cuda()
     t = torch.randint(0, cols, (rows,), generator=torch.Generator().manual_seed(42))
     for i in range(8):

@@ -5,6 +5,8 @@ import math
 
 import pytest
 
+import paths
+
 _planner = pytest.importorskip("softlight._planner", reason="the planner queries are a module of tuning builds "
                                    "(-C cmake.define.SOFTLIGHT_TUNING=ON); CI runs them in its tuning build")
 
@@ -156,3 +158,242 @@ def test_forced_values_take_effect_and_are_checked():
     assert _planner.tuning_valid(dict(exchange=1, cluster=33))  # grid groups take any size
     with pytest.raises(KeyError):
         _planner.tuning_valid(dict(no_such_value=1))
+
+
+# --- The paths the GPU tests take on an H100 (tests/paths.py): which family each of their problems
+# gets is pinned here; the GPU tests check what the kernels compute there. ----------------------------
+
+def _rows(prob, forced=None):
+    return _planner.plan_rows(prob, paths.H100, forced or {})
+
+
+def _fields(p, *names):
+    return tuple(p[n] for n in names)
+
+
+@pytest.mark.parametrize("device,expected", [(paths.H100, paths.COLS_FAMILIES_HOPPER),
+                                             (A100, paths.COLS_FAMILIES_AMPERE)], ids=["H100", "A100"])
+def test_the_gpu_tests_cols_reach_every_family(device, expected):
+    fams = set()
+    for dtype in paths.DTYPES:
+        for cols in paths.COLS:
+            p = _planner.plan_rows(paths.rows_problem(paths.rows_for(cols, dtype), cols, paths.ELEM[dtype]), device)
+            fams.add((p["family"], p["resident"] if p["family"] in ("block_rows", "cluster_rows") else None))
+    assert expected <= fams, fams
+
+
+def test_forced_cluster_shapes_stripe_as_forced():
+    for (chunk, threads, hints, stripe), cluster, dtype in itertools.product(
+            paths.CLUSTER_FORCED, paths.CLUSTER_SIZES, ("float32", "bfloat16")):
+        forced = dict(exchange=0, cluster=cluster, chunk_bytes=chunk, threads=threads, hints=hints, stripe=stripe)
+        e = paths.ELEM[dtype]
+        for cols in paths.CLUSTER_FORCED_COLS:
+            rows = paths.cluster_forced_rows(cols, e, cluster, paths.H100["sm_count"])
+            p = _rows(paths.rows_problem(rows, cols, e), forced)
+            assert p["family"] != "cluster_rows" or p["striped"] == (stripe != 0), (forced, cols, p)
+
+
+@pytest.mark.parametrize("cols,dtype,cluster,per_cta", paths.RESIZED_CHUNKS)
+def test_uneven_chunks_are_resized(cols, dtype, cluster, per_cta):
+    rows = paths.resized_chunks_rows(cluster, paths.H100["sm_count"])
+    p = _rows(paths.rows_problem(rows, cols, paths.ELEM[dtype]))
+    assert _fields(p, "family", "cluster", "chunks_per_cta", "double_buffered") == \
+        ("cluster_rows", cluster, per_cta, True), p
+    assert p["chunk_bytes"] != 32768 and p["chunk_bytes"] % 16 == 0 and p["chunks_per_row"] <= cluster * per_cta, p
+
+
+def test_claimed_rows_forced_and_not():
+    for (cluster, chunk, groups, row_bytes, rows), dtype in itertools.product(
+            paths.CLAIMED, ("float32", "bfloat16", "float64")):
+        e = paths.ELEM[dtype]
+        prob = paths.rows_problem(rows, row_bytes // e, e)
+        forced = dict(exchange=0, cluster=cluster, chunk_bytes=chunk, groups=groups, claim=1)
+        p = _rows(prob, forced)
+        assert p["family"] == "cluster_rows" and p["claim_rows"] and p["cluster"] == cluster, p
+        assert not _rows(prob, dict(forced, claim=0))["claim_rows"]
+    for rows, cols, dtype in paths.CLAIMED_BACK_TO_BACK:
+        prob = paths.rows_problem(rows, cols, paths.ELEM[dtype])
+        assert _rows(prob, dict(register_cluster=0))["claim_rows"], (rows, cols, dtype)
+
+
+def test_flat_tiles_and_flat_forced_off():
+    for (rows, cols), dtype in itertools.product(paths.FLAT_TILES, paths.DTYPES):
+        if not paths.is_flat_tile_row(cols, dtype):
+            continue
+        prob = paths.rows_problem(rows, cols, paths.ELEM[dtype])
+        assert _rows(prob)["flat_rows"] > 0, (rows, cols, dtype)
+        assert _rows(prob, dict(flat=0))["flat_rows"] == 0, (rows, cols, dtype)
+
+
+def test_rows_in_registers_over_a_cluster_forced():
+    for cols, (threads, iters), dtype in itertools.product(
+            paths.REGISTER_CLUSTER_COLS, paths.REGISTER_CLUSTER_SHAPES, ("float32", "bfloat16", "float16")):
+        p = _rows(paths.rows_problem(37, cols, paths.ELEM[dtype]), dict(register_cluster=threads, iters=iters))
+        c = paths.register_cluster_ctas(cols, dtype, threads, iters)
+        if c is None:
+            assert p["family"] != "register_clusters", p
+            continue
+        assert _fields(p, "family", "cluster", "threads", "iters") == ("register_clusters", c, threads, iters), p
+        assert p["bounded"] == paths.register_cluster_bounded(cols, dtype, threads, iters), p
+
+
+@pytest.mark.parametrize("cols,dtype", paths.FITTED_PACKS)
+def test_fitted_packs_in_registers(cols, dtype):
+    p = _rows(paths.rows_problem(37, cols, paths.ELEM[dtype]))
+    assert _fields(p, "family", "cluster", "rows_per_lane") == ("register_rows", 0, 0) and p["iters"] in (3, 5, 6, 7), p
+
+
+@pytest.mark.parametrize("cols,dtype", paths.ODD_ROWS)
+def test_odd_rows_peeled_in_registers(cols, dtype):
+    p = _rows(paths.rows_problem(37, cols, paths.ELEM[dtype], aligned=False, peelable=True))
+    assert _fields(p, "family", "peel", "cluster", "rows_per_lane") == ("register_rows", True, 0, 0), p
+    assert p["iters"] in (4, 5), p
+
+
+def test_16_bit_register_clusters_off_128_bytes_are_bounded():
+    for cols, e in itertools.product(paths.OFF_128_COLS, (2,)):
+        prob = dict(rows=37, cols=cols, elem_bytes=e, aligned16=True, rows128=False)
+        p = _rows(prob)
+        assert _fields(p, "family", "threads", "iters", "bounded") == ("register_clusters", 128, 8, True), p
+        assert not _rows(dict(prob, rows128=True))["bounded"]
+
+
+def test_peeled_rows_in_registers_over_a_cluster():
+    for cols, threads, dtype in itertools.product(paths.PEELED_REGISTER_CLUSTER_COLS, (0, 128, 256),
+                                                  ("float32", "bfloat16", "float16")):
+        forced = dict(register_cluster=threads) if threads else {}
+        p = _rows(paths.rows_problem(37, cols, paths.ELEM[dtype], aligned=False, peelable=True), forced)
+        vec = 16 // paths.ELEM[dtype]
+        if threads and not 2 <= -(-(cols // vec) // (threads * 8)) <= 16:  # eight packs a thread
+            assert p["family"] != "register_clusters", p
+            continue
+        assert p["family"] == "register_clusters" and p["peel"] and (threads == 0 or p["threads"] == threads), \
+            (cols, threads, dtype, p)
+
+
+def test_fp32_rows_no_cluster_holds_go_to_grid_rows():
+    for rows, cols in paths.GRID_ROWS_FP32:
+        assert _rows(paths.rows_problem(rows, cols, 4))["family"] == "grid_rows", (rows, cols)
+
+
+def test_grid_rows_forced_with_other_items_chunks_and_ctas():
+    for knobs, (rows, cols), dtype in itertools.product(paths.GRID_ROWS_KNOBS, paths.GRID_ROWS_SHAPES,
+                                                        ("float32", "bfloat16", "float16")):
+        p = _rows(paths.rows_problem(rows, cols, paths.ELEM[dtype]), dict(grid_rows=1, **paths.knobs(knobs)))
+        assert p["family"] == "grid_rows", (knobs, rows, cols, dtype, p)
+
+
+def test_rows_per_lane_forced():
+    for (rows, bytes_), per_lane, dtype in itertools.product(paths.ROWS_PER_LANE, (1, 2, 4, 8), paths.DTYPES):
+        e = paths.ELEM[dtype]
+        p = _rows(paths.rows_problem(rows, bytes_ // e, e), dict(rows_per_lane=per_lane))
+        assert p["rows_per_lane"] == per_lane, (rows, bytes_, dtype, p)
+
+
+def test_16_bit_short_rows_four_rows_a_lane():
+    for bytes_ in paths.SHORT_16_BIT_BYTES:
+        p = _rows(paths.rows_problem(1031, bytes_ // 2, 2))
+        assert p["family"] == "short_rows" and p["rows_per_lane"] == 4 and p["group"] <= 8, (bytes_, p)
+
+
+def test_the_families_of_rows_near_the_float_max_and_next_to_a_large_one():
+    for (cols, family), dtype in itertools.product(paths.NEAR_THE_MAX, ("float32", "bfloat16")):
+        assert _rows(paths.rows_problem(5, cols, paths.ELEM[dtype]))["family"] == family, (cols, dtype)
+    for (case, cols, family), dtype in itertools.product(paths.NEXT_TO_A_LARGE_MAX,
+                                                        ("float32", "float64", "bfloat16")):
+        e, rows = paths.ELEM[dtype], paths.next_to_a_large_max_rows(case)
+        if case == "unaligned":
+            p = _rows(paths.rows_problem(rows, cols, e, aligned=False))
+        elif case.startswith("axis"):
+            p = _planner.plan_axis(paths.axis_problem((cols, rows), 0, e), paths.H100)
+        else:
+            continue
+        assert p["family"] == family, (case, cols, dtype, p)
+
+
+def test_grid_groups_forced():
+    sms = paths.H100["sm_count"]
+    for group, dtype in itertools.product(paths.GRID_GROUPS, ("float32", "bfloat16")):
+        e = paths.ELEM[dtype]
+        for cols in paths.CLUSTER_FORCED_COLS:
+            rows = min(3 * max(1, sms // group) + 5, max(1, (1 << 26) // (cols * e)))
+            p = _rows(paths.rows_problem(rows, cols, e), dict(exchange=1, cluster=group))
+            assert p["family"] == "cluster_rows" and p["grid_exchange"] and p["cluster"] == min(group, sms), p
+
+
+def test_workspaces_and_streamed_rows():
+    for rows, cols, workspace in paths.WORKSPACES:
+        assert _rows(paths.rows_problem(rows, cols, 4))[workspace], (rows, cols, workspace)
+    for dtype in ("float32", "bfloat16"):
+        p = _rows(paths.rows_problem(64, 4_194_304, paths.ELEM[dtype]), dict(exchange=0))
+        assert p["family"] == "cluster_rows" and not p["resident"], p
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("extra", [1, 9])
+@pytest.mark.parametrize("peeled", [False, True])
+def test_streamed_slices_keep_a_ring_for_the_writers(dtype, extra, peeled):
+    e = paths.ELEM[dtype]
+    forced = dict(exchange=0, cluster=16)
+    p0 = _rows(paths.rows_problem(8, 4_194_304, e), forced)
+    cols = 16 * (p0["ring_slots"] + extra) * p0["chunk_bytes"] // e - (3 if peeled else 0)
+    p = _rows(dict(rows=12, cols=cols, elem_bytes=e, aligned16=not peeled, peelable=peeled), forced)
+    assert p["family"] == "cluster_rows" and p["cluster"] == 16 and not p["resident"], p
+    assert p["chunks_per_cta"] == p0["ring_slots"] + extra and p["peel"] == peeled, p
+    # One chunk read twice is held in L2 between its reads (the hint), nine are not.
+    assert bool(p["hints"] & 4) == (4 * extra <= p0["ring_slots"]), p
+
+
+def test_streamed_grid_groups_and_misaligned_rows_peeled_into_clusters():
+    for rows, cols in paths.STREAMED_GRID_GROUPS:
+        p = _rows(dict(rows=rows, cols=cols, elem_bytes=4, aligned16=True), dict(grid_rows=0))
+        assert p["family"] == "cluster_rows" and p["grid_exchange"] and not p["resident"], p
+        assert p["chunks_per_cta"] > p["ring_slots"] and 2 * p["cluster"] <= paths.H100["sm_count"], p
+    p = _rows(dict(rows=13, cols=2_097_151, elem_bytes=4, aligned16=False, peelable=True))
+    assert p["family"] == "cluster_rows" and p["peel"] and not p["grid_exchange"] and not p["resident"], p
+
+
+def test_the_gpu_axis_tests_reach_cluster_tiles():
+    for dtype in paths.DTYPES:
+        fams = {_planner.plan_axis(paths.axis_problem(s, d, paths.ELEM[dtype]), paths.H100)["family"]
+                for s, d in paths.TILE_SHAPES}
+        assert "cluster_tiles" in fams, (dtype, fams)
+    p = _planner.plan_axis(paths.axis_problem((4, 10000, 64), 1, 4), paths.H100)
+    assert p["family"] == "cluster_tiles" and not p["double_buffered"], p
+    for cluster, chunk, dtype, shape in itertools.product(paths.CLUSTER_SIZES, (4096, 16384), ("float32", "bfloat16"),
+                                                          paths.TILES_FORCED_SHAPES):
+        p = _planner.plan_axis(paths.axis_problem(shape, 1, paths.ELEM[dtype]), paths.H100,
+                               dict(cluster=cluster, chunk_bytes=chunk))
+        assert p["family"] == "cluster_tiles" and p["cluster"] == cluster, (shape, cluster, chunk, p)
+
+
+def test_backward_of_long_rows_in_cluster_rows():
+    for cols in (393216, 1048576):
+        assert _planner.plan_axis(paths.backward_problem(8, cols, 4), paths.H100)["family"] == "cluster_rows"
+        assert _planner.plan_axis(paths.backward_problem(8, cols, 4), A100)["family"] == "split_rows"
+
+
+@pytest.mark.parametrize("mode", list(paths.PEELED_MODES))
+def test_peeled_rows_by_mode(mode):
+    for cols, dtype in itertools.product(paths.PEELED_COLS, paths.DTYPES):
+        e = paths.ELEM[dtype]
+        prob = dict(rows=37, cols=cols, elem_bytes=e, aligned16=False, peelable=True)
+        for device, hopper in ((paths.H100, True), (A100, False)):
+            p = _planner.plan_rows(prob, device, paths.PEELED_MODES[mode])
+            family = paths.peeled_family(cols, dtype, mode, hopper)
+            one_cta = cols == 4099 and e <= 4
+            assert (p["family"], p["peel"]) == (family, True), (cols, dtype, hopper, p)
+            assert (p["cluster"] > 0) == (family != "block_rows" and not one_cta), (cols, dtype, hopper, p)
+
+
+def test_consumers_on_chip_where_the_log_softmax_holds_rows():
+    for rows, cols, where32, where16 in paths.CE_ON_CHIP:
+        for dtype in ("float32", "float16", "bfloat16"):
+            p = _rows(paths.rows_problem(rows, cols, paths.ELEM[dtype], peelable=True))
+            assert paths.on_chip(p) == (where32 if dtype == "float32" else where16), (rows, cols, dtype, p)
+    for (rows, cols), dtype in itertools.product(paths.CE_OVER_THE_LOGITS, ("float32", "float16", "bfloat16")):
+        p = _rows(paths.rows_problem(rows, cols, paths.ELEM[dtype], peelable=True))
+        assert (paths.on_chip(p) is None) == (cols == 5000), (rows, cols, dtype, p)
+    for dtype, (rows, cols) in paths.STATS_IN_REGISTER_CLUSTERS:
+        p = _rows(paths.rows_problem(rows, cols, paths.ELEM[dtype], peelable=True))
+        assert paths.on_chip(p) == "registers", (rows, cols, dtype, p)
