@@ -83,9 +83,9 @@ py::dict plan_dict(const softlight::Plan& r) {
   return out;
 }
 
-// The plan of a forward over rows. problem: rows, cols, elem_bytes and the layout flags of
-// softlight::Problem (aligned16, aligned8, rows128, peelable, flat16; false where absent).
-py::dict plan_rows(const py::dict& problem, const py::dict& device, const py::dict& forced) {
+// A rows problem: rows, cols, elem_bytes and the layout flags of softlight::Problem (aligned16,
+// aligned8, rows128, peelable, flat16; false where absent).
+softlight::Problem rows_of(const py::dict& problem) {
   softlight::Problem p;
   p.rows = problem["rows"].cast<int64_t>();
   p.cols = problem["cols"].cast<int64_t>();
@@ -95,7 +95,24 @@ py::dict plan_rows(const py::dict& problem, const py::dict& device, const py::di
   p.rows128 = get<bool>(problem, "rows128", false);
   p.peelable = get<bool>(problem, "peelable", false);
   p.flat16 = get<bool>(problem, "flat16", false);
-  return plan_dict(softlight::plan_rows(p, device_of(device), tuning_of(forced)));
+  return p;
+}
+// The plan of a forward over rows.
+py::dict plan_rows(const py::dict& problem, const py::dict& device, const py::dict& forced) {
+  return plan_dict(softlight::plan_rows(rows_of(problem), device_of(device), tuning_of(forced)));
+}
+
+// The plan of a consumer of the log-sum-exp: the rows problem of plan_rows (the log-softmax of x into
+// the consumer's output) and cross_entropy, writes_grad, label_smoothing and asks_sum (false where
+// absent).
+py::dict plan_consumer(const py::dict& problem, const py::dict& device, const py::dict& forced) {
+  softlight::ConsumerProblem p;
+  p.rows = rows_of(problem);
+  p.cross_entropy = get<bool>(problem, "cross_entropy", false);
+  p.writes_grad = get<bool>(problem, "writes_grad", false);
+  p.label_smoothing = get<bool>(problem, "label_smoothing", false);
+  p.asks_sum = get<bool>(problem, "asks_sum", false);
+  return plan_dict(softlight::plan_consumer(p, device_of(device), tuning_of(forced)));
 }
 
 // The plan of any other call: outer, dim, inner, elem_bytes and the flags of softlight::AxisProblem.
@@ -135,6 +152,8 @@ int force(const py::dict& forced) {
 PYBIND11_MODULE(_planner, m) {
   m.doc() = "softlight's planner queries and tuning interface (tuning builds only; for tests and tuning)";
   m.def("plan_rows", &plan_rows, py::arg("problem"), py::arg("device") = py::dict(), py::arg("forced") = py::dict());
+  m.def("plan_consumer", &plan_consumer, py::arg("problem"), py::arg("device") = py::dict(),
+        py::arg("forced") = py::dict());
   m.def("plan_axis", &plan_axis, py::arg("problem"), py::arg("device") = py::dict(), py::arg("forced") = py::dict());
   m.def("tuning_valid", [](const py::dict& forced) { return softlight::tuning_valid(tuning_of(forced)); });
   m.def("force", &force);

@@ -204,14 +204,18 @@ def test_rows_off_a_16_byte_boundary(dtype, skip):
     assert (err <= 4 * (atol + rtol)).all(), (dtype, skip, err.max().item())
 
 
-def _on_chip(rows, cols, dtype):
+def _on_chip(rows, cols, dtype, consumer=True):
     """Where cross-entropy holds rows of x and a fresh gradient (both contiguous) on chip, as the
-    planner says on this GPU: "registers" (register clusters), "ring" (cluster_rows), or None."""
+    planner says on this GPU (consumer=False: where the log-softmax holds x's rows): "registers"
+    (register clusters), "ring" (cluster_rows), or None."""
     import gpu_util
     e = torch.empty((), dtype=tdtype(dtype)).element_size()
     prob = paths.rows_problem(rows, cols, e, peelable=True)
-    return paths.on_chip(gpu_util.plan(prob.pop("rows"), prob.pop("cols"), prob.pop("elem_bytes"),
-                                       prob.pop("aligned16"), **prob, **gpu_util.device_plan_args()))
+    dev = gpu_util.device_plan_args()
+    if not consumer:
+        return paths.on_chip(gpu_util.plan(prob.pop("rows"), prob.pop("cols"), prob.pop("elem_bytes"),
+                                           prob.pop("aligned16"), **prob, **dev))
+    return paths.on_chip(gpu_util._planner().plan_consumer(dict(prob, cross_entropy=True, writes_grad=True), dev))
 
 
 @pytest.mark.parametrize("dtype, shape", paths.STATS_IN_REGISTER_CLUSTERS, ids=str)
@@ -225,7 +229,7 @@ def test_row_stats_in_register_clusters(dtype, shape):
     consumer_rows.cu's kernel, which asking the sum too takes; the entropy alone (the entropy
     function's call) as with the rest."""
     rows, cols = shape
-    on_path(_on_chip(rows, cols, dtype) == "registers", f"{shape} {dtype} in register clusters")
+    on_path(_on_chip(rows, cols, dtype, consumer=False) == "registers", f"{shape} {dtype} in register clusters")
     want = ("lse", "entropy", "max", "sumexp", "moment", "picked", "logprobs")
     for seed, (T, k, shard) in enumerate(((1.0, 1, False), (0.6, 3, False), (1.0, 2, True))):
         x = _logits(shape, dtype, True, 41 + seed)

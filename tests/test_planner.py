@@ -386,14 +386,53 @@ def test_peeled_rows_by_mode(mode):
             assert (p["cluster"] > 0) == (family != "block_rows" and not one_cta), (cols, dtype, hopper, p)
 
 
+def _consumer(rows, cols, dtype, device=None, forced=None, **what):
+    prob = dict(paths.rows_problem(rows, cols, paths.ELEM[dtype], peelable=True), **what)
+    return _planner.plan_consumer(prob, device or paths.H100, forced or {})
+
+
 def test_consumers_on_chip_where_the_log_softmax_holds_rows():
+    """Cross-entropy's gradient and the statistics read the rows where the log-softmax holds them
+    on chip: the register clusters' and cluster_rows' own plans (the ring's of CTAs of at most 544
+    threads), else consumer_rows."""
+    ce = dict(cross_entropy=True, writes_grad=True)
     for rows, cols, where32, where16 in paths.CE_ON_CHIP:
         for dtype in ("float32", "float16", "bfloat16"):
-            p = _rows(paths.rows_problem(rows, cols, paths.ELEM[dtype], peelable=True))
+            p = _consumer(rows, cols, dtype, **ce)
             assert paths.on_chip(p) == (where32 if dtype == "float32" else where16), (rows, cols, dtype, p)
+            if p["family"] == "cluster_rows":
+                assert p["threads"] == 544, p
+            if p["family"] != "consumer_rows":
+                forced = dict(threads=544) if p["family"] == "cluster_rows" else {}
+                assert p == _rows(paths.rows_problem(rows, cols, paths.ELEM[dtype], peelable=True), forced)
     for (rows, cols), dtype in itertools.product(paths.CE_OVER_THE_LOGITS, ("float32", "float16", "bfloat16")):
-        p = _rows(paths.rows_problem(rows, cols, paths.ELEM[dtype], peelable=True))
-        assert (paths.on_chip(p) is None) == (cols == 5000), (rows, cols, dtype, p)
+        assert (paths.on_chip(_consumer(rows, cols, dtype, **ce)) is None) == (cols == 5000), (rows, cols, dtype)
+    # The statistics' rows: all held in register clusters by the log-softmax; the statistics read
+    # them there up to 128 KiB (the last two cases are longer: consumer_rows).
     for dtype, (rows, cols) in paths.STATS_IN_REGISTER_CLUSTERS:
-        p = _rows(paths.rows_problem(rows, cols, paths.ELEM[dtype], peelable=True))
-        assert paths.on_chip(p) == "registers", (rows, cols, dtype, p)
+        e = paths.ELEM[dtype]
+        assert paths.on_chip(_rows(paths.rows_problem(rows, cols, e, peelable=True))) == "registers", (rows, cols)
+        want = "register_clusters" if cols * e <= 128 << 10 else "consumer_rows"
+        assert _consumer(rows, cols, dtype)["family"] == want, (rows, cols, dtype)
+
+
+def test_consumers_off_chip():
+    """consumer_rows where no family holds the row for the consumer: float64; no gradient; label
+    smoothing (the row's sum); the statistics with the row's sum, or past 128 KiB rows (a ring takes
+    them only for cross-entropy); a GPU without clusters, as the GPU entry's fallback plans with
+    none; rows of one element; and nothing to do."""
+    ce = dict(cross_entropy=True, writes_grad=True)
+    assert _consumer(64, 32000, "float64", **ce)["family"] == "consumer_rows"
+    assert _consumer(64, 32000, "float32", cross_entropy=True)["family"] == "consumer_rows"
+    assert _consumer(64, 32000, "float32", label_smoothing=True, **ce)["family"] == "consumer_rows"
+    assert _consumer(64, 32000, "bfloat16", asks_sum=True)["family"] == "consumer_rows"
+    assert _consumer(64, 151936, "bfloat16")["family"] == "consumer_rows"  # 297 KiB: no ring for the statistics
+    assert _consumer(64, 65536, "bfloat16")["family"] == "register_clusters"  # 128 KiB
+    assert _consumer(64, 65537, "bfloat16")["family"] == "consumer_rows"
+    for dev in (A100, dict(paths.H100, max_cluster=0)):
+        assert _consumer(64, 151936, "bfloat16", dev, **ce)["family"] == "consumer_rows"
+        assert _consumer(64, 32000, "float32", dev)["family"] == "consumer_rows"
+    assert _consumer(64, 1, "float32", **ce)["family"] == "consumer_rows"
+    assert _consumer(0, 32000, "float32", **ce)["family"] == "none"
+    # A forced CTA wider than the ring's writers take: consumer_rows' kernel, not the ring.
+    assert _consumer(64, 151936, "bfloat16", forced=dict(threads=800), **ce)["family"] == "consumer_rows"

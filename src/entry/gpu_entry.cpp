@@ -176,24 +176,40 @@ cudaError_t launch_family(const Plan& p, const Call& c, cudaStream_t s) {
     case Family::grid_rows: return launch_grid_rows(p, c, s);
     case Family::split_rows: return launch_split_rows(p, c, s);
     case Family::cluster_tiles: return launch_cluster_tiles(p, c, s);
+    case Family::consumer_rows: break;  // (the consumers' launchers take their own calls)
   }
   return cudaErrorInvalidValue;
 }
 
-// Plans, launches, and owns every fallback:
-// - where a cluster cannot be placed (a partitioned or busy GPU), halves the largest cluster allowed
-//   and plans again, down to none; the planner then chooses the cluster itself (a forced value may be
-//   what failed), in clusters (a cooperative grid too large to be resident comes back as the same
-//   error, and gives way to the clusters);
-// - where the driver cannot describe x as a tensor map (cluster_tiles), plans the same problem
-//   without tiles (split_rows).
-// Nothing that touches the caller's arrays has been queued when either error comes back
-// (cluster_rows may have queued its workspace's allocation, fill and release).
-// plan_for(dev, tuning) -> Plan.
-template <class PlanFn>
-softlight_status launch_with_fallbacks(const Call& c, DeviceInfo dev, const Tuning& tuning, PlanFn plan_for,
-                                       cudaStream_t s) {
-  const DeviceInfo device = dev;
+// Plans and launches every call of the library, log-softmax and consumers alike, and owns every
+// fallback: where a cluster cannot be placed (a partitioned or busy GPU), halves the largest cluster
+// allowed and plans again, down to none; the planner then chooses the cluster itself (a forced value
+// may be what failed), in clusters (a cooperative grid too large to be resident comes back as the
+// same error, and gives way to the clusters). With no clusters the consumers plan consumer_rows.
+// Nothing that touches the caller's arrays has been queued when the error comes back (cluster_rows
+// may have queued its workspace's allocation, fill and release; cross-entropy, its workspace's).
+// plan_for(dev, tuning) -> Plan; launch(plan) -> cudaError_t.
+template <class PlanFn, class LaunchFn>
+softlight_status launch_with_fallbacks(DeviceInfo dev, const Tuning& tuning, PlanFn plan_for, LaunchFn launch) {
+  Plan plan = plan_for(dev, tuning);
+  cudaError_t e = launch(plan);
+  Tuning again = tuning;
+  again.cluster = 0;
+  again.exchange = 0;
+  again.grid_rows = 0;
+  while (e == cudaErrorInvalidClusterSize && dev.max_cluster > 0) {
+    (void)cudaGetLastError();  // (the failed launch's error is no error of the next)
+    if (plan.family != Family::grid_rows) dev.max_cluster = plan.cluster > 1 ? plan.cluster / 2 : 0;
+    plan = plan_for(dev, again);
+    e = launch(plan);
+  }
+  return e == cudaSuccess ? SOFTLIGHT_SUCCESS : cuda_status(e);
+}
+
+// A checked call on its device: the plan, and the family's launcher; where the driver cannot
+// describe x as a tensor map (cluster_tiles), the same problem planned without tiles (split_rows).
+softlight_status run(const Call& c, const DeviceInfo& dev, cudaStream_t s) {
+  const Tuning tuning = forced_tuning();
   const auto launch = [&](const Plan& p) {
     const cudaError_t e = launch_family(p, c, s);
     if (e != cudaErrorNotSupported || p.family != Family::cluster_tiles) return e;
@@ -202,33 +218,16 @@ softlight_status launch_with_fallbacks(const Call& c, DeviceInfo dev, const Tuni
     Tuning split;
     split.split_lanes = tuning.split_lanes;
     split.split_segment_bytes = tuning.split_segment_bytes;
-    return launch_family(plan_axis(q, device, split), c, s);
+    return launch_family(plan_axis(q, dev, split), c, s);
   };
-  Plan plan = plan_for(dev, tuning);
-  cudaError_t e = launch(plan);
-  Tuning again = tuning;
-  again.cluster = 0;
-  again.exchange = 0;
-  again.grid_rows = 0;
-  while (e == cudaErrorInvalidClusterSize && dev.max_cluster > 0) {
-    if (plan.family != Family::grid_rows) dev.max_cluster = plan.cluster > 1 ? plan.cluster / 2 : 0;
-    plan = plan_for(dev, again);
-    e = launch(plan);
-  }
-  return e == cudaSuccess ? SOFTLIGHT_SUCCESS : cuda_status(e);
-}
-
-// A checked call on its device: the plan, and the family's launcher.
-softlight_status run(const Call& c, const DeviceInfo& dev, cudaStream_t s) {
-  const Tuning tuning = forced_tuning();
   if (!c.backward && c.is_rows()) {
     const Problem prob = rows_problem(c);
     return launch_with_fallbacks(
-        c, dev, tuning, [&](const DeviceInfo& d, const Tuning& o) { return plan_rows(prob, d, o); }, s);
+        dev, tuning, [&](const DeviceInfo& d, const Tuning& o) { return plan_rows(prob, d, o); }, launch);
   }
   const AxisProblem prob = axis_problem(c);
   return launch_with_fallbacks(
-      c, dev, tuning, [&](const DeviceInfo& d, const Tuning& o) { return plan_axis(prob, d, o); }, s);
+      dev, tuning, [&](const DeviceInfo& d, const Tuning& o) { return plan_axis(prob, d, o); }, launch);
 }
 
 // A checked call (validate.hpp) on the device of its arrays. It starts with no error pending in the
@@ -253,29 +252,23 @@ template <class A> ConsumerArgs<A> consumer_args(const softlight_row_stats_optio
   return {o.index.ids, o.index.count, o.index.row_stride, o.index.offset, o.index.shard != 0, p(o.lse),
           p(o.entropy), p(o.logprobs), p(o.picked), p(o.sum), p(o.max), p(o.sumexp), p(o.moment)};
 }
-// The longest row (bytes) whose statistics come from the register clusters: longer ones ran faster in
-// consumer_rows.cu's kernel on an H200 (docs/consumers.md, "Kernel choices").
-constexpr int64_t kStatsClusterRowBytes = 128 << 10;
-
-// Where the log-softmax would hold the rows of x, written to y, on chip: in register clusters (rows
-// of 32000 to 128256 columns in 16 bits, to 128256 in fp32) or, with `ring` (cross-entropy), in a
-// ring of cluster_rows of CTAs of kClusterDefaultThreads (where the 16-bit log-softmax takes CTAs of
-// 288, the gradient's arithmetic wants the writers of 544: docs/consumers.md, "Kernel choices"); not float64.
-// True, with that plan and its call.
-bool on_chip_plan(const void* x, int64_t x_stride, void* y, int64_t y_stride, int64_t rows, int64_t cols,
-                  softlight_dtype dtype, double temperature, bool ring, const DeviceInfo& info, Plan* plan,
-                  Call* call) {
-  if (dtype == SOFTLIGHT_FLOAT64 || rows <= 0 || cols <= 1) return false;
+// A consumer's call planned and launched (plan_consumer): the log-softmax's call over the rows of x
+// written to y (the gradient; x itself for the statistics) is what a family that holds the rows on
+// chip launches with; launch(plan, call) launches the family plan_consumer names (consumer_rows'
+// kernel for any plan but register_clusters and cluster_rows, none included: no rows).
+template <class LaunchFn>
+softlight_status run_consumer(const void* x, int64_t x_stride, void* y, int64_t y_stride, int64_t rows, int64_t cols,
+                              softlight_dtype dtype, double temperature, ConsumerProblem what,
+                              const DeviceInfo& dev, LaunchFn launch) {
   const softlight_forward_options fo{temperature, nullptr};
   softlight_status st;
   bool noop;
-  *call = rows_forward_call(x, x_stride, y, y_stride, rows, cols, dtype, &fo, &st, &noop);
-  if (st != SOFTLIGHT_SUCCESS || noop) return false;
-  Tuning o = forced_tuning();
-  if (ring && o.threads <= 0) o.threads = kClusterDefaultThreads;
-  *plan = plan_rows(rows_problem(*call), info, o);
-  if (plan->family == Family::register_clusters) return true;
-  return ring && plan->family == Family::cluster_rows && plan->threads <= kClusterDefaultThreads;
+  const Call call = rows_forward_call(x, x_stride, y, y_stride, rows, cols, dtype, &fo, &st, &noop);
+  if (st == SOFTLIGHT_SUCCESS && !noop) what.rows = rows_problem(call);  // (else consumer_rows' kernel)
+  return launch_with_fallbacks(
+      dev, forced_tuning(),
+      [&](const DeviceInfo& d, const Tuning& o) { return plan_consumer(what, d, o); },
+      [&](const Plan& p) { return launch(p, call); });
 }
 
 template <class A> GradArgs<A> grad_args(const softlight_row_stats_grad& g) {
@@ -356,20 +349,17 @@ extern "C" softlight_status softlight_row_stats(const void* x, int64_t x_row_str
   CallDevice dev;
   st = open_consumer(&dev, {x, o.index.ids, o.lse, o.entropy, o.logprobs, o.picked, o.sum, o.max, o.sumexp, o.moment});
   if (st != SOFTLIGHT_SUCCESS) return st;
-  // Rows of at most kStatsClusterRowBytes that the log-softmax holds in register clusters give the
-  // statistics of their max, sum and moment from there (all of a row's loads in flight at once), where
-  // the row's sum is not asked; any other, consumer_rows.cu's kernel.
-  Plan plan;
-  Call call;
-  const bool clusters = o.sum == nullptr &&
-                        cols <= kStatsClusterRowBytes / static_cast<int64_t>(softlight_dtype_size(dtype)) &&
-                        on_chip_plan(x, x_row_stride, const_cast<void*>(x), x_row_stride, rows, cols, dtype,
-                                     o.temperature, false, dev.info, &plan, &call);
-  const cudaError_t e = clusters ? launch_register_clusters_stats(plan, call, consumer_args<float>(o),
-                                                                  static_cast<cudaStream_t>(stream))
-                                 : launch_row_stats(c, consumer_args<float>(o), consumer_args<double>(o),
-                                                    static_cast<cudaStream_t>(stream));
-  return e == cudaSuccess ? SOFTLIGHT_SUCCESS : cuda_status(e);
+  // Rows that the log-softmax holds in register clusters give the statistics of their max, sum and
+  // moment from there (all of a row's loads in flight at once); any other, consumer_rows' kernel.
+  ConsumerProblem what;
+  what.asks_sum = o.sum != nullptr;
+  const auto s = static_cast<cudaStream_t>(stream);
+  return run_consumer(x, x_row_stride, const_cast<void*>(x), x_row_stride, rows, cols, dtype, o.temperature, what,
+                      dev.info, [&](const Plan& p, const Call& call) {
+                        return p.family == Family::register_clusters
+                                   ? launch_register_clusters_stats(p, call, consumer_args<float>(o), s)
+                                   : launch_row_stats(c, consumer_args<float>(o), consumer_args<double>(o), s);
+                      });
 }
 
 extern "C" softlight_status softlight_row_stats_backward(const void* x, int64_t x_row_stride, void* dx,
@@ -408,17 +398,20 @@ extern "C" softlight_status softlight_cross_entropy(const void* x, int64_t x_row
   st = open_consumer(&dev, {x, target, o.loss, o.lse, o.grad});
   if (st != SOFTLIGHT_SUCCESS) return st;
   // Rows that the log-softmax holds on chip, in register clusters or cluster_rows' ring, write the
-  // gradient from there (one read, one write; x itself too), where there is no label smoothing (which
-  // needs the row's sum); any other, consumer_rows.cu's kernel (a second read).
-  Plan plan;
-  Call call;
-  const bool on_chip = o.grad != nullptr && o.label_smoothing == 0.0 &&
-                       on_chip_plan(x, x_row_stride, o.grad, o.grad_row_stride, rows, cols, dtype, o.temperature,
-                                    true, dev.info, &plan, &call);
-  // (No rows: the reduction of nothing, 0 or NaN, is still written, on the device.)
-  const cudaError_t e = launch_cross_entropy(c, o, static_cast<cudaStream_t>(stream), on_chip ? &plan : nullptr,
-                                             on_chip ? &call : nullptr);
-  return e == cudaSuccess ? SOFTLIGHT_SUCCESS : cuda_status(e);
+  // gradient from there (one read, one write; x itself too); any other, consumer_rows' kernel (a
+  // second read). (No rows: the reduction of nothing, 0 or NaN, is still written, on the device.)
+  ConsumerProblem what;
+  what.cross_entropy = true;
+  what.writes_grad = o.grad != nullptr;
+  what.label_smoothing = o.label_smoothing != 0.0;
+  return run_consumer(x, x_row_stride, o.grad != nullptr ? o.grad : const_cast<void*>(x),
+                      o.grad != nullptr ? o.grad_row_stride : x_row_stride, rows, cols, dtype, o.temperature, what,
+                      dev.info, [&](const Plan& p, const Call& call) {
+                        const bool on_chip =
+                            p.family == Family::register_clusters || p.family == Family::cluster_rows;
+                        return launch_cross_entropy(c, o, static_cast<cudaStream_t>(stream), on_chip ? &p : nullptr,
+                                                    on_chip ? &call : nullptr);
+                      });
 }
 
 extern "C" softlight_status softlight_cross_entropy_grad_scale(void* grad, int64_t grad_row_stride, int64_t rows,

@@ -7,6 +7,7 @@
 #include "families/block_rows/rule.hpp"
 #include "families/cluster_rows/rule.hpp"
 #include "families/cluster_tiles/rule.hpp"
+#include "families/consumer_rows/rule.hpp"
 #include "families/flat_rows/rule.hpp"
 #include "families/grid_rows/rule.hpp"
 #include "families/register_clusters/rule.hpp"
@@ -64,6 +65,11 @@ Plan plan_axis(const AxisProblem& p, const DeviceInfo& d, const Tuning& o) {
   return Plan{};
 }
 
+Plan plan_consumer(const ConsumerProblem& p, const DeviceInfo& d, const Tuning& o) {
+  if (p.rows.rows <= 0 || p.rows.cols <= 0) return Plan{};
+  return consumer_rows_rule(p, d, o);
+}
+
 const char* family_name(Family f) {
   switch (f) {
     case Family::none: return "none";
@@ -77,6 +83,7 @@ const char* family_name(Family f) {
     case Family::grid_rows: return "grid_rows";
     case Family::split_rows: return "split_rows";
     case Family::cluster_tiles: return "cluster_tiles";
+    case Family::consumer_rows: return "consumer_rows";
   }
   return "unknown";
 }

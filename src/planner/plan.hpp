@@ -34,6 +34,9 @@ enum class Family : int {
                       // CTA off Hopper), two passes, the second re-reading from the L2 cache
   cluster_tiles,      // Hopper, forward along a non-last axis: a cluster per tile of 256 bytes of
                       // inner positions over the whole axis, held in a ring of chunks (one read)
+  consumer_rows,      // the consumers of a row's log-sum-exp (cross-entropy, the row statistics and
+                      // their gradients): a CTA a row; plan_consumer's answer where no family holds
+                      // the row on chip for them
 };
 
 SOFTLIGHT_INTERNAL const char* family_name(Family f);
@@ -79,6 +82,17 @@ struct AxisProblem {
   // Not rows: x and y have inner stride 1, and their bases, outer and axis strides, and the inner
   // extent are multiples of 16 bytes (cluster_tiles' bulk copies).
   bool tiles_aligned = false;
+};
+
+// A consumer of a row's log-sum-exp (docs/consumers.md) over the rows of x: `rows` is the problem of
+// the log-softmax of x into the consumer's output (cross-entropy's gradient; x itself for the
+// statistics), and the rest is what the call asks.
+struct ConsumerProblem {
+  Problem rows;
+  bool cross_entropy = false;    // cross-entropy, else the row statistics
+  bool writes_grad = false;      // cross-entropy: its gradient is written
+  bool label_smoothing = false;  // cross-entropy: with label smoothing (which needs the row's sum)
+  bool asks_sum = false;         // the statistics: the row's sum is asked
 };
 
 // Values forced for tests and tuning (knobs.h says what each forces; tuning.hpp how a build takes
@@ -166,5 +180,8 @@ constexpr int kMaxCluster = 16;
 SOFTLIGHT_INTERNAL Plan plan_rows(const Problem& p, const DeviceInfo& d, const Tuning& o = Tuning{});
 // The backward, and the forward along a non-last axis (plan.cpp).
 SOFTLIGHT_INTERNAL Plan plan_axis(const AxisProblem& p, const DeviceInfo& d, const Tuning& o = Tuning{});
+// A consumer of the log-sum-exp: the plan of the family that holds the rows on chip for it
+// (register_clusters, cluster_rows), or consumer_rows (plan.cpp, families/consumer_rows/rule.hpp).
+SOFTLIGHT_INTERNAL Plan plan_consumer(const ConsumerProblem& p, const DeviceInfo& d, const Tuning& o = Tuning{});
 
 }  // namespace softlight

@@ -544,7 +544,7 @@ cluster_rows_kernel(const T* __restrict__ x, int64_t xs, const T* __restrict__ a
 }
 
 // Cross-entropy's loss, lse and gradient (into y), the row held in the ring between its read and the
-// gradient's write. CTAs of at most kClusterDefaultThreads (on_chip_plan gives no other), so that the
+// gradient's write. CTAs of at most kClusterDefaultThreads (plan_consumer gives no other), so that the
 // writers keep the registers the gradient wants: under the log-softmax's bound of 800 threads the
 // compiler held them to 72 and the fp32 kernel spilled (docs/consumers.md, "Kernel choices").
 template <class T, int U, bool Peel>

@@ -394,20 +394,11 @@ template <class K> int grid_for(K kernel, int64_t rows, size_t smem = 0) {
   return static_cast<int>(rows < ctas ? rows : ctas);
 }
 
-template <class F> cudaError_t with_type(softlight_dtype dtype, F&& f) {
-  switch (dtype) {
-    case SOFTLIGHT_FLOAT32: return f(float{});
-    case SOFTLIGHT_FLOAT64: return f(double{});
-    case SOFTLIGHT_FLOAT16: return f(__half{});
-    default: return f(__nv_bfloat16{});
-  }
-}
-
 }  // namespace
 
 cudaError_t launch_row_stats(const ConsumerCall& c, const ConsumerArgs<float>& af, const ConsumerArgs<double>& ad,
                              cudaStream_t stream) {
-  return with_type(c.dtype, [&](auto tag) {
+  return with_element_type(c.dtype, [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
     const ConsumerArgs<A>& a = *[&] {
@@ -427,7 +418,7 @@ cudaError_t launch_row_stats(const ConsumerCall& c, const ConsumerArgs<float>& a
 
 cudaError_t launch_row_stats_grad(const ConsumerCall& c, const GradArgs<float>& gf, const GradArgs<double>& gd,
                                   cudaStream_t stream) {
-  return with_type(c.dtype, [&](auto tag) {
+  return with_element_type(c.dtype, [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
     const GradArgs<A>& g = *[&] {
@@ -564,26 +555,26 @@ cudaError_t launch_cross_entropy(const ConsumerCall& c, const softlight_cross_en
   int64_t* count = static_cast<int64_t*>(ws);
   double* losses = reinterpret_cast<double*>(count + 1);
   count_kept<<<1, 1024, 0, stream>>>(c.index, c.rows, c.ignore, c.ignore_index, count);
-  e = with_type(c.dtype, [&](auto tag) {
+  e = with_element_type(c.dtype, [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
     CrossEntropyArgs<A> a{o.label_smoothing, o.z_loss, c.ignore, c.ignore_index, mean, reduce, count, losses,
                           static_cast<A*>(o.loss), static_cast<A*>(o.lse)};
     const auto kernel = o.label_smoothing != 0.0 ? cross_entropy_kernel<T, true> : cross_entropy_kernel<T, false>;
-    cudaError_t on_chip = cudaErrorNotSupported;
-    if constexpr (sizeof(A) == 4) {
-      // The row held on chip (registers, or cluster_rows' ring) between its read and the
-      // gradient's write; where the clusters cannot be placed (a partitioned or busy GPU), the
-      // kernel below.
-      if (plan != nullptr && c.rows > 0)
+    if (plan != nullptr && c.rows > 0) {
+      // The row held on chip (registers, or cluster_rows' ring) between its read and the gradient's
+      // write. Where the clusters cannot be placed (a partitioned or busy GPU), the error, and
+      // nothing else queued: the GPU entry plans again (its launch_with_fallbacks).
+      cudaError_t on_chip = cudaErrorInvalidValue;
+      if constexpr (sizeof(A) == 4)
         on_chip = plan->family == Family::cluster_rows ? launch_cluster_rows_ce(*plan, *call, c.index, a, stream)
                                                        : launch_register_clusters_ce(*plan, *call, c.index, a, stream);
-      if (on_chip != cudaSuccess) (void)cudaGetLastError();
-    }
-    if (c.rows > 0 && on_chip != cudaSuccess)  // (no rows: the reduction of none, 0 or NaN, below)
+      if (on_chip != cudaSuccess) return on_chip;
+    } else if (c.rows > 0) {  // (no rows: the reduction of none, 0 or NaN, below)
       kernel<<<grid_for(kernel, c.rows), kThreads, 0, stream>>>(
           static_cast<const T*>(c.x), c.x_stride, c.index, c.rows, c.cols, static_cast<A>(c.scale), a,
           static_cast<T*>(o.grad), o.grad_row_stride);
+    }
     if (reduce) reduce_losses<A><<<1, 1024, 0, stream>>>(losses, c.rows, mean, count, static_cast<A*>(o.loss));
     return cudaGetLastError();
   });
@@ -605,7 +596,7 @@ __global__ void __launch_bounds__(kThreads) grad_scale_kernel(T* g, int64_t gs, 
 }
 
 cudaError_t launch_grad_scale(const ConsumerCall& c, const void* d_loss, int64_t count, cudaStream_t stream) {
-  return with_type(c.dtype, [&](auto tag) {
+  return with_element_type(c.dtype, [&](auto tag) {
     using T = decltype(tag);
     const auto kernel = grad_scale_kernel<T>;
     kernel<<<grid_for(kernel, c.rows), kThreads, 0, stream>>>(static_cast<T*>(c.dx), c.dx_stride, c.rows, c.cols,
