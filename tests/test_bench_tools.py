@@ -161,7 +161,7 @@ def test_wrong_results_are_timed_but_never_counted(capsys, tmp_path):
 
 RESULTS = sorted(PERF.glob("*.json"))
 LINEAR_PROVIDERS = ("gemms", "softlight", "softlight-low_memory", "matmul+softlight", "torch", "torch.compile", "liger",
-                    "cce", "cce-exact")
+                    "cce", "cce-exact", "softlight-row_stats", "softlight-row_stats-low_memory")
 
 
 @pytest.mark.parametrize("path", RESULTS, ids=lambda p: p.name)
@@ -189,9 +189,13 @@ def test_committed_results_follow_the_schema(path):
         return
     if doc["rows"][0]["op"] == "linear_cross_entropy":
         for r in doc["rows"]:
-            assert r["op"] == "linear_cross_entropy" and len(r["shape"]) == 3 and all(v > 0 for v in r["shape"])
+            stats = r["provider"].startswith("softlight-row_stats")
+            assert r["op"] == ("linear_row_stats" if stats else "linear_cross_entropy"), r
+            assert len(r["shape"]) == 3 and all(v > 0 for v in r["shape"])
             assert r["provider"] in LINEAR_PROVIDERS, r
-            assert r["mode"] == {"softlight": "default", "softlight-low_memory": "low_memory"}.get(r["provider"])
+            assert r["mode"] == {"softlight": "default", "softlight-low_memory": "low_memory",
+                                 "softlight-row_stats": "default",
+                                 "softlight-row_stats-low_memory": "low_memory"}.get(r["provider"])
             assert r["dtype"] in ("float32", "float16", "bfloat16", "float64") and r["grads_mib"] >= 0
             assert r["gemms_ms"] > 0 and (r["ms"] > 0 if r["status"] == "ok" else r["ms"] is None or r["ms"] > 0)
             if "cpu" in doc["meta"]:  # (the allocator's peak is measured on the GPU alone)
@@ -292,9 +296,24 @@ def test_linear_bench_runs_checks_and_writes_its_results(tmp_path):
     assert code == 0
     doc = json.loads((tmp_path / "linear_cross_entropy-cpu.json").read_text())
     assert {r["provider"] for r in doc["rows"]} == {"gemms", "softlight", "softlight-low_memory", "matmul+softlight",
-                                                     "torch"}
+                                                     "torch", "softlight-row_stats", "softlight-row_stats-low_memory"}
     assert all(r["status"] == "ok" and r["ms"] > 0 for r in doc["rows"])
     test_committed_results_follow_the_schema(tmp_path / "linear_cross_entropy-cpu.json")
+
+
+def test_linear_bench_checks_the_row_statistics_against_their_own_reference(tmp_path, monkeypatch):
+    """The row statistics' loss weighs the entropy: a reference that weighs it otherwise finds their
+    gradients wrong, and the run fails."""
+    pytest.importorskip("torch")
+    from softlight.bench import linear
+    real = linear.reference
+    monkeypatch.setattr(linear, "reference", lambda torch, h, w, t, entropy=0.0: real(torch, h, w, t, 1.5 * entropy))
+    code = bench_main(["--device", "cpu", "--op", "linear_cross_entropy", "--shapes", "40x16x300", "--dtypes",
+                       "float32", "--reps", "1", "--no-compile", "--providers", "softlight,softlight-row_stats",
+                       "--out-dir", str(tmp_path), "--commit", "test"])
+    assert code == 1
+    rows = {r["provider"]: r for r in json.loads((tmp_path / "linear_cross_entropy-cpu.json").read_text())["rows"]}
+    assert rows["softlight"]["status"] == "ok" and rows["softlight-row_stats"]["status"].startswith("wrong"), rows
 
 
 def test_linear_bench_finds_a_wrong_gradient(tmp_path, monkeypatch):

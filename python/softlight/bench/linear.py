@@ -5,7 +5,8 @@ both, against the bare GEMMs and the public answers, side by side in one run:
 - gemms: the three matmuls of the plain computation alone (h @ W.T, g @ W, g.T @ h) into buffers of
   their own: the floor.
 - softlight: softlight.torch.linear_cross_entropy in its two memory forms ("mode": default, the
-  speed form, and low_memory).
+  speed form, and low_memory); softlight-row_stats: linear_row_stats' token log-probs and entropy
+  (RL's pair, "op": "linear_row_stats"), the loss mean(-logprob) + 0.1 mean(entropy), in both forms.
 - matmul+softlight: the logits from torch.matmul, softlight.torch.cross_entropy of them.
 - torch: torch.nn.functional.cross_entropy of the float32 logits (torch eager); torch.compile: the
   same, compiled.
@@ -30,8 +31,13 @@ SHAPES = ((8192, 2304, 256000), (8192, 4096, 128256), (16384, 1024, 32000), (327
 TOL = {"float32": 1e-4, "bfloat16": 2e-2, "float16": 2e-2, "float64": 1e-10}
 
 
+# The entropy's weight in the row statistics' loss, mean(-logprob) + ENTROPY * mean(entropy).
+ENTROPY = 0.1
+
+
 def providers(torch, device, no_compile):
-    """name -> (mode or None, fn(h, w, t) returning the loss after its backward), and the GEMMs."""
+    """name -> (mode or None, fn(h, w, t) returning the loss after its backward, the entropy's weight
+    in that loss: 0 for cross-entropy)."""
     import softlight.torch as slt
     F = torch.nn.functional
 
@@ -45,31 +51,41 @@ def providers(torch, device, no_compile):
     def eager(h, w, t):
         return F.cross_entropy((h @ w.t()).float(), t)
 
-    p = {"softlight": ("default", with_backward(lambda h, w, t: slt.linear_cross_entropy(h, w, t))),
+    def stats(memory):
+        def loss(h, w, t):
+            st = slt.linear_row_stats(h, w, t, memory=memory)
+            return -st["logprobs"].mean() + ENTROPY * st["entropy"].mean()
+        return with_backward(loss)
+
+    p = {"softlight": ("default", with_backward(lambda h, w, t: slt.linear_cross_entropy(h, w, t)), 0.0),
          "softlight-low_memory": ("low_memory", with_backward(
-             lambda h, w, t: slt.linear_cross_entropy(h, w, t, memory="low_memory"))),
-         "matmul+softlight": (None, with_backward(lambda h, w, t: slt.cross_entropy(h @ w.t(), t))),
-         "torch": (None, with_backward(eager))}
+             lambda h, w, t: slt.linear_cross_entropy(h, w, t, memory="low_memory")), 0.0),
+         "softlight-row_stats": ("default", stats("speed"), ENTROPY),
+         "softlight-row_stats-low_memory": ("low_memory", stats("low_memory"), ENTROPY),
+         "matmul+softlight": (None, with_backward(lambda h, w, t: slt.cross_entropy(h @ w.t(), t)), 0.0),
+         "torch": (None, with_backward(eager), 0.0)}
     if not no_compile:
-        p["torch.compile"] = (None, with_backward(torch.compile(eager)))
+        p["torch.compile"] = (None, with_backward(torch.compile(eager)), 0.0)
     if device == "cuda":
         try:
             from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
             liger = LigerFusedLinearCrossEntropyLoss()
-            p["liger"] = (None, with_backward(lambda h, w, t: liger(w, h, t)))
+            p["liger"] = (None, with_backward(lambda h, w, t: liger(w, h, t)), 0.0)
         except Exception as e:  # noqa: BLE001 - an anchor that is not installed is skipped, and said so
             print(f"# liger not available: {type(e).__name__}: {e}", file=sys.stderr)
         try:
             from cut_cross_entropy import linear_cross_entropy as cce
-            p["cce"] = (None, with_backward(lambda h, w, t: cce(h, w, t)))
-            p["cce-exact"] = (None, with_backward(lambda h, w, t: cce(h, w, t, filter_eps=None)))
+            p["cce"] = (None, with_backward(lambda h, w, t: cce(h, w, t)), 0.0)
+            p["cce-exact"] = (None, with_backward(lambda h, w, t: cce(h, w, t, filter_eps=None)), 0.0)
         except Exception as e:  # noqa: BLE001
             print(f"# cce not available: {type(e).__name__}: {e}", file=sys.stderr)
     return p
 
 
-def reference(torch, h, w, t):
-    """(loss, d hidden, d weight) of the mean cross-entropy in float64, in chunks of tokens."""
+def reference(torch, h, w, t, entropy=0.0):
+    """(loss, d hidden, d weight) of the mean cross-entropy in float64, in chunks of tokens; with
+    `entropy`, of mean(-logprob) + entropy * mean(entropy of the row), whose gradient to the logits
+    adds entropy * -p (log p + H)."""
     hd, wd = h.double(), w.double()
     n = h.shape[0]
     step = max(1, (1 << 28) // max(1, w.shape[0]))
@@ -80,7 +96,15 @@ def reference(torch, h, w, t):
         lse = torch.logsumexp(z, -1)
         tc = t[lo:lo + step]
         loss += (lse - z.gather(1, tc[:, None])[:, 0]).sum()
-        z.sub_(lse[:, None]).exp_()
+        z.sub_(lse[:, None])  # log p
+        if entropy:
+            p = z.exp()
+            ent = -(p * z).sum(-1)
+            loss += entropy * ent.sum()
+            z.add_(ent[:, None]).mul_(p).mul_(-entropy).add_(p)  # p - entropy * p (log p + H)
+            del p
+        else:
+            z.exp_()
         z[torch.arange(z.shape[0], device=z.device), tc] -= 1
         z.div_(n)
         dh[lo:lo + step] = z @ wd
@@ -130,7 +154,7 @@ def run(args, argv, torch, commit):
         for dtype in (args.dtypes or "bfloat16").split(","):
             tdt = getattr(torch, dtype)
             h, w, t = _inputs(torch, n, d, v, tdt, device, 0)
-            want = reference(torch, h, w, t)
+            wants = {0.0: reference(torch, h, w, t)}
             grads_mib = (h.numel() + w.numel()) * h.element_size() / 2**20
             base = {"op": "linear_cross_entropy", "device": device, "shape": [n, d, v], "dtype": dtype,
                     "grads_mib": round(grads_mib, 3)}
@@ -144,8 +168,13 @@ def run(args, argv, torch, commit):
             case = [dict(base, provider="gemms", mode=None, status="ok", ms=time_ms(torch, gemms, device, reps, False),
                          peak_mib=None)]
             z = dh = dw = None
-            for name, (mode, fn) in provs.items():
+            for name, (mode, fn, entropy) in provs.items():
                 row = dict(base, provider=name, mode=mode, status="ok", ms=None, peak_mib=None)
+                if entropy:
+                    row["op"] = "linear_row_stats"
+                    if entropy not in wants:
+                        wants[entropy] = reference(torch, h, w, t, entropy)
+                want = wants[entropy]
                 hh, ww = h.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
 
                 def step():
@@ -176,13 +205,13 @@ def run(args, argv, torch, commit):
                 f"{r['provider']} {r['status'][:40]}" for r in case)
             print(f"{n}x{d}x{v} {dtype} gemms {case[0]['ms']:.2f} ms, grads {grads_mib:.0f} MiB: {line}", flush=True)
             rows_out += case
-            h = w = t = want = None
+            h = w = t = want = wants = None
             if cuda:
                 torch.cuda.empty_cache()
             if args.out_dir:  # after every case: a run cut short keeps what it measured
                 write_results(meta, rows_out, Path(args.out_dir), args.name, plot_fn=plot)
-    return 0 if all(r["status"] == "ok" for r in rows_out if r["provider"] in ("gemms", "softlight",
-                                                                                "softlight-low_memory")) else 1
+    return 0 if all(r["status"] == "ok" for r in rows_out if r["provider"] == "gemms" or
+                    r["provider"].startswith("softlight")) else 1
 
 
 def plot(meta, rows, path):
