@@ -35,8 +35,45 @@ from ._consumers import STATS
 from ._errors import ArgumentTypeError, AxisError, InvalidArgumentError, UnsupportedDTypeError, check
 
 _lib = torch.library.Library("softlight", "DEF")
-_lib.define("log_softmax(Tensor x, int dim, float temperature=1.0) -> Tensor")
-_lib.define("log_softmax_backward(Tensor grad, Tensor y, int dim, float temperature=1.0) -> Tensor")
+
+
+def _operator(schema, kernel, fake, *, grad=None, setup=None, autograd=None, autocast=(), eager=None):
+    """Registers the operator softlight::<name> of `schema`, whole: `kernel` for CPU and CUDA tensors,
+    `fake` (shapes, for torch.compile and meta tensors), its autograd (`grad` and `setup` as
+    torch.library.register_autograd takes them, or `autograd`, a kernel of its own at the Autograd
+    key), float32 under autocast on each device in `autocast`. With `eager` (a class name), returns
+    the operator's eager bypass: `kernel` and its autograd as that autograd.Function's apply, without the dispatch
+    (several microseconds each way), for the calls that nothing but eager torch sees (`_plain`); its
+    forward calls setup(ctx, args, out, eager=True), its backward grad(ctx, *grads, eager=True) where
+    the backward builds no graph (then grad may call kernels, not operators)."""
+    name = schema.split("(", 1)[0]
+    qualified = f"softlight::{name}"
+    _lib.define(schema)
+    for key in ("CPU", "CUDA"):
+        _lib.impl(name, kernel, key)
+    torch.library.register_fake(qualified)(fake)
+    if autograd is not None:
+        _lib.impl(name, autograd, "Autograd")
+    elif grad is not None:
+        torch.library.register_autograd(qualified, grad, setup_context=setup)
+    for device in autocast:
+        torch.library.register_autocast(qualified, device, torch.float32)
+    if eager is None:
+        return None
+
+    def forward(ctx, *args):
+        out = kernel(*args)
+        setup(ctx, args, out, eager=True)
+        return out
+
+    def backward(ctx, *grads):
+        return grad(ctx, *grads, eager=not torch.is_grad_enabled())
+
+    function = type(eager, (torch.autograd.Function,), {"forward": staticmethod(forward),
+                                                         "backward": staticmethod(backward), "__module__": __name__})
+    # The C++ apply under Function.apply's Python wrapper, whose work (binding setup_context's arguments,
+    # functorch's checks and unwrapping: ~3 us a call) is done for a call found plain.
+    return super(torch.autograd.Function, function).apply
 
 
 def _readable(t, dim):
@@ -74,18 +111,11 @@ def _backward(grad, y, dim, temperature=1.0):
     return dx if temperature == 1.0 else dx.div_(temperature)
 
 
-for _key in ("CPU", "CUDA"):
-    _lib.impl("log_softmax", _forward, _key)
-    _lib.impl("log_softmax_backward", _backward, _key)
-
-
-@torch.library.register_fake("softlight::log_softmax")
 def _forward_fake(x, dim, temperature=1.0):
     _check(x, dim)
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
-@torch.library.register_fake("softlight::log_softmax_backward")
 def _backward_fake(grad, y, dim, temperature=1.0):
     _check(grad, dim)
     return torch.empty_like(grad, memory_format=torch.contiguous_format)
@@ -194,13 +224,12 @@ def _backward_autograd(grad, y, dim, temperature=1.0):
         return torch.ops.softlight.log_softmax_backward(grad, y, dim, temperature)
 
 
-_lib.impl("log_softmax", _forward_autograd, "Autograd")
-_lib.impl("log_softmax_backward", _backward_autograd, "Autograd")
-
 # Autocast as torch.log_softmax's: float32 under CUDA autocast; on the CPU, the input's dtype (CPU
 # autocast leaves log_softmax alone).
-torch.library.register_autocast("softlight::log_softmax", "cuda", torch.float32)
-torch.library.register_autocast("softlight::log_softmax_backward", "cuda", torch.float32)
+_operator("log_softmax(Tensor x, int dim, float temperature=1.0) -> Tensor", _forward, _forward_fake,
+          autograd=_forward_autograd, autocast=("cuda",))
+_operator("log_softmax_backward(Tensor grad, Tensor y, int dim, float temperature=1.0) -> Tensor", _backward,
+          _backward_fake, autograd=_backward_autograd, autocast=("cuda",))
 
 
 def _plain(x):
@@ -252,22 +281,6 @@ __all__ = ["log_softmax", "LogSoftmax", "InvalidArgumentError"]
 # take only what is asked: token_logprobs reads the logits without the entropy's moment or the row's
 # sum.
 ALL_STATS = (1 << len(STATS)) - 1
-_lib.define("row_stats(Tensor logits, Tensor? index, float temperature=1.0, int index_offset=0, bool shard=False, "
-            "int stats=255) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
-_lib.define("row_stats_backward(Tensor logits, Tensor lse, Tensor entropy, Tensor? index, Tensor? d_lse, "
-            "Tensor? d_entropy, Tensor? d_logprobs, Tensor? d_picked, Tensor? d_sum, float temperature=1.0, "
-            "int index_offset=0, bool shard=False) -> Tensor")
-_lib.define("cross_entropy(Tensor logits, Tensor target, int ignore_index=-100, float label_smoothing=0.0, "
-            "float z_loss=0.0, float temperature=1.0, int reduction=2, bool with_grad=False) "
-            "-> (Tensor, Tensor, Tensor)")
-# cross_entropy's gradient (written for an upstream gradient of 1) times the loss's upstream gradient,
-# in place; rows whose factor is 1 are left alone, decided where d_loss is (no read of it on the host).
-_lib.define("cross_entropy_grad_scale_(Tensor(a!) grad, Tensor d_loss) -> ()")
-# cross_entropy's gradient for the loss's upstream gradient d_loss, written by the forward's kernel and
-# scaled by d_loss in place (a traced graph's backward: it depends on d_loss, so the compiler keeps it
-# there, and nothing of it is functionalized).
-_lib.define("cross_entropy_backward(Tensor logits, Tensor target, Tensor d_loss, int ignore_index=-100, "
-            "float label_smoothing=0.0, float z_loss=0.0, float temperature=1.0, int reduction=2) -> Tensor")
 
 _REDUCTIONS = {"none": 0, "sum": 1, "mean": 2}
 
@@ -391,34 +404,22 @@ def _cross_entropy_backward(logits, target, d_loss, ignore_index=-100, label_smo
     return grad
 
 
-for _key in ("CPU", "CUDA"):
-    _lib.impl("row_stats", _row_stats, _key)
-    _lib.impl("row_stats_backward", _row_stats_backward, _key)
-    _lib.impl("cross_entropy", _cross_entropy, _key)
-    _lib.impl("cross_entropy_grad_scale_", _cross_entropy_grad_scale, _key)
-    _lib.impl("cross_entropy_backward", _cross_entropy_backward, _key)
-
-
-@torch.library.register_fake("softlight::cross_entropy_grad_scale_")
 def _cross_entropy_grad_scale_fake(grad, d_loss):
     return None
 
 
-@torch.library.register_fake("softlight::row_stats")
 def _row_stats_fake(logits, index, temperature=1.0, index_offset=0, shard=False, stats=ALL_STATS):
     _check(logits, -1)
     acc = _acc(logits)
     return tuple(logits.new_empty(shape, dtype=acc) for shape in _stats_shapes(logits.shape[0], index, stats))
 
 
-@torch.library.register_fake("softlight::row_stats_backward")
 def _row_stats_backward_fake(logits, lse, entropy, index, d_lse, d_entropy, d_logprobs, d_picked, d_sum,
                              temperature=1.0, index_offset=0, shard=False):
     _check(logits, -1)
     return torch.empty_like(logits, memory_format=torch.contiguous_format)
 
 
-@torch.library.register_fake("softlight::cross_entropy")
 def _cross_entropy_fake(logits, target, ignore_index=-100, label_smoothing=0.0, z_loss=0.0, temperature=1.0,
                         reduction=2, with_grad=False):
     _check(logits, -1)
@@ -429,14 +430,13 @@ def _cross_entropy_fake(logits, target, ignore_index=-100, label_smoothing=0.0, 
     return loss, logits.new_empty((rows,), dtype=acc), grad
 
 
-@torch.library.register_fake("softlight::cross_entropy_backward")
 def _cross_entropy_backward_fake(logits, target, d_loss, ignore_index=-100, label_smoothing=0.0, z_loss=0.0,
                                  temperature=1.0, reduction=2):
     _check(logits, -1)
     return torch.empty_like(logits, memory_format=torch.contiguous_format)
 
 
-def _setup_stats(ctx, inputs, output):
+def _setup_stats(ctx, inputs, output, eager=False):
     logits, index, temperature, index_offset, shard = (tuple(inputs) + (1.0, 0, False))[:5]  # (stats: not needed)
     ctx.args = (temperature, index_offset, shard)
     ctx.set_materialize_grads(False)
@@ -444,36 +444,14 @@ def _setup_stats(ctx, inputs, output):
     ctx.save_for_backward(logits, index, output[0], output[1])
 
 
-def _grad_stats(ctx, d_lse, d_entropy, d_logprobs, d_picked, d_sum, *_, backward=None):
-    """(backward: what computes the gradient, by default the operator.)"""
+def _grad_stats(ctx, d_lse, d_entropy, d_logprobs, d_picked, d_sum, *_, eager=False):
+    """(eager: the gradient by the operator's kernel, not the operator.)"""
     logits, index, lse, entropy = ctx.saved_tensors
     if entropy.shape != lse.shape:  # (not asked: then no gradient reaches it, and the backward reads none)
         entropy = lse
-    dx = (backward or torch.ops.softlight.row_stats_backward)(logits, lse, entropy, index, d_lse, d_entropy,
-                                                              d_logprobs, d_picked, d_sum, *ctx.args)
+    backward = _row_stats_backward if eager else torch.ops.softlight.row_stats_backward
+    dx = backward(logits, lse, entropy, index, d_lse, d_entropy, d_logprobs, d_picked, d_sum, *ctx.args)
     return dx, None, None, None, None, None
-
-
-torch.library.register_autograd("softlight::row_stats", _grad_stats, setup_context=_setup_stats)
-
-
-class _RowStatsEager(torch.autograd.Function):
-    """row_stats's autograd in plain eager autograd (row_stats below), as _CrossEntropyEager is
-    cross_entropy's: the operator's body and backward without their dispatch. A backward that builds a
-    graph (create_graph) goes through the backward operator (which refuses a derivative of its own)."""
-
-    @staticmethod
-    def forward(ctx, *args):
-        out = _row_stats(*args)
-        _setup_stats(ctx, args, out)
-        return out
-
-    @staticmethod
-    def backward(ctx, *grads):
-        return _grad_stats(ctx, *grads, backward=None if torch.is_grad_enabled() else _row_stats_backward)
-
-
-_apply_stats_eager = super(torch.autograd.Function, _RowStatsEager).apply  # (as _apply_eager)
 
 
 def _no_double_backward(ctx, *grads):
@@ -481,13 +459,12 @@ def _no_double_backward(ctx, *grads):
                                "its own (double backward is not supported)")
 
 
-for _name in ("row_stats_backward", "cross_entropy_backward"):
-    torch.library.register_autograd(f"softlight::{_name}", _no_double_backward,
-                                    setup_context=lambda ctx, inputs, output: None)
+def _no_setup(ctx, inputs, output):
+    return None
 
 
-def _setup_ce(ctx, inputs, output, traced=None):
-    """(traced: whether a compiler or fake tensors see the call; found here where None.)"""
+def _setup_ce(ctx, inputs, output, eager=False):
+    """(eager: the eager bypass's call, which no compiler or fake tensor sees.)"""
     logits, target, ignore_index, label_smoothing, z_loss, temperature, reduction, with_grad = \
         (tuple(inputs) + (-100, 0.0, 0.0, 1.0, 2, False))[:8]
     ctx.temperature = temperature
@@ -496,7 +473,7 @@ def _setup_ce(ctx, inputs, output, traced=None):
     ctx.mark_non_differentiable(output[2])
     # A traced graph: the compiler's own flag, or fake inputs (torch 2.11 raises the flag only while
     # Dynamo reads the code, not while AOTAutograd traces the forward and backward).
-    ctx.traced = (torch.compiler.is_compiling() or _private.is_fake(logits)) if traced is None else traced
+    ctx.traced = not eager and (torch.compiler.is_compiling() or _private.is_fake(logits))
     if with_grad and ctx.traced:  # a traced graph's gradient of the forward: multiplied below
         ctx.save_for_backward(logits, target, output[1], output[2])
         ctx.grad = None
@@ -528,8 +505,8 @@ def _grad_ce_graph(logits, target, d_loss, d_lse, ignore_index, label_smoothing,
     return (dz / temperature).to(logits.dtype)
 
 
-def _grad_ce(ctx, d_loss, d_lse, _, scale=None):
-    """(scale: what scales the forward's gradient in place, by default the operator.)"""
+def _grad_ce(ctx, d_loss, d_lse, _, eager=False):
+    """(eager: the forward's gradient scaled in place by the kernel, not the operator.)"""
     saved = ctx.saved_tensors
     logits, target, lse = saved[:3]
     if torch.is_grad_enabled() and (d_loss is not None or d_lse is not None):
@@ -550,7 +527,7 @@ def _grad_ce(ctx, d_loss, d_lse, _, scale=None):
         else:
             grad = ctx.grad if ctx.grad is not None else torch.ops.softlight.cross_entropy(logits, target, *ctx.ce)[2]
             ctx.grad = None
-            (scale or torch.ops.softlight.cross_entropy_grad_scale_)(grad, d_loss)
+            (_cross_entropy_grad_scale if eager else torch.ops.softlight.cross_entropy_grad_scale_)(grad, d_loss)
             dx = grad
     if d_lse is not None:
         extra = torch.ops.softlight.row_stats_backward(logits, lse, lse, None, d_lse, None, None, None, None,
@@ -559,31 +536,34 @@ def _grad_ce(ctx, d_loss, d_lse, _, scale=None):
     return dx, None, None, None, None, None, None, None
 
 
-torch.library.register_autograd("softlight::cross_entropy", _grad_ce, setup_context=_setup_ce)
-
-
-class _CrossEntropyEager(torch.autograd.Function):
-    """cross_entropy's autograd in plain eager autograd (cross_entropy below): the operator's body and
-    its autograd without the dispatch and register_autograd's wrapper, which took a third of a forward
-    and backward's time on the host (docs/consumers.md). The same kernels, the same results; a
-    backward that builds a graph (create_graph) scales through the operator."""
-
-    @staticmethod
-    def forward(ctx, *args):
-        out = _cross_entropy(*args)
-        _setup_ce(ctx, args, out, False)
-        return out
-
-    @staticmethod
-    def backward(ctx, d_loss, d_lse, d_grad):
-        return _grad_ce(ctx, d_loss, d_lse, d_grad, None if torch.is_grad_enabled() else _cross_entropy_grad_scale)
-
-
-_apply_ce_eager = super(torch.autograd.Function, _CrossEntropyEager).apply  # (as _apply_eager)
-
-for _name in ("row_stats", "cross_entropy"):
-    for _device in ("cpu", "cuda"):
-        torch.library.register_autocast(f"softlight::{_name}", _device, torch.float32)
+# The consumers' operators. row_stats and cross_entropy take float32 under autocast on both devices,
+# and have eager bypasses: without the dispatch and register_autograd's wrapper, which took a third of
+# a forward and backward's time on the host (docs/consumers.md); a backward that builds a graph
+# (create_graph) goes through the operators.
+_apply_stats_eager = _operator(
+    "row_stats(Tensor logits, Tensor? index, float temperature=1.0, int index_offset=0, bool shard=False, "
+    "int stats=255) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
+    _row_stats, _row_stats_fake, grad=_grad_stats, setup=_setup_stats, autocast=("cpu", "cuda"),
+    eager="_RowStatsEager")
+_operator("row_stats_backward(Tensor logits, Tensor lse, Tensor entropy, Tensor? index, Tensor? d_lse, "
+          "Tensor? d_entropy, Tensor? d_logprobs, Tensor? d_picked, Tensor? d_sum, float temperature=1.0, "
+          "int index_offset=0, bool shard=False) -> Tensor",
+          _row_stats_backward, _row_stats_backward_fake, grad=_no_double_backward, setup=_no_setup)
+_apply_ce_eager = _operator(
+    "cross_entropy(Tensor logits, Tensor target, int ignore_index=-100, float label_smoothing=0.0, "
+    "float z_loss=0.0, float temperature=1.0, int reduction=2, bool with_grad=False) -> (Tensor, Tensor, Tensor)",
+    _cross_entropy, _cross_entropy_fake, grad=_grad_ce, setup=_setup_ce, autocast=("cpu", "cuda"),
+    eager="_CrossEntropyEager")
+# cross_entropy's gradient (written for an upstream gradient of 1) times the loss's upstream gradient,
+# in place; rows whose factor is 1 are left alone, decided where d_loss is (no read of it on the host).
+_operator("cross_entropy_grad_scale_(Tensor(a!) grad, Tensor d_loss) -> ()", _cross_entropy_grad_scale,
+          _cross_entropy_grad_scale_fake)
+# cross_entropy's gradient for the loss's upstream gradient d_loss, written by the forward's kernel and
+# scaled by d_loss in place (a traced graph's backward: it depends on d_loss, so the compiler keeps it
+# there, and nothing of it is functionalized).
+_operator("cross_entropy_backward(Tensor logits, Tensor target, Tensor d_loss, int ignore_index=-100, "
+          "float label_smoothing=0.0, float z_loss=0.0, float temperature=1.0, int reduction=2) -> Tensor",
+          _cross_entropy_backward, _cross_entropy_backward_fake, grad=_no_double_backward, setup=_no_setup)
 
 
 def _as_rows(logits, dim=-1):
