@@ -225,6 +225,97 @@ def test_eager_path_in_c_equals_the_general_path(device, dtype):
         assert torch.equal(x.nan_to_num(7.0), x0.nan_to_num(7.0))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_c_reader_reads_a_tensor_as_its_attributes_say(device):
+    """_C.torch_read, softlight's one reader of torch tensors, gives each tensor's pointer, shape,
+    strides, dtype code, device and current stream as torch's attributes give them, for every layout,
+    dtype and subclass; and None for those it does not take, which _arrays.read_torch refuses by name."""
+    import softlight
+    from softlight import _C, _arrays
+    base = torch.randn(6, 8, 10, device=device)
+    codes = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float64: 3}
+    tensors = [base, base.transpose(0, 2), base[1:5:2, ::3], base[0, 0, 0], base[:, :0], base[:, 2:3].expand(6, 5, 10),
+               torch.nn.Parameter(base.clone()), base.requires_grad_(False).to(torch.float64)] + \
+        [base.to(dt)[::2] for dt in (torch.float16, torch.bfloat16)]
+    for t in tensors:
+        dev = t.get_device()
+        stream = torch.cuda.current_stream(dev).cuda_stream if t.is_cuda else None
+        want = ((t.data_ptr(), tuple(t.shape), t.stride(), codes[t.dtype], t.is_cuda, max(dev, 0), False, "torch",
+                 None), stream)
+        got = _C.torch_read(t)
+        assert (tuple(got[0][:1]) + (tuple(got[0][1]),) + tuple(got[0][2:]), got[1]) == want
+        assert _arrays.read_torch(t, None) == got
+    refused = {"unsupported dtype int32": torch.ones(2, 3, dtype=torch.int32),
+               "unsupported dtype complex64": torch.ones(2, 3, dtype=torch.complex64),
+               "torch.sparse_coo tensors are not supported": torch.eye(3).to_sparse(),
+               "negative bit": torch._neg_view(torch.randn(2, 3)),
+               "tensors on meta are not supported": torch.empty(2, 3, device="meta")}
+    for what, t in refused.items():
+        assert _C.torch_read(t) is None, what
+        with pytest.raises((softlight.InvalidArgumentError, softlight.UnsupportedDTypeError), match=what):
+            softlight.log_softmax(t)
+    assert _C.torch_read(base.numpy() if device == "cpu" else 3) is None
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_plain_api_writes_out_in_c_as_the_general_path_does(device):
+    """softlight.log_softmax(x, out=o) on torch tensors, written in C where it can be: o itself comes
+    back with the general path's values (x itself, strided outs and outs of every dtype), autograd's
+    version of o is bumped, and an out softlight must not write is refused by name, nothing written."""
+    import softlight
+    from softlight import _C, _api
+    g = torch.Generator().manual_seed(11)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        x = (torch.randn(5, 300, generator=g) * 3).to(dtype).to(device)
+        x.view(-1)[:3] = torch.tensor([float("inf"), -float("inf"), float("nan")], dtype=dtype)
+        want = _api.log_softmax(x.clone(), -1)
+        for o in (torch.full_like(x, 7.0), torch.full((300, 5), 7.0, dtype=dtype, device=device).t()):
+            ref = torch.full_like(o, 5.0)
+            softlight.log_softmax(x, -1, out=ref, return_lse=True)  # (return_lse: the general path)
+            v = o._version
+            assert softlight.log_softmax(x, -1, out=o) is o
+            assert torch.equal(o.nan_to_num(9.0), ref.nan_to_num(9.0)) and torch.equal(o.isnan(), ref.isnan())
+            assert o._version > v
+        o = torch.full_like(x, 7.0)
+        assert _C.torch_forward(x, 0, 1.0, False, o) is o
+        assert torch.equal(o.nan_to_num(9.0), _api.log_softmax(x.clone(), 0).nan_to_num(9.0))
+        ot = torch.full((300, 5), 7.0, dtype=dtype, device=device).t()
+        assert _C.torch_forward(x, -1, 1.0, False, ot) is ot  # (strides the C ABI writes in place)
+        xi = x.clone()
+        assert softlight.log_softmax(xi, -1, out=xi) is xi
+        assert torch.equal(xi.nan_to_num(9.0), want.nan_to_num(9.0))
+    # Outs whose axes before or after dim do not merge: left to the general path, which writes them
+    # through a contiguous result, on every call.
+    x = torch.randn(4, 5, 6, generator=g).to(device)
+    for o in (torch.empty(5, 4, 6, device=device).transpose(0, 1),
+              torch.empty(6, 5, 4, device=device).permute(2, 1, 0)):
+        for dim in (0, 1, 2, -1):
+            ref = torch.full_like(o, 5.0)
+            softlight.log_softmax(x, dim, out=ref, return_lse=True)
+            for _ in range(2):
+                o.fill_(7.0)
+                assert softlight.log_softmax(x, dim, out=o) is o
+                assert torch.equal(o, ref)
+            merged = _C.layout_code(o.shape, o.stride(), dim) == 0
+            assert _C.torch_forward(x, dim, 1.0, False, o) is (o if merged else None)
+    x = torch.randn(4, 6, device=device)
+    for what, o in {"dtype": torch.zeros(4, 6, dtype=torch.float64, device=device),
+                    "shape": torch.zeros(4, 5, device=device), "subclass": torch.nn.Parameter(torch.zeros(4, 6)),
+                    "requires grad": torch.zeros(4, 6, device=device, requires_grad=True)}.items():
+        assert _C.torch_forward(x, -1, 1.0, False, o) is None, what
+    o = torch.zeros(4, 6, device=device, requires_grad=True)
+    with pytest.raises(softlight.InvalidArgumentError, match="out requires grad"):
+        softlight.log_softmax(x, -1, out=o)
+    assert not o.detach().any()
+    with pytest.raises(softlight.InvalidArgumentError, match="out has dtype float64"):
+        softlight.log_softmax(x, -1, out=torch.zeros(4, 6, dtype=torch.float64, device=device))
+    with pytest.raises(softlight.AxisError, match="dim 2 is out of range"):
+        softlight.log_softmax(x, 2, out=torch.zeros(4, 6, device=device))
+    with torch.no_grad():  # (written in place where autograd records nothing, as torch's out=)
+        assert softlight.log_softmax(x, -1, out=o) is o
+    torch.testing.assert_close(o.detach(), torch.log_softmax(x, -1))
+
+
 @pytest.mark.filterwarnings("ignore:`torch.jit.trace` is deprecated:DeprecationWarning")
 def test_eager_path_in_c_leaves_to_the_general_path_what_it_must():
     """None (the general path takes the call) for everything the C path must not take as it is, True

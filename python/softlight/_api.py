@@ -12,6 +12,8 @@ from ._dtypes import BY_NAME, NAMES
 from ._errors import ArgumentTypeError, AxisError, InvalidArgumentError, check
 from ._streams import stream_handle, synchronize
 
+_torch_forward, _torch_backward = _C.torch_forward, _C.torch_backward
+
 # The C ABI's N-d statuses (softlight.h): dim out of range, and a layout the library does not compute
 # in place (the axes before dim or after it do not merge into one evenly strided axis, or a stride is
 # negative). Such arrays are read, or written, through a contiguous copy (_direct).
@@ -162,28 +164,13 @@ def log_softmax(x, dim=-1, *, axis=None, out=None, stream=None, temperature=1.0,
         temperature = _check_temperature(temperature)
     if type(dim) is not int or axis is not None or not -64 <= dim < 64:
         dim = _check_dim(dim, axis)
-    t = TORCH
-    if type(x) is t[0] and stream is None and not return_lse:
-        # A CUDA tensor with the defaults of the common call: read inline (each step saved is a
-        # tenth of a microsecond or more of a call that costs about ten, docs/perf/host.json).
-        code = t[1].get(x.dtype)
-        dev = x.get_device()
-        if code is not None and dev >= 0 and x.layout is t[2] and not x.is_neg() and not x.requires_grad:
-            if out is None:
-                y, ys = (t[4](x), None) if x.is_contiguous() else (None, None)
-            elif type(out) is t[0] and out.dtype is x.dtype and out.get_device() == dev and out.layout is t[2] \
-                    and not out.is_neg() and out.shape == x.shape and not out.requires_grad:
-                y, ys = out, out.stride()
-                t[6]((out,))
-            else:
-                y = None
-            if y is not None:
-                status = _C.forward(x.data_ptr(), x.shape, x.stride(), y.data_ptr(), ys, dim, code, True, t[3](dev),
-                                    temperature, 0)
-                if status == 0:
-                    return y
-                if status not in _LAYOUT:
-                    _fail(status, dim, (("x", read(x)[0]), ("out", read(y)[0])))
+    if type(x) is TORCH.tensor and stream is None and not return_lse and not x.requires_grad:
+        # A torch tensor with the defaults of the common call: read, made and called in C, None where
+        # the general path below is to take it (each step saved is a tenth of a microsecond or more of
+        # a call that costs about ten, docs/perf/host.json).
+        y = _torch_forward(x, dim, temperature, False, out)
+        if y is not None:
+            return y
     xa, handle = _first(x, stream)
     gpu = xa[ON_GPU]
     out, oa = _output(out, x, xa, handle, "out")
@@ -230,21 +217,12 @@ def log_softmax_backward(grad, y, dim=-1, *, axis=None, grad_in=None, stream=Non
     """
     if type(dim) is not int or axis is not None or not -64 <= dim < 64:
         dim = _check_dim(dim, axis)
-    t = TORCH
-    if type(grad) is t[0] and type(y) is t[0] and grad_in is None and stream is None:
-        # CUDA tensors with the defaults, as autograd's backward calls it: read inline (log_softmax).
-        code = t[1].get(grad.dtype)
-        dev = grad.get_device()
-        if code is not None and dev >= 0 and y.dtype is grad.dtype and y.get_device() == dev and \
-                grad.layout is t[2] and y.layout is t[2] and not grad.is_neg() and not y.is_neg() and \
-                y.shape == grad.shape and grad.is_contiguous() and not grad.requires_grad and not y.requires_grad:
-            dx = t[4](grad)
-            status = _C.backward(grad.data_ptr(), grad.shape, grad.stride(), y.data_ptr(), y.stride(),
-                                 dx.data_ptr(), None, dim, code, True, t[3](dev))
-            if status == 0:
-                return dx
-            if status not in _LAYOUT:
-                _fail(status, dim, (("grad", read(grad)[0]), ("y", read(y)[0])))
+    if type(grad) is TORCH.tensor and type(y) is TORCH.tensor and grad_in is None and stream is None and \
+            not grad.requires_grad and not y.requires_grad:
+        # torch tensors with the defaults, as autograd's backward calls it: in C (log_softmax).
+        dx = _torch_backward(grad, y, dim)
+        if dx is not None:
+            return dx
     ga, handle = _first(grad, stream, "grad")
     gpu = ga[ON_GPU]
     ya = _read_named(y, handle, "y")[0]

@@ -1,9 +1,10 @@
 """Reading arrays: pointer, shape, strides, dtype and device, by the cheapest correct means each
 framework offers, and making a result array of the same kind.
 
-A reader returns the tuple described at PTR below. torch tensors and CuPy arrays are read from their attributes
-(a DLPack export costs several microseconds a call); every other array through DLPack, whose
-capsule the tuple holds (`keep`) so that the producer's export stays alive until the call is done.
+A reader returns the tuple described at PTR below. torch tensors are read from their attributes in C
+(python/torch_entry.cpp), CuPy arrays from theirs (a DLPack export costs several microseconds a
+call); every other array through DLPack, whose capsule the tuple holds (`keep`) so that the
+producer's export stays alive until the call is done.
 """
 import sys
 
@@ -34,25 +35,42 @@ def _unsupported(what):
 # --- torch ---------------------------------------------------------------------------------------
 
 _torch_codes = {}
-# What reading a tensor needs (read_torch, and the API's fast path in _api.log_softmax), filled when
-# the first tensor is read: [torch.Tensor, dtype -> code, torch.strided, the current stream's handle
-# of a device, torch.empty_like, torch.is_grad_enabled, autograd's version bump of a tuple of tensors].
-TORCH = [None, _torch_codes, None, None, None, None, None]
+
+
+class _Torch:
+    """torch's objects the Python side of the torch paths needs, set by _torch_setup when torch is
+    first met: the type torch.Tensor (None until then), torch.strided, torch.is_grad_enabled, and
+    autograd's version bump of a tuple of tensors."""
+    __slots__ = ("tensor", "strided", "grad_enabled", "bump")
+
+    def __init__(self):
+        self.tensor = self.strided = self.grad_enabled = self.bump = None
+
+
+TORCH = _Torch()
 
 
 def _torch_setup():
+    """Hands torch's objects to the C reader (python/torch_entry.cpp), once torch is loaded."""
     torch = sys.modules["torch"]
+    if TORCH.tensor is torch.Tensor:
+        return torch
     from . import _torch_private as private  # torch is loaded: its private entry points, named there
+    from ._errors import check
     _torch_codes.update({torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float64: 3})
-    TORCH[:] = [torch.Tensor, _torch_codes, torch.strided, private.raw_stream, torch.empty_like, torch.is_grad_enabled,
-                private.increment_version]
+    _C.torch_setup(torch.Tensor, torch.strided, (torch.float32, torch.float16, torch.bfloat16, torch.float64),
+                   torch.empty_like, private.raw_stream, torch.is_grad_enabled, private.any_autocast,
+                   private.transforms_active, private.dispatch_stack_len, private.tracing_state, check,
+                   private.increment_version)
+    TORCH.strided, TORCH.grad_enabled, TORCH.bump = torch.strided, torch.is_grad_enabled, private.increment_version
+    TORCH.tensor = torch.Tensor
     return torch
 
 
 def no_autograd(a, name):
     """Refuse a torch tensor that autograd would have to follow through a plain call (which records no
     graph): under grad mode an input that requires grad would get a result without a grad_fn."""
-    if a.requires_grad and TORCH[5]():
+    if a.requires_grad and TORCH.grad_enabled():
         raise InvalidArgumentError(
             f"softlight: {name} requires grad, and the plain API records no autograd graph; use softlight.torch "
             f"(for example softlight.torch.log_softmax), or call under torch.no_grad() or with {name}.detach()")
@@ -62,34 +80,41 @@ def writing(a, name):
     """A torch tensor softlight is about to write in place: refused where it requires grad under grad
     mode (as torch refuses out= with autograd), else its version counter bumped, so that autograd sees
     the change to a tensor saved for a backward."""
-    if a.requires_grad and TORCH[5]():
+    if a.requires_grad and TORCH.grad_enabled():
         raise InvalidArgumentError(f"softlight: {name} requires grad; arrays written in place (out=, grad=) do not "
                                    f"support automatic differentiation")
-    TORCH[6]((a,))
+    TORCH.bump((a,))
 
 
 def read_torch(a, stream):
-    """A torch tensor from its attributes; its current stream is the call's unless one is given."""
-    code = _torch_codes.get(a.dtype)
-    if code is None:
-        if not _torch_codes:  # first use
+    """A torch tensor (any subclass), read in C (_C.torch_read); its current stream is the call's
+    unless one is given."""
+    got = _torch_read(a)
+    if got is None:
+        if TORCH.tensor is None:  # first use
             _torch_setup()
             return read_torch(a, stream)
-        raise _unsupported(str(a.dtype).replace("torch.", ""))
-    if a.layout is not TORCH[2]:
-        raise InvalidArgumentError(f"softlight: {a.layout} tensors are not supported (strided ones are)")
+        raise _torch_refusal(a)
+    if stream is None or stream == got[1]:
+        return got
+    if not got[0][ON_GPU]:
+        return got[0], stream
+    # Another stream: the export has torch make that stream wait for the current one's work.
+    return read_dlpack(a.detach(), stream, "torch")
+
+
+_torch_read = _C.torch_read
+
+
+def _torch_refusal(a):
+    """Why the C reader does not take a tensor (the error to raise)."""
+    if _torch_codes.get(a.dtype) is None:
+        return _unsupported(str(a.dtype).replace("torch.", ""))
+    if a.layout is not TORCH.strided:
+        return InvalidArgumentError(f"softlight: {a.layout} tensors are not supported (strided ones are)")
     if a.is_neg():
-        raise InvalidArgumentError("softlight: a tensor with the negative bit set; call .resolve_neg() first")
-    if a.is_cuda:
-        dev = a.get_device()
-        current = TORCH[3](dev)
-        if stream is not None and stream != current:
-            # Another stream: the export has torch make that stream wait for the current one's work.
-            return read_dlpack(a.detach(), stream, "torch")
-        return (a.data_ptr(), a.shape, a.stride(), code, True, dev, False, "torch", None), current
-    if not a.is_cpu:
-        raise InvalidArgumentError(f"softlight: tensors on {a.device} are not supported (CUDA and CPU ones are)")
-    return (a.data_ptr(), a.shape, a.stride(), code, False, 0, False, "torch", None), stream
+        return InvalidArgumentError("softlight: a tensor with the negative bit set; call .resolve_neg() first")
+    return InvalidArgumentError(f"softlight: tensors on {a.device} are not supported (CUDA and CPU ones are)")
 
 
 # --- numpy dtypes (numpy and CuPy) ---------------------------------------------------------------

@@ -31,6 +31,7 @@ import torch
 
 from . import _C, _api, _arrays, _consumers
 from . import _torch_private as _private
+from ._arrays import DTYPE, ON_GPU, PTR, SHAPE, STRIDES
 from ._consumers import STATS
 from ._errors import ArgumentTypeError, AxisError, InvalidArgumentError, UnsupportedDTypeError, check
 
@@ -82,10 +83,8 @@ def _readable(t, dim):
 
 
 # The eager calls read in C (python/torch_entry.cpp): the output, or None where the general path
-# below is to take the call. torch's objects are handed over once, here.
-_C.torch_setup(torch.Tensor, torch.strided, (torch.float32, torch.float16, torch.bfloat16, torch.float64),
-               torch.empty_like, _private.raw_stream, torch.is_grad_enabled, _private.any_autocast,
-               _private.transforms_active, _private.dispatch_stack_len, _private.tracing_state, check)
+# below is to take the call. torch's objects are handed to the C reader once, here.
+_arrays._torch_setup()
 _eager_forward, _eager_backward = _C.torch_forward, _C.torch_backward
 # Read on every eager call: bound here, one global lookup each.
 _any_autocast, _transforms_active = _private.any_autocast, _private.transforms_active
@@ -318,13 +317,14 @@ def _index_ready(index, rows, cols, shard, name="index", ignore=None):
     return index, (1 if index.dim() == 1 else index.shape[1])
 
 
-def _stream(x):
-    """(on the GPU, the current stream's handle of x's device)."""
-    if x.device.type != "cuda":
-        return False, 0
-    if _arrays.TORCH[3] is None:
-        _arrays._torch_setup()
-    return True, _arrays.TORCH[3](x.get_device())
+def _read(x):
+    """x as the C reader gives it (_arrays.read_torch; its error where it does not take x) and the
+    stream handle of the call (0 on the CPU)."""
+    xa, stream = _read_torch(x, None)
+    return xa, stream or 0
+
+
+_read_torch = _arrays.read_torch
 
 
 def _stats_shapes(rows, index, stats):
@@ -336,23 +336,23 @@ def _stats_shapes(rows, index, stats):
 
 def _row_stats(logits, index, temperature=1.0, index_offset=0, shard=False, stats=ALL_STATS):
     x = _rows_ready(logits)
-    rows, cols = x.shape
+    xa, stream = _read(x)
+    rows, cols = xa[SHAPE]
     idx, k = _index_ready(index, rows, cols, shard)
     acc = _acc(x)
     shapes = _stats_shapes(rows, idx, stats)
     outs = [torch.empty(shape, dtype=acc, device=x.device) for shape in shapes]
     ptrs = [t.data_ptr() if shape != (0,) else 0 for t, shape in zip(outs, shapes)]
-    code = _check(x, -1)
-    gpu, stream = _stream(x)
-    check(_C.row_stats(x.data_ptr(), x.stride(0) if rows > 1 else cols, rows, cols, code, temperature, _ptr(idx), k,
-                       k, index_offset, shard, ptrs, 0, gpu, stream))
+    check(_C.row_stats(xa[PTR], xa[STRIDES][0] if rows > 1 else cols, rows, cols, xa[DTYPE], temperature, _ptr(idx),
+                       k, k, index_offset, shard, ptrs, 0, xa[ON_GPU], stream))
     return tuple(outs)
 
 
 def _row_stats_backward(logits, lse, entropy, index, d_lse, d_entropy, d_logprobs, d_picked, d_sum, temperature=1.0,
                         index_offset=0, shard=False):
     x = _rows_ready(logits)
-    rows, cols = x.shape
+    xa, stream = _read(x)
+    rows, cols = xa[SHAPE]
     idx, k = _index_ready(index, rows, cols, shard)
     acc = _acc(x)
     ready = [None if t is None else t.to(acc).contiguous()
@@ -360,29 +360,26 @@ def _row_stats_backward(logits, lse, entropy, index, d_lse, d_entropy, d_logprob
     if d_entropy is None:
         ready[1] = None
     dx = torch.empty((rows, cols), dtype=x.dtype, device=x.device)
-    code = _check(x, -1)
-    gpu, stream = _stream(x)
-    check(_C.row_stats_backward(x.data_ptr(), x.stride(0) if rows > 1 else cols, dx.data_ptr(), cols, rows, cols,
-                                code, temperature, _ptr(idx), k, k, index_offset, shard, [_ptr(t) for t in ready], 0,
-                                gpu, stream))
+    check(_C.row_stats_backward(xa[PTR], xa[STRIDES][0] if rows > 1 else cols, dx.data_ptr(), cols, rows, cols,
+                                xa[DTYPE], temperature, _ptr(idx), k, k, index_offset, shard, [_ptr(t) for t in ready],
+                                0, xa[ON_GPU], stream))
     return dx
 
 
 def _cross_entropy(logits, target, ignore_index=-100, label_smoothing=0.0, z_loss=0.0, temperature=1.0,
                    reduction=2, with_grad=False):
     x = _rows_ready(logits)
-    rows, cols = x.shape
+    xa, stream = _read(x)
+    rows, cols = xa[SHAPE]
     idx, _ = _index_ready(target, rows, cols, False, "target", ignore_index)
     acc = _acc(x)
     dev = x.device
     loss = torch.empty(rows if reduction == 0 else (), dtype=acc, device=dev)
     lse = torch.empty(rows, dtype=acc, device=dev)
     grad = torch.empty((rows, cols) if with_grad else 0, dtype=x.dtype, device=dev)
-    code = _check(x, -1)
-    gpu, stream = _stream(x)
-    check(_C.cross_entropy(x.data_ptr(), x.stride(0) if rows > 1 else cols, idx.data_ptr(), rows, cols, code,
+    check(_C.cross_entropy(xa[PTR], xa[STRIDES][0] if rows > 1 else cols, idx.data_ptr(), rows, cols, xa[DTYPE],
                            temperature, label_smoothing, z_loss, True, ignore_index, reduction, loss.data_ptr(),
-                           lse.data_ptr(), grad.data_ptr() if with_grad else 0, cols, 0, gpu, stream))
+                           lse.data_ptr(), grad.data_ptr() if with_grad else 0, cols, 0, xa[ON_GPU], stream))
     return loss, lse, grad
 
 
@@ -390,11 +387,11 @@ def _cross_entropy_grad_scale(grad, d_loss):
     if grad.dim() != 2 or grad.stride(-1) != 1 or d_loss.numel() not in (1, grad.shape[0]):
         raise InvalidArgumentError(f"softlight: cross_entropy_grad_scale_ takes rows of a gradient and one factor or "
                                    f"one a row, got {tuple(grad.shape)} and {tuple(d_loss.shape)}")
-    rows, cols = grad.shape
+    ga, stream = _read(grad)
+    rows, cols = ga[SHAPE]
     f = d_loss.to(device=grad.device, dtype=_acc(grad)).contiguous()
-    gpu, stream = _stream(grad)
-    check(_C.cross_entropy_grad_scale(grad.data_ptr(), grad.stride(0) if rows > 1 else cols, rows, cols,
-                                      _check(grad, -1), f.data_ptr(), f.numel(), 0, gpu, stream))
+    check(_C.cross_entropy_grad_scale(ga[PTR], ga[STRIDES][0] if rows > 1 else cols, rows, cols, ga[DTYPE],
+                                      f.data_ptr(), f.numel(), 0, ga[ON_GPU], stream))
 
 
 def _cross_entropy_backward(logits, target, d_loss, ignore_index=-100, label_smoothing=0.0, z_loss=0.0,
