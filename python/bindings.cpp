@@ -341,12 +341,15 @@ PYBIND11_MODULE(_C, m) {
     m.add_object(def.ml_name, py::reinterpret_steal<py::object>(f));
   }
   if (!softlight_py::add_torch_entries(m.ptr())) throw py::error_already_set();
-  m.def("layout_code", [](const Dims& shape, const Dims& strides, int64_t dim) {
-    int64_t n[3], s[3];
-    return strides.size() != shape.size()
-               ? kShapeMismatch
-               : static_cast<int>(softlight_layout_nd(shape.data(), strides.data(), static_cast<int>(shape.size()), dim,
-                                                      n, s));
+  // layout(shape, strides, dim) -> (status, (outer, n, inner), their strides): softlight_layout_nd.
+  m.def("layout", [](const Dims& shape, const Dims& strides, int64_t dim) {
+    int64_t n[3] = {}, s[3] = {};
+    const int status =
+        strides.size() != shape.size()
+            ? kShapeMismatch
+            : static_cast<int>(softlight_layout_nd(shape.data(), strides.data(), static_cast<int>(shape.size()), dim,
+                                                   n, s));
+    return py::make_tuple(status, py::make_tuple(n[0], n[1], n[2]), py::make_tuple(s[0], s[1], s[2]));
   });
   m.def("dlpack_view", &dlpack_view, py::arg("capsule"));
   // The consumers' entries, named here argument by argument; python/softlight/_consumers.py calls them

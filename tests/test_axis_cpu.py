@@ -226,7 +226,7 @@ def test_layout_of_an_axis(rng):
         view = view[tuple(slice(0, s) for s in shape)]
         strides = tuple(s // 4 for s in view.strides)
         for d in range(len(shape)):
-            code = _C.layout_code(shape, strides, d)
+            code = _C.layout(shape, strides, d)[0]
             def merges(axes):
                 axes = [(n, s) for n, s in axes if n != 1]
                 return all(s == s2 * n2 for (n, s), (n2, s2) in zip(axes, axes[1:]))

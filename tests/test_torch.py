@@ -296,7 +296,7 @@ def test_the_plain_api_writes_out_in_c_as_the_general_path_does(device):
                 o.fill_(7.0)
                 assert softlight.log_softmax(x, dim, out=o) is o
                 assert torch.equal(o, ref)
-            merged = _C.layout_code(o.shape, o.stride(), dim) == 0
+            merged = _C.layout(o.shape, o.stride(), dim)[0] == 0
             assert _C.torch_forward(x, dim, 1.0, False, o) is (o if merged else None)
     x = torch.randn(4, 6, device=device)
     for what, o in {"dtype": torch.zeros(4, 6, dtype=torch.float64, device=device),

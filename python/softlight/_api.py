@@ -34,7 +34,7 @@ def _direct(a, arr, dim, handle, like=None):
     else a contiguous copy of it (the caller holds it until the call is done), or, for an output
     (`like`: the first input and its reading), a new contiguous array like it, whose values the
     caller copies into `a` (copy_into)."""
-    if arr[STRIDES] is None or _C.layout_code(arr[SHAPE], tuple(arr[STRIDES]), dim) == 0:
+    if arr[STRIDES] is None or _C.layout(arr[SHAPE], tuple(arr[STRIDES]), dim)[0] == 0:
         return a, arr
     c = contiguous(a, arr[FRAMEWORK]) if like is None else empty_like(*like)
     return c, read(c, handle)[0]

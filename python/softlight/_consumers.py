@@ -23,26 +23,19 @@ _REDUCTIONS = {"none": 0, "sum": 1, "mean": 2}
 
 
 def _rows(arr, name):
-    """(rows, cols, row stride) of an array read as `arr`, or raise where its layout is not rows."""
+    """(rows, cols, row stride) of an array read as `arr`, or None where its layout is not rows the C
+    ABI reads in place: the last axis contiguous and the others one evenly strided axis, as
+    softlight_layout_nd forms them along the last axis (docs/semantics.md)."""
     shape, strides = tuple(arr[SHAPE]), arr[STRIDES]
     if len(shape) == 0:
         raise InvalidArgumentError(f"softlight: {name} must have at least one axis (the vocabulary's)")
     cols = shape[-1]
     if strides is None or 0 in shape:
         return math.prod(shape[:-1]), cols, cols
-    strides = tuple(strides)
-    if cols > 1 and strides[-1] != 1:
-        return None  # the last axis is not contiguous
-    lead = [(n, s) for n, s in zip(shape[:-1], strides[:-1]) if n != 1]
-    if any(s < 0 for _, s in lead):
-        return None  # a reversed axis
-    rows = math.prod(shape[:-1])
-    if not lead:
-        return rows, cols, cols
-    for (n0, s0), (n1, s1) in zip(lead, lead[1:]):
-        if s0 != s1 * n1:
-            return None  # the leading axes do not merge into one evenly strided axis
-    return rows, cols, lead[-1][1]
+    status, n, s = _C.layout(shape, tuple(strides), -1)
+    if status != 0 or (cols > 1 and s[1] != 1):  # the last axis must be contiguous
+        return None
+    return n[0], cols, s[0] if n[0] > 1 else cols
 
 
 def _logits(logits, name="logits"):

@@ -79,7 +79,7 @@ def _operator(schema, kernel, fake, *, grad=None, setup=None, autograd=None, aut
 
 def _readable(t, dim):
     """t, or a contiguous copy where softlight cannot read its layout along dim in place."""
-    return t if t.is_contiguous() or _C.layout_code(t.shape, t.stride(), dim) == 0 else t.contiguous()
+    return t if t.is_contiguous() or _C.layout(t.shape, t.stride(), dim)[0] == 0 else t.contiguous()
 
 
 # The eager calls read in C (python/torch_entry.cpp): the output, or None where the general path
