@@ -331,6 +331,11 @@ def test_vocab_parallel_ranks_must_go_together():
             assert torch.allclose(got, want, rtol=1e-6, atol=2e-6), (T, (got - want).abs().max())
 
 
+def _weights(loss):
+    """Unequal upstream gradients for a loss, on its device."""
+    return torch.linspace(0.5, 1.5, loss.numel(), dtype=loss.dtype, device=loss.device).reshape(loss.shape)
+
+
 def _head_worker(rank, path, results, backend="gloo", device="cpu", ranks=RANKS):
     """The LM head over a weight split by vocabulary: each rank's loss, statistics and gradients against
     one process's over the whole weight (float64), for a few options, and an uneven split (explicit
@@ -353,10 +358,10 @@ def _head_worker(rank, path, results, backend="gloo", device="cpu", ranks=RANKS)
                        ("cap", dict(softcap=2.0, shift=True)), ("none", dict(reduction="none"))):
         hs, ws, bs = (a.clone().requires_grad_() for a in (h, w[lo:hi], b[lo:hi]))
         loss = vp.linear_cross_entropy(hs, ws, t, bias=bs, vocab_start=lo, **opts)
-        (loss * torch.linspace(0.5, 1.5, loss.numel(), dtype=loss.dtype).reshape(loss.shape)).sum().backward()
+        (loss * _weights(loss)).sum().backward()
         hf, wf, bf = (a.clone().requires_grad_() for a in (h, w, b))
         want = slt.linear_cross_entropy(hf, wf, t, bias=bf, **opts)
-        (want * torch.linspace(0.5, 1.5, want.numel(), dtype=want.dtype).reshape(want.shape)).sum().backward()
+        (want * _weights(want)).sum().backward()
         out[name] = [(a.detach().cpu(), r.detach().cpu()) for a, r in
                      ((loss, want), (hs.grad, hf.grad), (ws.grad, wf.grad[lo:hi]), (bs.grad, bf.grad[lo:hi]))]
     hs, ws = h.clone().requires_grad_(), w[lo:hi].clone().requires_grad_()
