@@ -47,10 +47,11 @@ def _data(device):
     return ids.to(device), labels.to(device)
 
 
+@pytest.mark.parametrize("memory", ["speed", "low_memory"])
 @pytest.mark.parametrize("kind", list(CONFIGS))
-def test_patched_model_gives_the_same_loss_and_gradients(kind):
+def test_patched_model_gives_the_same_loss_and_gradients(kind, memory):
     plain = _model(kind, "cpu", torch.float32)
-    patched = slx.patch(copy.deepcopy(plain))
+    patched = slx.patch(copy.deepcopy(plain), memory=memory)
     ids, labels = _data("cpu")
     for kw in ({}, {"num_items_in_batch": torch.tensor(17)}):
         want, wg = _step(plain, ids, labels, **kw)
@@ -78,10 +79,39 @@ def test_patch_by_model_type_and_unpatch():
     assert model(input_ids=ids, labels=labels).logits is not None
 
 
+def test_the_memory_form_is_the_models_else_its_types(monkeypatch):
+    """patch(..., memory=) reaches linear_cross_entropy: a model's choice before its type's, set
+    again by patching again, gone with unpatch."""
+    seen = []
+    real = slx.linear_cross_entropy
+
+    def spy(*args, **kw):
+        seen.append(kw["memory"])
+        return real(*args, **kw)
+    monkeypatch.setattr(slx, "linear_cross_entropy", spy)
+    ids, labels = _data("cpu")
+    model = _model("llama", "cpu", torch.float32)
+    try:
+        slx.patch("llama", memory="low_memory")
+        model(input_ids=ids, labels=labels)
+        slx.patch(model)
+        model(input_ids=ids, labels=labels)
+        slx.patch(model, memory="low_memory")
+        model(input_ids=ids, labels=labels)
+        slx.unpatch(model)
+        model(input_ids=ids, labels=labels)  # the type's patch, its memory
+    finally:
+        slx.unpatch("llama")
+    assert seen == ["low_memory", "speed", "low_memory", "low_memory"]
+    assert model(input_ids=ids, labels=labels).logits is not None and len(seen) == 4
+
+
 def test_patch_refuses_what_it_does_not_know():
     from softlight import InvalidArgumentError
     with pytest.raises(InvalidArgumentError):
         slx.patch("gpt2")
+    with pytest.raises(InvalidArgumentError, match="memory"):
+        slx.patch(_model("llama", "cpu", torch.float32), memory="fast")
     with pytest.raises(TypeError):
         slx.patch(torch.nn.Linear(2, 2))
 

@@ -442,10 +442,14 @@ def _ce_grad(ctx, d_loss, _d_lse, *_):
 _ce_op.register_autograd(_ce_grad, setup_context=_ce_setup)
 
 
-def _check_linear(hidden, weight, bias, memory):
-    """The arguments linear_cross_entropy and linear_row_stats share, checked."""
+def _check_memory(memory):
     if memory not in MODES:
         raise InvalidArgumentError(f"softlight: memory must be one of {MODES}, got {memory!r}")
+
+
+def _check_linear(hidden, weight, bias, memory):
+    """The arguments linear_cross_entropy and linear_row_stats share, checked."""
+    _check_memory(memory)
     for name, t in (("hidden", hidden), ("weight", weight)):
         if not isinstance(t, torch.Tensor):
             raise ArgumentTypeError(f"softlight: {name} must be a torch tensor, got {type(t).__qualname__}")

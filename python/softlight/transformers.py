@@ -4,6 +4,7 @@ softlight.torch.linear_cross_entropy in place of lm_head followed by the loss.
     import softlight.transformers
     softlight.transformers.patch(model)      # this model (Llama, Mistral, Qwen2/3, Gemma 1/2/3)
     softlight.transformers.patch("llama")    # every LlamaForCausalLM, made before or after
+    softlight.transformers.patch(model, memory="low_memory")   # the loss's low-memory form
 
 A patched model, in training mode and given labels, runs its decoder (model.model), then the loss of
 its lm_head over the hidden states: labels shifted as transformers shifts them (position t predicts
@@ -18,13 +19,14 @@ import types
 import torch
 
 from ._errors import ArgumentTypeError, InvalidArgumentError
-from ._linear import linear_cross_entropy
+from ._linear import _check_memory, linear_cross_entropy
 
 # model_type -> the causal LM class of transformers that it names.
 MODELS = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
           "qwen3": "Qwen3ForCausalLM", "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM",
           "gemma3": "Gemma3ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
 _PATCHED = "_softlight_original_forward"
+_MEMORY = "_softlight_memory"  # the memory form a patched model's loss takes (a model's, else its class's)
 
 
 def _loss(model, hidden, labels, kwargs):
@@ -34,7 +36,7 @@ def _loss(model, hidden, labels, kwargs):
     softcap = getattr(model.config, "final_logit_softcapping", None)
     target, shift = (labels, True) if shift_labels is None else (shift_labels, False)
     loss = linear_cross_entropy(hidden, head.weight, target.to(hidden.device), bias=head.bias, shift=shift,
-                                softcap=softcap, ignore_index=-100,
+                                softcap=softcap, ignore_index=-100, memory=getattr(model, _MEMORY, "speed"),
                                 reduction="mean" if num_items is None else "sum")
     if num_items is not None:
         loss = loss / (num_items.to(loss.device) if isinstance(num_items, torch.Tensor) else num_items)
@@ -67,14 +69,18 @@ def _class_of(model_type):
     return getattr(transformers, MODELS[model_type])
 
 
-def patch(target):
+def patch(target, *, memory="speed"):
     """Patches a model (an instance of a supported causal LM) or every model of a type (its name, e.g.
-    "llama"); returns what it patched. Patching twice changes nothing."""
+    "llama"); returns what it patched. memory: the form of linear_cross_entropy the loss takes,
+    "speed" (the default) or "low_memory" (docs/consumers.md); a model's own choice comes before its
+    type's. Patching again sets memory and changes nothing else."""
+    _check_memory(memory)
     if isinstance(target, str):
         cls = _class_of(target)
         if not getattr(cls.forward, "__softlight__", False):
             setattr(cls, _PATCHED, cls.forward)
             cls.forward = _forward_of(cls.forward)
+        setattr(cls, _MEMORY, memory)
         return cls
     if not isinstance(target, torch.nn.Module) or not hasattr(target, "config"):
         raise ArgumentTypeError(f"softlight: patch takes a transformers model or a model type's name, got "
@@ -85,6 +91,7 @@ def patch(target):
                                    f"{target.config.model_type!r}, got {type(target).__qualname__}")
     if not getattr(target.forward, "__softlight__", False):
         target.forward = types.MethodType(_forward_of(type(target).forward), target)
+    setattr(target, _MEMORY, memory)
     return target
 
 
@@ -95,9 +102,12 @@ def unpatch(target):
         if _PATCHED in cls.__dict__:
             cls.forward = cls.__dict__[_PATCHED]
             delattr(cls, _PATCHED)
+        if _MEMORY in cls.__dict__:
+            delattr(cls, _MEMORY)
         return cls
-    if "forward" in vars(target):
-        del target.forward
+    for name in ("forward", _MEMORY):
+        if name in vars(target):
+            delattr(target, name)
     return target
 
 

@@ -253,10 +253,10 @@ HF_LLAMA = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=2, n
 def run_hf_step(args, argv, torch, commit):
     """--op hf_step: one training step (forward and backward with labels) of a Hugging Face Llama built
     from a config (HF_LLAMA, bfloat16, batch 2 x 4096 by default: --shapes BxT), as it comes
-    ("transformers"), patched by softlight.transformers ("softlight") and by Liger's
-    apply_liger_kernel_to_llama ("liger", where it is installed): time, and the allocator's peak above
-    the model, its inputs and its gradients' buffers from an earlier step. Each loss is checked
-    against the unpatched model's first."""
+    ("transformers"), patched by softlight.transformers in either memory form ("softlight",
+    "softlight-low_memory") and by Liger's apply_liger_kernel_to_llama ("liger", where it is
+    installed): time, and the allocator's peak above the model, its inputs and its gradients'
+    buffers from an earlier step. Each loss is checked against the unpatched model's first."""
     import copy
 
     import transformers
@@ -275,8 +275,8 @@ def run_hf_step(args, argv, torch, commit):
         if name == "transformers":
             return base
         model = copy.deepcopy(base)
-        if name == "softlight":
-            return slx.patch(model)
+        if name.startswith("softlight"):
+            return slx.patch(model, memory="low_memory" if name.endswith("low_memory") else "speed")
         from liger_kernel.transformers import apply_liger_kernel_to_llama
         apply_liger_kernel_to_llama(model=model, fused_linear_cross_entropy=True, cross_entropy=False)
         return model
@@ -286,7 +286,7 @@ def run_hf_step(args, argv, torch, commit):
             "command": "python -m softlight bench " + " ".join(argv if argv is not None else sys.argv[1:]),
             "softlight_version": __import__("softlight").__version__, "torch": torch.__version__,
             "transformers": transformers.__version__, "date": datetime.date.today().isoformat(), "op": "hf_step"}
-    for name in ("transformers", "softlight", "liger"):
+    for name in ("transformers", "softlight", "softlight-low_memory", "liger"):
         row = {"op": "hf_step", "device": device, "provider": name, "model": "llama", "config": HF_LLAMA,
                "shape": [batch, seq], "dtype": "bfloat16", "status": "ok", "ms": None, "peak_mib": None}
         try:
@@ -333,6 +333,7 @@ def plot_hf_step(meta, rows, path):
     for ax, key, label in zip(axes, ("ms", "peak_mib"), ("step time (ms)", "peak above the model (MiB)")):
         ax.bar([r["provider"] for r in ok], [r[key] for r in ok])
         ax.set_ylabel(label)
+        ax.tick_params(axis="x", labelrotation=15)
         ax.grid(alpha=0.3, axis="y")
     return save_figure(fig, f"Llama training step (2 layers, vocabulary 128256), {meta['gpu']}, {meta['date']}, "
                             f"commit {meta['commit']}", path)
