@@ -171,17 +171,29 @@ PEELED_MODES = {"default": {}, "ring": {"register_cluster": 0}, "off": {"peel_cl
 # --- test_gpu_consumers.py -----------------------------------------------------------------------------
 # Rows cross-entropy and the statistics hold on chip, where the log-softmax holds them: (rows, cols,
 # where for fp32, where for 16-bit), "registers" (register clusters), "ring" (cluster_rows) or None.
+# Rows of 5000 and 12000 (16-bit: eight packs a thread) in one group's registers, 5001 there peeled
+# in 16 bits (fp32: register clusters); rows of 40 in registers in fp32, off chip in 16 bits (short
+# rows, which hold no consumer: consumer_rows).
 CE_ON_CHIP = [(64, 32000, "registers", "registers"), (33, 50257, "registers", "registers"),
               (16, 128256, "registers", "registers"), (64, 151936, "ring", "ring"),
-              (40, 262144, "ring", "ring"), (16, 200003, "ring", "ring"), (16, 5000, None, None)]
-# The gradient written over the logits: on chip where a fresh one is, but for rows of 5000.
-CE_OVER_THE_LOGITS = [(64, 32000), (40, 50257), (40, 128256), (64, 151936), (40, 262144), (40, 200003), (40, 5000)]
-STATS_IN_REGISTER_CLUSTERS = ([(d, (64, 32000)) for d in ("float32", "float16", "bfloat16")] +
-                              [("bfloat16", (33, 32001)), ("float32", (33, 16001))] +
-                              [(d, (33, 50257)) for d in ("float16", "bfloat16")] +
-                              [("float32", (33, 50257)), ("bfloat16", (16, 128256))])
+              (40, 262144, "ring", "ring"), (16, 200003, "ring", "ring"), (16, 5000, "registers", "registers"),
+              (33, 5001, "registers", "registers"), (32, 12000, "registers", "registers"), (64, 40, "registers", None)]
+# The gradient written over the logits: on chip where a fresh one is, but for 16-bit rows of 40.
+CE_OVER_THE_LOGITS = [(64, 32000), (40, 50257), (40, 128256), (64, 151936), (40, 262144), (40, 200003), (40, 5000),
+                      (40, 5001), (40, 12000), (40, 40)]
+# The statistics' rows that the log-softmax holds in registers: a cluster's (32000 and longer), a
+# group's of lanes (the rest; 5001 16-bit peeled).
+STATS_IN_REGISTERS = ([(d, (64, 32000)) for d in ("float32", "float16", "bfloat16")] +
+                      [("bfloat16", (33, 32001)), ("float32", (33, 16001))] +
+                      [(d, (33, 50257)) for d in ("float16", "bfloat16")] +
+                      [("float32", (33, 50257)), ("bfloat16", (16, 128256))] +
+                      [(d, (64, 4096)) for d in ("float32", "float16", "bfloat16")] +
+                      [("bfloat16", (33, 5001)), ("float16", (33, 12000)), ("float32", (65, 1000))])
 
 
-def on_chip(p):
-    """Where a rows plan holds the row: "registers", "ring" or None."""
+def on_chip(p, elem_bytes):
+    """Where a rows plan of elements of elem_bytes holds the row for a consumer: "registers" (a group
+    of lanes' registers in 16-byte packs, or a cluster's), "ring" or None."""
+    if p["family"] == "register_rows":
+        return "registers" if p["vec"] * elem_bytes == 16 else None
     return {"register_clusters": "registers", "cluster_rows": "ring"}.get(p["family"])

@@ -77,6 +77,14 @@ CASES = {
     "row_stats_clusters": dict(op="row_stats", shape=(9, 50257), dtype="bfloat16", offset=(3, 0), stats="max_sum"),
     "row_stats_clusters_moment": dict(op="row_stats", shape=(9, 32001), dtype="bfloat16", offset=(3, 0),
                                       stats="no_sum"),
+    # Both again in one group's registers (register_rows): cross-entropy in packs and peeled; the
+    # statistics of the max and sum in packs, and every statistic but the sum peeled.
+    "cross_entropy_registers": dict(op="cross_entropy", shape=(37, 3000), dtype="float16", smoothing=0.0),
+    "cross_entropy_registers_peeled": dict(op="cross_entropy", shape=(37, 3001), dtype="bfloat16", offset=(3, 3),
+                                           smoothing=0.0),
+    "row_stats_registers": dict(op="row_stats", shape=(37, 3000), dtype="float32", stats="max_sum"),
+    "row_stats_registers_moment": dict(op="row_stats", shape=(37, 3001), dtype="bfloat16", offset=(3, 0),
+                                       stats="no_sum"),
     "grad_scale": dict(op="grad_scale", shape=(37, 3001), dtype="float64", offset=(1, 1)),
 }
 CONSUMERS = ("row_stats", "row_stats_grad", "cross_entropy", "grad_scale")
@@ -122,6 +130,10 @@ def kernel_of(name, device=None):
             p = gpu_util.plan(*c["shape"], ELEM[c["dtype"]], flags.pop("aligned16"), **flags, **dev)
             if p["family"] == "register_clusters":
                 return c["op"] + "_clusters" + ("_moment" if c.get("stats") == "no_sum" else "")
+            if p["family"] == "register_rows" and p["vec"] * ELEM[c["dtype"]] == 16:
+                if c["op"] == "row_stats":
+                    return "row_stats_registers" + ("_moment" if c.get("stats") == "no_sum" else "")
+                return "cross_entropy_registers" + ("_peeled" if p["peel"] else "")
             if c["op"] == "cross_entropy" and p["family"] == "cluster_rows":
                 return "cross_entropy_ring" + ("_peeled" if p["peel"] else "")
         if c["op"] == "row_stats_grad":  # (contiguous rows of at least a pack)

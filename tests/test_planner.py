@@ -393,27 +393,30 @@ def _consumer(rows, cols, dtype, device=None, forced=None, **what):
 
 def test_consumers_on_chip_where_the_log_softmax_holds_rows():
     """Cross-entropy's gradient and the statistics read the rows where the log-softmax holds them
-    on chip: the register clusters' and cluster_rows' own plans (the ring's of CTAs of at most 544
-    threads), else consumer_rows."""
+    on chip: register_rows' (rows in 16-byte packs), the register clusters' and cluster_rows' own
+    plans (the ring's of CTAs of at most 544 threads), else consumer_rows."""
     ce = dict(cross_entropy=True, writes_grad=True)
     for rows, cols, where32, where16 in paths.CE_ON_CHIP:
         for dtype in ("float32", "float16", "bfloat16"):
             p = _consumer(rows, cols, dtype, **ce)
-            assert paths.on_chip(p) == (where32 if dtype == "float32" else where16), (rows, cols, dtype, p)
+            e = paths.ELEM[dtype]
+            assert paths.on_chip(p, e) == (where32 if dtype == "float32" else where16), (rows, cols, dtype, p)
             if p["family"] == "cluster_rows":
                 assert p["threads"] == 544, p
             if p["family"] != "consumer_rows":
                 forced = dict(threads=544) if p["family"] == "cluster_rows" else {}
                 assert p == _rows(paths.rows_problem(rows, cols, paths.ELEM[dtype], peelable=True), forced)
     for (rows, cols), dtype in itertools.product(paths.CE_OVER_THE_LOGITS, ("float32", "float16", "bfloat16")):
-        assert (paths.on_chip(_consumer(rows, cols, dtype, **ce)) is None) == (cols == 5000), (rows, cols, dtype)
-    # The statistics' rows: all held in register clusters by the log-softmax; the statistics read
-    # them there up to 128 KiB (the last two cases are longer: consumer_rows).
-    for dtype, (rows, cols) in paths.STATS_IN_REGISTER_CLUSTERS:
+        p = _consumer(rows, cols, dtype, **ce)
+        assert (paths.on_chip(p, paths.ELEM[dtype]) is None) == (cols == 40 and dtype != "float32"), (rows, cols, p)
+    # The statistics' rows: all held in registers by the log-softmax; the statistics read them there
+    # up to 128 KiB (two cases are longer: consumer_rows).
+    for dtype, (rows, cols) in paths.STATS_IN_REGISTERS:
         e = paths.ELEM[dtype]
-        assert paths.on_chip(_rows(paths.rows_problem(rows, cols, e, peelable=True))) == "registers", (rows, cols)
-        want = "register_clusters" if cols * e <= 128 << 10 else "consumer_rows"
-        assert _consumer(rows, cols, dtype)["family"] == want, (rows, cols, dtype)
+        p = _rows(paths.rows_problem(rows, cols, e, peelable=True))
+        assert paths.on_chip(p, e) == "registers", (rows, cols)
+        got = _consumer(rows, cols, dtype)
+        assert got == p if cols * e <= 128 << 10 else got["family"] == "consumer_rows", (rows, cols, dtype, got)
 
 
 def test_consumers_off_chip():

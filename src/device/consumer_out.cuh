@@ -208,4 +208,23 @@ template <class T, bool Moment = false> struct RowStatsOut {
   }
 };
 
+// Calls launch(T{}, RowStatsOut<T, Moment>{...}) for the rows of call a (x; nothing written), T the
+// element type of a.dtype, with the moment where the entropy or the moment is asked; float64 rows
+// have no such output (consumer_rows.cu takes them).
+template <class F>
+cudaError_t with_row_stats_out(const Call& a, const ConsumerArgs<float>& args, F&& launch) {
+  return with_element_type(a.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (sizeof(T) == 8) {
+      return cudaErrorInvalidValue;
+    } else {
+      const auto out = [&](auto moment) {
+        return RowStatsOut<T, decltype(moment)::value>{static_cast<const T*>(a.x()), a.x_stride(), a.cols(),
+                                                       static_cast<float>(a.scale), args};
+      };
+      return args.entropy || args.moment ? launch(tag, out(std::true_type{})) : launch(tag, out(std::false_type{}));
+    }
+  });
+}
+
 }  // namespace softlight

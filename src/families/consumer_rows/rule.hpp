@@ -1,9 +1,9 @@
 // consumer_rows: the consumers of a row's log-sum-exp (cross-entropy, the row statistics, their
 // gradients), a CTA a row, one read of the row for the statistics and a second for cross-entropy's
 // gradient. Where the log-softmax would hold the row on chip, the consumers take it there instead,
-// the statistics and the gradient written from registers (consumer_out.cuh): register_clusters for
-// both, cluster_rows' ring for cross-entropy's gradient. Measurements: docs/consumers.md, "Kernel
-// choices".
+// the statistics and the gradient written from registers (consumer_out.cuh): register_rows (rows in
+// 16-byte packs, a group of lanes a row) and register_clusters for both, cluster_rows' ring for
+// cross-entropy's gradient. Measurements: docs/consumers.md, "Kernel choices".
 #pragma once
 
 #include <cstdint>
@@ -18,9 +18,10 @@ constexpr int64_t kStatsClusterRowBytes = 128 << 10;
 // cluster_rows writes cross-entropy's gradient from CTAs of at most kClusterDefaultThreads (where the
 // 16-bit log-softmax takes CTAs of 288, the gradient's arithmetic wants the writers of 544).
 
-// The log-softmax's plan of the rows where it holds them on chip for the consumer: register_clusters
-// (the statistics without the row's sum, rows up to kStatsClusterRowBytes; cross-entropy's gradient
-// without label smoothing) or cluster_rows' ring (that gradient); never float64. Else consumer_rows.
+// The log-softmax's plan of the rows where it holds them on chip for the consumer (the statistics
+// without the row's sum, rows up to kStatsClusterRowBytes; cross-entropy's gradient without label
+// smoothing): register_rows in 16-byte packs or register_clusters (both), or cluster_rows' ring
+// (that gradient); never float64. Else consumer_rows.
 Plan consumer_rows_rule(const ConsumerProblem& p, const DeviceInfo& d, const Tuning& o);
 
 }  // namespace softlight

@@ -283,19 +283,9 @@ cudaError_t launch_register_clusters_ce(const Plan& p, const Call& a, const int6
 
 cudaError_t launch_register_clusters_stats(const Plan& p, const Call& a, const ConsumerArgs<float>& args,
                                            cudaStream_t stream) {
-  return with_element_type(a.dtype, [&](auto tag) {
+  return with_row_stats_out(a, args, [&](auto tag, const auto& out) {
     using T = decltype(tag);
-    if constexpr (sizeof(T) == 8) {
-      return cudaErrorInvalidValue;
-    } else {
-      const auto launch = [&](auto moment) {
-        constexpr bool M = decltype(moment)::value;
-        const RowStatsOut<T, M> out{static_cast<const T*>(a.x()), a.x_stride(), a.cols(), static_cast<float>(a.scale),
-                                    args};
-        return launch_clusters<RowStatsKernels<T, M>, T>(p, a, out, stream);
-      };
-      return args.entropy || args.moment ? launch(std::true_type{}) : launch(std::false_type{});
-    }
+    return launch_clusters<RowStatsKernels<T, std::decay_t<decltype(out)>::kMoment>, T>(p, a, out, stream);
   });
 }
 

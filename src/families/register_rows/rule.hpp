@@ -34,6 +34,12 @@ int64_t register_rows_bound(const Problem& p, const Tuning& o);
 // it, register_clusters takes them.
 int64_t register_rows_peeled_bound(const Problem& p, const Tuning& o);
 
+// A plan of the kernels that hold rows in 16-byte packs (peeled or not), which also write the
+// consumers' outputs (consumer_out.cuh): the plan the consumers take where the log-softmax's is one.
+inline bool register_rows_packed(const Plan& plan, const Problem& p) {
+  return plan.family == Family::register_rows && int64_t{plan.vec} * p.elem_bytes == 16;
+}
+
 // Forward rows: in 16-byte packs under the bound, of up to 256 vectors, or peeled under 16 KB.
 Plan register_rows_rule(const Problem& p, const DeviceInfo& d, const Tuning& o);
 // The backward of rows of up to 256 vectors, or in 16-byte packs under the clusters' least.
