@@ -116,6 +116,15 @@ def _add_product(acc, a, b):
         acc.addmm_(a.to(acc.dtype), b.to(acc.dtype))
 
 
+def _product(a, b, dtype):
+    """a @ b summed and written in dtype (as _add_product's sums)."""
+    if a.dtype == dtype:
+        return torch.mm(a, b)
+    if a.is_cuda:
+        return torch.mm(a, b, out_dtype=dtype)
+    return torch.mm(a.to(dtype), b.to(dtype))
+
+
 def _chunk_tokens(tokens):
     return max(1, -(-tokens // _SPEED_CHUNKS))
 
@@ -132,11 +141,14 @@ def _vocab_chunks(vocab, width):
 class _TokenGrads:
     """speed: the gradients to hidden, weight and bias over token chunks. The hidden's rows are each
     one matmul's; the weight's and the bias's sums over chunks are kept in float32 (float64 for
-    float64 and for the bias) and written in their dtype at the end."""
+    float64 and for the bias) and written in their dtype at the end. The weight's sum is the first
+    chunk's product, written (no zeros to read), and is scaled and rounded to the weight's dtype in
+    one pass: three passes over 4 V D bytes fewer than zeros, a scale in place and a cast."""
 
     def __init__(self, h2, weight, bias, need):
         self.hidden = torch.empty_like(h2) if need[0] else None
-        self._w = torch.zeros(weight.shape, dtype=_acc(weight), device=weight.device) if need[1] else None
+        self._need_w = need[1]
+        self._w = None  # the weight's sum, from the first chunk on
         self._b = torch.zeros(bias.shape, dtype=torch.float64, device=bias.device) \
             if bias is not None and need[2] else None
         self._weight, self._bias = weight, bias
@@ -146,17 +158,26 @@ class _TokenGrads:
         """g: the gradient to the logits of the tokens s .. s + n (n, V); hc their hidden rows."""
         if self.hidden is not None:
             torch.matmul(g, self._weight, out=self.hidden[s:s + g.shape[0]])
-        if self._w is not None:
-            _add_product(self._w, g.t(), hc)
+        if self._need_w:
+            if self._w is None:
+                self._w = _product(g.t(), hc, _acc(self._weight))
+            else:
+                _add_product(self._w, g.t(), hc)
         if self._b is not None:
             self._b += g.sum(0, dtype=self._b.dtype)
 
     def finish(self, scale):
-        if scale is not None:
-            for t in (self.hidden, self._w, self._b):
-                if t is not None:
-                    t.mul_(scale.to(t.dtype))
-        self.weight = None if self._w is None else self._w.to(self._weight.dtype)
+        for t in (self.hidden, self._b):
+            if t is not None and scale is not None:
+                t.mul_(scale.to(t.dtype))
+        if self._need_w and self._w is None:  # no tokens
+            self.weight = torch.zeros_like(self._weight)
+        elif self._need_w:
+            self.weight = torch.empty_like(self._weight)
+            if scale is None:
+                self.weight.copy_(self._w)
+            else:
+                torch.mul(self._w, scale.to(self._w.dtype), out=self.weight)
         self._w = None
         self.bias = None if self._b is None else self._b.to(self._bias.dtype)
         self._b = None
