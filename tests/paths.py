@@ -170,30 +170,39 @@ PEELED_MODES = {"default": {}, "ring": {"register_cluster": 0}, "off": {"peel_cl
 
 # --- test_gpu_consumers.py -----------------------------------------------------------------------------
 # Rows cross-entropy and the statistics hold on chip, where the log-softmax holds them: (rows, cols,
-# where for fp32, where for 16-bit), "registers" (register clusters), "ring" (cluster_rows) or None.
+# where for fp32, where for 16-bit), "registers" (a group of lanes, short rows, register clusters),
+# "tiles" (flat_rows' tiles in shared memory) or "ring" (cluster_rows).
 # Rows of 5000 and 12000 (16-bit: eight packs a thread) in one group's registers, 5001 there peeled
-# in 16 bits (fp32: register clusters); rows of 40 in registers in fp32, off chip in 16 bits (short
-# rows, which hold no consumer: consumer_rows).
+# in 16 bits (fp32: register clusters); short rows of 16 (and 16-bit rows of 40 and 64) four a lane;
+# rows of 10 and 7 (and 16-bit rows of 100) in flat tiles.
 CE_ON_CHIP = [(64, 32000, "registers", "registers"), (33, 50257, "registers", "registers"),
               (16, 128256, "registers", "registers"), (64, 151936, "ring", "ring"),
               (40, 262144, "ring", "ring"), (16, 200003, "ring", "ring"), (16, 5000, "registers", "registers"),
-              (33, 5001, "registers", "registers"), (32, 12000, "registers", "registers"), (64, 40, "registers", None)]
-# The gradient written over the logits: on chip where a fresh one is, but for 16-bit rows of 40.
+              (33, 5001, "registers", "registers"), (32, 12000, "registers", "registers"),
+              (64, 40, "registers", "registers"), (1000, 16, "registers", "registers"),
+              (300, 64, "registers", "registers"), (257, 10, "tiles", "tiles"), (129, 7, "tiles", "tiles"),
+              (300, 100, "registers", "tiles")]
+# The gradient written over the logits: on chip where a fresh one is (every case).
 CE_OVER_THE_LOGITS = [(64, 32000), (40, 50257), (40, 128256), (64, 151936), (40, 262144), (40, 200003), (40, 5000),
-                      (40, 5001), (40, 12000), (40, 40)]
-# The statistics' rows that the log-softmax holds in registers: a cluster's (32000 and longer), a
-# group's of lanes (the rest; 5001 16-bit peeled).
+                      (40, 5001), (40, 12000), (40, 40), (40, 16), (40, 10), (40, 100)]
+# The statistics' rows that the log-softmax holds on chip: a cluster's (32000 and longer), a group's
+# of lanes (5001 16-bit peeled), short rows' (16, 40, 64) and flat tiles' (7, 10, 100 16-bit).
 STATS_IN_REGISTERS = ([(d, (64, 32000)) for d in ("float32", "float16", "bfloat16")] +
                       [("bfloat16", (33, 32001)), ("float32", (33, 16001))] +
                       [(d, (33, 50257)) for d in ("float16", "bfloat16")] +
                       [("float32", (33, 50257)), ("bfloat16", (16, 128256))] +
                       [(d, (64, 4096)) for d in ("float32", "float16", "bfloat16")] +
-                      [("bfloat16", (33, 5001)), ("float16", (33, 12000)), ("float32", (65, 1000))])
+                      [("bfloat16", (33, 5001)), ("float16", (33, 12000)), ("float32", (65, 1000))] +
+                      [("float32", (1000, 16)), ("float16", (64, 40)), ("bfloat16", (1000, 64)),
+                       ("float32", (129, 7)), ("float16", (257, 10)), ("bfloat16", (300, 100))])
 
 
 def on_chip(p, elem_bytes):
     """Where a rows plan of elements of elem_bytes holds the row for a consumer: "registers" (a group
-    of lanes' registers in 16-byte packs, or a cluster's), "ring" or None."""
+    of lanes' registers in 16-byte packs, short rows', or a cluster's), "tiles" (flat_rows' shared
+    memory), "ring" or None."""
     if p["family"] == "register_rows":
         return "registers" if p["vec"] * elem_bytes == 16 else None
-    return {"register_clusters": "registers", "cluster_rows": "ring"}.get(p["family"])
+    if p["family"] == "short_rows":
+        return "registers" if p["rows_per_lane"] == 4 else None
+    return {"register_clusters": "registers", "flat_rows": "tiles", "cluster_rows": "ring"}.get(p["family"])

@@ -207,7 +207,8 @@ def test_rows_off_a_16_byte_boundary(dtype, skip):
 def _on_chip(rows, cols, dtype, consumer=True):
     """Where cross-entropy holds rows of x and a fresh gradient (both contiguous) on chip, as the
     planner says on this GPU (consumer=False: where the log-softmax holds x's rows): "registers"
-    (a group of lanes' or a cluster's), "ring" (cluster_rows), or None."""
+    (a group of lanes', short rows' or a cluster's), "tiles" (flat_rows'), "ring" (cluster_rows), or
+    None."""
     import gpu_util
     e = torch.empty((), dtype=tdtype(dtype)).element_size()
     prob = paths.rows_problem(rows, cols, e, peelable=True)
@@ -220,17 +221,17 @@ def _on_chip(rows, cols, dtype, consumer=True):
 
 @pytest.mark.parametrize("dtype, shape", paths.STATS_IN_REGISTERS, ids=str)
 def test_row_stats_in_registers(dtype, shape):
-    """Rows of at most 128 KiB that the log-softmax holds in registers, a group of lanes' or a
-    cluster's (asserted from the planner), give every statistic but the row's sum from there (rows
-    off 16 bytes from the second row on, 32001, 16001 and 5001 columns: peeled); longer ones (two
-    cases) take consumer_rows.cu's
-    kernel (src/entry/gpu_entry.cpp, kStatsClusterRowBytes). Either way: lse, entropy, max,
+    """Rows of at most 128 KiB that the log-softmax holds on chip, a group of lanes', short rows',
+    flat tiles' or a cluster's (asserted from the planner), give every statistic but the row's sum
+    from there (rows off 16 bytes from the second row on, 32001, 16001 and 5001 columns: peeled);
+    longer ones (two cases) take consumer_rows.cu's kernel (kStatsClusterRowBytes,
+    src/families/consumer_rows/rule.hpp). Either way: lse, entropy, max,
     sumexp, moment, and picked and logprobs of 1 and 3 tokens, against float64, with special values,
     T = 1 and 0.6, and a shard's tokens (outside it: 0); max, sumexp and moment against
     consumer_rows.cu's kernel, which asking the sum too takes; the entropy alone (the entropy
     function's call) as with the rest."""
     rows, cols = shape
-    on_path(_on_chip(rows, cols, dtype, consumer=False) == "registers", f"{shape} {dtype} in registers")
+    on_path(_on_chip(rows, cols, dtype, consumer=False) in ("registers", "tiles"), f"{shape} {dtype} on chip")
     want = ("lse", "entropy", "max", "sumexp", "moment", "picked", "logprobs")
     for seed, (T, k, shard) in enumerate(((1.0, 1, False), (0.6, 3, False), (1.0, 2, True))):
         x = _logits(shape, dtype, True, 41 + seed)
@@ -268,10 +269,10 @@ def test_row_stats_in_registers(dtype, shape):
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("shape", paths.CE_ON_CHIP, ids=str)
 def test_cross_entropy_on_chip(dtype, shape):
-    """Rows the log-softmax holds on chip, in registers (a group of lanes' or a cluster's) or
-    cluster_rows' ring (asserted from the planner, fp32 and 16-bit rows; 200003 and 5001 columns are
-    peeled), write cross-entropy's gradient from there; the others (16-bit rows of 40, short rows)
-    take consumer_rows.cu's kernel: loss, lse and gradient against
+    """Rows the log-softmax holds on chip, in registers (a group of lanes', short rows' or a
+    cluster's), flat tiles or cluster_rows' ring (asserted from the planner, fp32 and 16-bit rows;
+    200003 and 5001 columns are peeled), write cross-entropy's gradient from there: loss, lse and
+    gradient against
     torch in float64, with an ignored row, each reduction, z-loss, T = 1 and 0.6, and special values
     (NaN and 0 gradient rows)."""
     rows, cols, where32, where16 = shape
@@ -321,11 +322,11 @@ def _bits(a):
     return a.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()])
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])
 @pytest.mark.parametrize("shape", paths.CE_OVER_THE_LOGITS, ids=str)
 def test_cross_entropy_over_the_logits(dtype, shape):
     """The gradient written over the logits (grad=x) takes the plan a fresh gradient takes (on chip
-    where _on_chip says so; 16-bit rows of 40 consumer_rows.cu's kernel): the same bits of loss, lse and
+    where _on_chip says so; float64 consumer_rows.cu's kernel): the same bits of loss, lse and
     gradient as a fresh gradient, with targets at each row's first and last columns and next to them
     (a peeled row's edges), an ignored row, one outside the row (NaN), special values, each
     reduction, z-loss and T = 0.6; the loss against float64."""

@@ -85,6 +85,15 @@ CASES = {
     "row_stats_registers": dict(op="row_stats", shape=(37, 3000), dtype="float32", stats="max_sum"),
     "row_stats_registers_moment": dict(op="row_stats", shape=(37, 3001), dtype="bfloat16", offset=(3, 0),
                                        stats="no_sum"),
+    # ... in short rows (a pack of each of four rows a lane) and in flat tiles (rows of 10 bf16, 20
+    # bytes; a last tile of 44 rows): cross-entropy; the statistics of the max and sum, and every
+    # statistic but the sum.
+    "cross_entropy_short_rows": dict(op="cross_entropy", shape=(1000, 16), dtype="float32", smoothing=0.0),
+    "cross_entropy_flat_rows": dict(op="cross_entropy", shape=(300, 10), dtype="bfloat16", smoothing=0.0),
+    "row_stats_short_rows": dict(op="row_stats", shape=(1000, 32), dtype="bfloat16", stats="max_sum"),
+    "row_stats_short_rows_moment": dict(op="row_stats", shape=(1000, 8), dtype="float32", stats="no_sum"),
+    "row_stats_flat_rows": dict(op="row_stats", shape=(300, 100), dtype="bfloat16", stats="max_sum"),
+    "row_stats_flat_rows_moment": dict(op="row_stats", shape=(300, 7), dtype="float32", stats="no_sum"),
     "grad_scale": dict(op="grad_scale", shape=(37, 3001), dtype="float64", offset=(1, 1)),
 }
 CONSUMERS = ("row_stats", "row_stats_grad", "cross_entropy", "grad_scale")
@@ -134,6 +143,8 @@ def kernel_of(name, device=None):
                 if c["op"] == "row_stats":
                     return "row_stats_registers" + ("_moment" if c.get("stats") == "no_sum" else "")
                 return "cross_entropy_registers" + ("_peeled" if p["peel"] else "")
+            if p["family"] == "flat_rows" or (p["family"] == "short_rows" and p["rows_per_lane"] == 4):
+                return f"{c['op']}_{p['family']}" + ("_moment" if c.get("stats") == "no_sum" else "")
             if c["op"] == "cross_entropy" and p["family"] == "cluster_rows":
                 return "cross_entropy_ring" + ("_peeled" if p["peel"] else "")
         if c["op"] == "row_stats_grad":  # (contiguous rows of at least a pack)

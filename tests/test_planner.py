@@ -393,8 +393,9 @@ def _consumer(rows, cols, dtype, device=None, forced=None, **what):
 
 def test_consumers_on_chip_where_the_log_softmax_holds_rows():
     """Cross-entropy's gradient and the statistics read the rows where the log-softmax holds them
-    on chip: register_rows' (rows in 16-byte packs), the register clusters' and cluster_rows' own
-    plans (the ring's of CTAs of at most 544 threads), else consumer_rows."""
+    on chip: short_rows' (four rows a lane), flat_rows', register_rows' (rows in 16-byte packs), the
+    register clusters' and cluster_rows' own plans (the ring's of CTAs of at most 544 threads), else
+    consumer_rows."""
     ce = dict(cross_entropy=True, writes_grad=True)
     for rows, cols, where32, where16 in paths.CE_ON_CHIP:
         for dtype in ("float32", "float16", "bfloat16"):
@@ -408,13 +409,13 @@ def test_consumers_on_chip_where_the_log_softmax_holds_rows():
                 assert p == _rows(paths.rows_problem(rows, cols, paths.ELEM[dtype], peelable=True), forced)
     for (rows, cols), dtype in itertools.product(paths.CE_OVER_THE_LOGITS, ("float32", "float16", "bfloat16")):
         p = _consumer(rows, cols, dtype, **ce)
-        assert (paths.on_chip(p, paths.ELEM[dtype]) is None) == (cols == 40 and dtype != "float32"), (rows, cols, p)
-    # The statistics' rows: all held in registers by the log-softmax; the statistics read them there
-    # up to 128 KiB (two cases are longer: consumer_rows).
+        assert paths.on_chip(p, paths.ELEM[dtype]) is not None, (rows, cols, dtype, p)
+    # The statistics' rows: all held on chip by the log-softmax; the statistics read them there up
+    # to 128 KiB (two cases are longer: consumer_rows).
     for dtype, (rows, cols) in paths.STATS_IN_REGISTERS:
         e = paths.ELEM[dtype]
         p = _rows(paths.rows_problem(rows, cols, e, peelable=True))
-        assert paths.on_chip(p, e) == "registers", (rows, cols)
+        assert paths.on_chip(p, e) in ("registers", "tiles"), (rows, cols)
         got = _consumer(rows, cols, dtype)
         assert got == p if cols * e <= 128 << 10 else got["family"] == "consumer_rows", (rows, cols, dtype, got)
 
@@ -423,7 +424,7 @@ def test_consumers_off_chip():
     """consumer_rows where no family holds the row for the consumer: float64; no gradient; label
     smoothing (the row's sum); the statistics with the row's sum, or past 128 KiB rows (a ring takes
     them only for cross-entropy); a GPU without clusters, as the GPU entry's fallback plans with
-    none; rows of one element; and nothing to do."""
+    none; rows of one element; nothing to do; short rows at other than four rows a lane."""
     ce = dict(cross_entropy=True, writes_grad=True)
     assert _consumer(64, 32000, "float64", **ce)["family"] == "consumer_rows"
     assert _consumer(64, 32000, "float32", cross_entropy=True)["family"] == "consumer_rows"
@@ -439,3 +440,14 @@ def test_consumers_off_chip():
     assert _consumer(0, 32000, "float32", **ce)["family"] == "none"
     # A forced CTA wider than the ring's writers take: consumer_rows' kernel, not the ring.
     assert _consumer(64, 151936, "bfloat16", forced=dict(threads=800), **ce)["family"] == "consumer_rows"
+    # Short rows and flat tiles: float64, no gradient, label smoothing and the row's sum off chip;
+    # short rows at other than four rows a lane (forced) too, as their consumers' kernels take four.
+    for cols in (16, 10):
+        assert _consumer(1000, cols, "float64", **ce)["family"] == "consumer_rows"
+        assert _consumer(1000, cols, "float32", cross_entropy=True)["family"] == "consumer_rows"
+        assert _consumer(1000, cols, "float32", label_smoothing=True, **ce)["family"] == "consumer_rows"
+        assert _consumer(1000, cols, "float32", asks_sum=True)["family"] == "consumer_rows"
+    for n in (1, 2, 8):
+        assert _consumer(1000, 16, "float32", forced=dict(rows_per_lane=n), **ce)["family"] == "consumer_rows"
+        assert _consumer(1000, 16, "bfloat16", forced=dict(rows_per_lane=n))["family"] == "consumer_rows"
+    assert _consumer(1000, 16, "float32", forced=dict(rows_per_lane=4), **ce)["family"] == "short_rows"

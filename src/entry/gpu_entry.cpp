@@ -255,7 +255,7 @@ template <class A> ConsumerArgs<A> consumer_args(const softlight_row_stats_optio
 // A consumer's call planned and launched (plan_consumer): the log-softmax's call over the rows of x
 // written to y (the gradient; x itself for the statistics) is what a family that holds the rows on
 // chip launches with; launch(plan, call) launches the family plan_consumer names (consumer_rows'
-// kernel for any plan but register_rows, register_clusters and cluster_rows, none included: no rows).
+// kernel for consumer_rows' plan and none: no rows).
 template <class LaunchFn>
 softlight_status run_consumer(const void* x, int64_t x_stride, void* y, int64_t y_stride, int64_t rows, int64_t cols,
                               softlight_dtype dtype, double temperature, ConsumerProblem what,
@@ -349,19 +349,23 @@ extern "C" softlight_status softlight_row_stats(const void* x, int64_t x_row_str
   CallDevice dev;
   st = open_consumer(&dev, {x, o.index.ids, o.lse, o.entropy, o.logprobs, o.picked, o.sum, o.max, o.sumexp, o.moment});
   if (st != SOFTLIGHT_SUCCESS) return st;
-  // Rows that the log-softmax holds in registers (a group of lanes, or a cluster) give the statistics
-  // of their max, sum and moment from there (all of a row's loads in flight at once); any other,
-  // consumer_rows' kernel.
+  // Rows that the log-softmax holds on chip (short rows, flat tiles, a group of lanes, or a cluster)
+  // give the statistics of their max, sum and moment from there (all of a row's loads in flight at
+  // once); any other, consumer_rows' kernel.
   ConsumerProblem what;
   what.asks_sum = o.sum != nullptr;
   const auto s = static_cast<cudaStream_t>(stream);
   return run_consumer(x, x_row_stride, const_cast<void*>(x), x_row_stride, rows, cols, dtype, o.temperature, what,
                       dev.info, [&](const Plan& p, const Call& call) {
-                        if (p.family == Family::register_rows)
-                          return launch_register_rows_stats(p, call, consumer_args<float>(o), s);
-                        return p.family == Family::register_clusters
-                                   ? launch_register_clusters_stats(p, call, consumer_args<float>(o), s)
-                                   : launch_row_stats(c, consumer_args<float>(o), consumer_args<double>(o), s);
+                        switch (p.family) {
+                          case Family::short_rows: return launch_short_rows_stats(p, call, consumer_args<float>(o), s);
+                          case Family::flat_rows: return launch_flat_rows_stats(p, call, consumer_args<float>(o), s);
+                          case Family::register_rows:
+                            return launch_register_rows_stats(p, call, consumer_args<float>(o), s);
+                          case Family::register_clusters:
+                            return launch_register_clusters_stats(p, call, consumer_args<float>(o), s);
+                          default: return launch_row_stats(c, consumer_args<float>(o), consumer_args<double>(o), s);
+                        }
                       });
 }
 
@@ -400,10 +404,10 @@ extern "C" softlight_status softlight_cross_entropy(const void* x, int64_t x_row
   CallDevice dev;
   st = open_consumer(&dev, {x, target, o.loss, o.lse, o.grad});
   if (st != SOFTLIGHT_SUCCESS) return st;
-  // Rows that the log-softmax holds on chip, in registers (a group of lanes, or a cluster) or
-  // cluster_rows' ring, write the gradient from there (one read, one write; x itself too); any other,
-  // consumer_rows' kernel (a second read). (No rows: the reduction of nothing, 0 or NaN, is still
-  // written, on the device.)
+  // Rows that the log-softmax holds on chip, in registers or shared memory (short rows, flat tiles, a
+  // group of lanes, or a cluster) or cluster_rows' ring, write the gradient from there (one read, one
+  // write; x itself too); any other, consumer_rows' kernel (a second read). (No rows: the reduction
+  // of nothing, 0 or NaN, is still written, on the device.)
   ConsumerProblem what;
   what.cross_entropy = true;
   what.writes_grad = o.grad != nullptr;
@@ -411,9 +415,7 @@ extern "C" softlight_status softlight_cross_entropy(const void* x, int64_t x_row
   return run_consumer(x, x_row_stride, o.grad != nullptr ? o.grad : const_cast<void*>(x),
                       o.grad != nullptr ? o.grad_row_stride : x_row_stride, rows, cols, dtype, o.temperature, what,
                       dev.info, [&](const Plan& p, const Call& call) {
-                        const bool on_chip = p.family == Family::register_rows ||
-                                             p.family == Family::register_clusters ||
-                                             p.family == Family::cluster_rows;
+                        const bool on_chip = p.family != Family::consumer_rows && p.family != Family::none;
                         return launch_cross_entropy(c, o, static_cast<cudaStream_t>(stream), on_chip ? &p : nullptr,
                                                     on_chip ? &call : nullptr);
                       });

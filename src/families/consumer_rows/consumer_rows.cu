@@ -566,12 +566,18 @@ cudaError_t launch_cross_entropy(const ConsumerCall& c, const softlight_cross_en
       // write. Where the clusters cannot be placed (a partitioned or busy GPU), the error, and
       // nothing else queued: the GPU entry plans again (its launch_with_fallbacks).
       cudaError_t on_chip = cudaErrorInvalidValue;
-      if constexpr (sizeof(A) == 4)
-        on_chip = plan->family == Family::cluster_rows
-                      ? launch_cluster_rows_ce(*plan, *call, c.index, a, stream)
-                  : plan->family == Family::register_rows
-                      ? launch_register_rows_ce(*plan, *call, c.index, a, stream)
-                      : launch_register_clusters_ce(*plan, *call, c.index, a, stream);
+      if constexpr (sizeof(A) == 4) {
+        switch (plan->family) {
+          case Family::short_rows: on_chip = launch_short_rows_ce(*plan, *call, c.index, a, stream); break;
+          case Family::flat_rows: on_chip = launch_flat_rows_ce(*plan, *call, c.index, a, stream); break;
+          case Family::register_rows: on_chip = launch_register_rows_ce(*plan, *call, c.index, a, stream); break;
+          case Family::register_clusters:
+            on_chip = launch_register_clusters_ce(*plan, *call, c.index, a, stream);
+            break;
+          case Family::cluster_rows: on_chip = launch_cluster_rows_ce(*plan, *call, c.index, a, stream); break;
+          default: break;
+        }
+      }
       if (on_chip != cudaSuccess) return on_chip;
     } else if (c.rows > 0) {  // (no rows: the reduction of none, 0 or NaN, below)
       kernel<<<grid_for(kernel, c.rows), kThreads, 0, stream>>>(

@@ -1,6 +1,7 @@
 #include "families/consumer_rows/rule.hpp"
 
 #include "families/register_rows/rule.hpp"
+#include "families/short_rows/rule.hpp"
 
 namespace softlight {
 
@@ -11,8 +12,10 @@ Plan consumer_rows_rule(const ConsumerProblem& p, const DeviceInfo& d, const Tun
   const bool stats = !p.cross_entropy && !p.asks_sum && r.cols * r.elem_bytes <= kStatsClusterRowBytes;
   const bool ring = p.cross_entropy && p.writes_grad && !p.label_smoothing;
   if (r.elem_bytes == 8 || r.cols <= 1 || !(stats || ring)) return kernel;
-  const Plan own = plan_rows(r, d, o);  // rows a group of lanes holds: the log-softmax's own plan
-  if (register_rows_packed(own, r)) return own;
+  const Plan own = plan_rows(r, d, o);  // rows a lane or a group of lanes holds: the log-softmax's own plan
+  if (register_rows_packed(own, r) || own.family == Family::flat_rows ||
+      (own.family == Family::short_rows && own.warp.rows_per_lane == kShortRowsPerLane))
+    return own;
   Tuning t = o;
   if (ring && t.threads <= 0) t.threads = kClusterDefaultThreads;
   const Plan held = t.threads == o.threads ? own : plan_rows(r, d, t);

@@ -1,7 +1,8 @@
 // consumer_rows: the consumers of a row's log-sum-exp (cross-entropy, the row statistics, their
 // gradients), a CTA a row, one read of the row for the statistics and a second for cross-entropy's
 // gradient. Where the log-softmax would hold the row on chip, the consumers take it there instead,
-// the statistics and the gradient written from registers (consumer_out.cuh): register_rows (rows in
+// the statistics and the gradient written from there (consumer_out.cuh): short_rows (a pack of each
+// of four rows a lane), flat_rows (tiles in shared memory, a row a thread), register_rows (rows in
 // 16-byte packs, a group of lanes a row) and register_clusters for both, cluster_rows' ring for
 // cross-entropy's gradient. Measurements: docs/consumers.md, "Kernel choices".
 #pragma once
@@ -20,8 +21,9 @@ constexpr int64_t kStatsClusterRowBytes = 128 << 10;
 
 // The log-softmax's plan of the rows where it holds them on chip for the consumer (the statistics
 // without the row's sum, rows up to kStatsClusterRowBytes; cross-entropy's gradient without label
-// smoothing): register_rows in 16-byte packs or register_clusters (both), or cluster_rows' ring
-// (that gradient); never float64. Else consumer_rows.
+// smoothing): short_rows at kShortRowsPerLane rows a lane, flat_rows, register_rows in 16-byte packs
+// or register_clusters (both), or cluster_rows' ring (that gradient); never float64. Else
+// consumer_rows.
 Plan consumer_rows_rule(const ConsumerProblem& p, const DeviceInfo& d, const Tuning& o);
 
 }  // namespace softlight
