@@ -1,6 +1,10 @@
 """softlight.torch.linear_cross_entropy on the CPU: the loss and the gradients to hidden, weight and
 bias against float64 from the same inputs (and, in 16 bits, no worse than torch eager's own matmul and
 cross-entropy), every option, both memory modes, shift without a copy, and bad arguments refused."""
+import subprocess
+import sys
+import textwrap
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -130,6 +134,64 @@ def test_return_lse_and_the_module():
     assert torch.allclose(lse, torch.logsumexp(h @ w.t(), -1), rtol=1e-12)
     m = slt.LinearCrossEntropyLoss(label_smoothing=0.1)
     assert torch.allclose(m(h, w, t), reference(h, w, t, label_smoothing=0.1), rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_speed_gradients_scaled_in_place_once_then_again_alike(dtype):
+    """speed computes the gradients in the forward (a reduced loss) and its backward scales them in
+    place by the upstream gradient; a second backward through the graph (retain_graph) computes them
+    again: the same bits, for any upstream gradient."""
+    g = torch.Generator().manual_seed(5)
+    h = torch.randn(2, 33, 16, generator=g).to(dtype).requires_grad_()
+    w = torch.randn(40, 16, generator=g).to(dtype).requires_grad_()
+    b = torch.randn(40, generator=g).to(dtype).requires_grad_()
+    t = torch.randint(0, 40, (2, 33), generator=g)
+    loss = slt.linear_cross_entropy(h, w, t, bias=b)
+    first = torch.autograd.grad(3 * loss, (h, w, b), retain_graph=True)
+    second = torch.autograd.grad(3 * loss, (h, w, b), retain_graph=True)
+    assert all(torch.equal(x, y) for x, y in zip(first, second))
+    one = torch.autograd.grad(loss, (h, w, b))
+    assert all(torch.allclose((3 * y).double(), x.double(), rtol=1e-2, atol=1e-2 * y.abs().max().item())
+               for x, y in zip(first, one))
+
+
+@pytest.mark.parametrize("memory", ["speed", "low_memory"])
+def test_hidden_and_weight_of_any_layout(memory):
+    """hidden and weight as transposed views (column-major rows): the loss and the gradients as from
+    contiguous copies, in both forms (speed's backward scales its gradients in place as rows)."""
+    h, w, t, b = data(bias=True)
+    hc, wc = h.t().contiguous().t().requires_grad_(), w.t().contiguous().t().requires_grad_()
+    assert hc.stride(-1) != 1 and wc.stride(-1) != 1
+    h1, w1 = h.clone().requires_grad_(), w.clone().requires_grad_()
+    got = slt.linear_cross_entropy(hc, wc, t, bias=b, memory=memory)
+    want = slt.linear_cross_entropy(h1, w1, t, bias=b, memory=memory)
+    (3 * got).backward()
+    (3 * want).backward()
+    assert torch.equal(got, want)
+    assert torch.allclose(hc.grad, h1.grad, rtol=1e-12, atol=1e-15)
+    assert torch.allclose(wc.grad, w1.grad, rtol=1e-12, atol=1e-15)
+
+
+def test_speed_backward_without_softlight_torch_imported():
+    """The LM head's loss reached without softlight.torch imported first (as softlight.transformers
+    reaches it): speed's backward scales its gradients in place all the same."""
+    code = textwrap.dedent("""
+        import sys
+        import torch
+        from softlight._linear import linear_cross_entropy
+        assert "softlight.torch" not in sys.modules
+        g = torch.Generator().manual_seed(0)
+        h = torch.randn(2, 9, 16, generator=g, requires_grad=True)
+        w = torch.randn(40, 16, generator=g, requires_grad=True)
+        t = torch.randint(0, 40, (2, 9), generator=g)
+        (2 * linear_cross_entropy(h, w, t)).backward()
+        h64, w64 = (a.detach().double().requires_grad_() for a in (h, w))
+        want = torch.nn.functional.cross_entropy((h64 @ w64.t()).flatten(0, 1), t.flatten())
+        gh, gw = torch.autograd.grad(2 * want, (h64, w64))
+        assert torch.allclose(h.grad.double(), gh, atol=1e-5) and torch.allclose(w.grad.double(), gw, atol=1e-5)
+        """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
 
 
 def test_all_ignored_gives_nan_as_torch():

@@ -10,8 +10,8 @@ Two forms, chosen by `memory` (docs/consumers.md, "The LM head with its loss"):
 
 - "speed": the tokens in four chunks, each a quarter of the logits; three matmuls, as the plain
   computation. Where the loss is reduced (mean or sum) the forward computes the gradients too, as the
-  backward then only scales them. The weight's gradient is summed over the chunks in float32, a
-  buffer of 4 V D bytes.
+  backward then only scales them (in place, in eager mode). The weight's gradient is summed over the
+  chunks in float32, a buffer of 4 V D bytes.
 - "low_memory": the vocabulary in chunks of at most 64 MiB of logits for every token (at least 128
   columns). The forward merges the chunks' statistics as vocabulary shards merge; the backward
   computes the logits again: each chunk's rows of the weight's gradient come from one matmul over
@@ -27,6 +27,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import _consumers
+from . import _torch_private as _private
 from ._api import _check_temperature
 from ._errors import ArgumentTypeError, InvalidArgumentError
 from ._shards import combine, finish
@@ -146,7 +147,8 @@ class _TokenGrads:
     one pass: three passes over 4 V D bytes fewer than zeros, a scale in place and a cast."""
 
     def __init__(self, h2, weight, bias, need):
-        self.hidden = torch.empty_like(h2) if need[0] else None
+        # (rows in order, as the weight's below: the backward may scale them in place as rows)
+        self.hidden = torch.empty(h2.shape, dtype=h2.dtype, device=h2.device) if need[0] else None
         self._need_w = need[1]
         self._w = None  # the weight's sum, from the first chunk on
         self._b = torch.zeros(bias.shape, dtype=torch.float64, device=bias.device) \
@@ -173,7 +175,7 @@ class _TokenGrads:
         if self._need_w and self._w is None:  # no tokens
             self.weight = torch.zeros_like(self._weight)
         elif self._need_w:
-            self.weight = torch.empty_like(self._weight)
+            self.weight = torch.empty(self._weight.shape, dtype=self._weight.dtype, device=self._weight.device)
             if scale is None:
                 self.weight.copy_(self._w)
             else:
@@ -366,6 +368,18 @@ def _scaled(grads, d_loss):
     return tuple(None if t is None else t * d_loss.to(t.dtype) for t in grads)
 
 
+def _scaled_in_place(grads, d_loss):
+    """_scaled's gradients, scaled in place by cross-entropy's gradient scale (rows whose factor is 1
+    left alone, decided on the device: loss.backward() of the loss itself touches none), so that no
+    second copy of the weight's gradient is made. (Eager only: the operator's body, without its
+    dispatch, from softlight.torch, which imports this module.)"""
+    from .torch import _cross_entropy_grad_scale
+    for t in grads:
+        if t is not None:
+            _cross_entropy_grad_scale(t.reshape(-1, t.shape[-1]) if t.dim() > 1 else t.view(1, -1), d_loss)
+    return tuple(grads)
+
+
 class _ShardCrossEntropy(torch.autograd.Function):
     """linear_cross_entropy over a vocabulary shard (softlight.vocab_parallel; eager: the process
     group is no operator argument)."""
@@ -447,14 +461,27 @@ def _ce_backward_fake(d_loss, hidden, weight, bias, target, lse, need_hidden, ne
 def _ce_setup(ctx, inputs, output):
     hidden, weight, bias, target = inputs[:4]
     ctx.args = inputs[4:]
-    ctx.save_for_backward(hidden, weight, bias, target, output[1], *output[2:])
+    grads = [_none(g) for g in output[2:]]
+    ctx.grads, ctx.eager = None, False
+    if torch.compiler.is_compiling() or _private.is_fake(hidden):  # a traced graph: speed's gradients saved
+        ctx.save_for_backward(hidden, weight, bias, target, output[1], *output[2:])
+    else:  # eager: speed's gradients, if any, scaled in place by the backward, so kept untracked
+        ctx.save_for_backward(hidden, weight, bias, target, output[1])
+        ctx.eager = any(g is not None for g in grads)
+        ctx.grads = grads if ctx.eager else None
 
 
 def _ce_grad(ctx, d_loss, _d_lse, *_):
-    hidden, weight, bias, target, lse, gh, gw, gb = ctx.saved_tensors
-    eager = [_none(g) for g in (gh, gw, gb)]
-    if any(g is not None for g in eager):
-        dh, dw, db = _scaled(eager, d_loss)
+    saved = ctx.saved_tensors
+    hidden, weight, bias, target, lse = saved[:5]
+    traced = [_none(g) for g in saved[5:]]
+    if any(g is not None for g in traced) or (ctx.grads is not None and torch.is_grad_enabled()):
+        dh, dw, db = _scaled(traced if traced else ctx.grads, d_loss)
+    elif ctx.eager:
+        grads, ctx.grads = ctx.grads, None
+        if grads is None:  # handed out by an earlier backward (retain_graph): the forward's again, the same bits
+            grads = _ce_forward(hidden, weight, bias, target, tuple(ctx.args[:3]), tuple(ctx.args[3:]), None)[2]
+        dh, dw, db = _scaled_in_place(grads, d_loss)
     else:
         dh, dw, db = (_none(g) for g in _ce_backward_op(d_loss, hidden, weight, bias, target, lse, *ctx.args))
     return (None if dh is None else dh.reshape(hidden.shape), dw, db) + (None,) * (len(ctx.args) + 1)
