@@ -184,7 +184,8 @@ def test_committed_results_follow_the_schema(path):
     assert doc["meta"]["command"].startswith("python -m softlight bench")
     if doc["rows"][0]["op"] == "hf_step":
         for r in doc["rows"]:
-            assert r["provider"] in ("transformers", "softlight", "softlight-low_memory", "liger"), r["provider"]
+            assert r["provider"] in ("transformers", "softlight", "softlight-low_memory", "liger", "liger-flce"), \
+                r["provider"]
             assert r["dtype"] == "bfloat16"
             assert (r["ms"] > 0 and r["peak_mib"] > 0) if r["status"] == "ok" else r["status"]
         return

@@ -254,9 +254,11 @@ def run_hf_step(args, argv, torch, commit):
     """--op hf_step: one training step (forward and backward with labels) of a Hugging Face Llama built
     from a config (HF_LLAMA, bfloat16, batch 2 x 4096 by default: --shapes BxT), as it comes
     ("transformers"), patched by softlight.transformers in either memory form ("softlight",
-    "softlight-low_memory") and by Liger's apply_liger_kernel_to_llama ("liger", where it is
-    installed): time, and the allocator's peak above the model, its inputs and its gradients'
-    buffers from an earlier step. Each loss is checked against the unpatched model's first."""
+    "softlight-low_memory") and by Liger's apply_liger_kernel_to_llama, where it is installed: as it
+    comes ("liger": its RoPE, RMSNorm and SwiGLU kernels too, which keep fewer activations) and its
+    loss alone ("liger-flce", the part softlight replaces): time, and the allocator's peak above the
+    model, its inputs and its gradients' buffers from an earlier step. Each loss is checked against
+    the unpatched model's first."""
     import copy
 
     import transformers
@@ -278,7 +280,8 @@ def run_hf_step(args, argv, torch, commit):
         if name.startswith("softlight"):
             return slx.patch(model, memory="low_memory" if name.endswith("low_memory") else "speed")
         from liger_kernel.transformers import apply_liger_kernel_to_llama
-        apply_liger_kernel_to_llama(model=model, fused_linear_cross_entropy=True, cross_entropy=False)
+        loss_alone = dict(rope=False, swiglu=False, rms_norm=False) if name == "liger-flce" else {}
+        apply_liger_kernel_to_llama(model=model, fused_linear_cross_entropy=True, cross_entropy=False, **loss_alone)
         return model
 
     rows, want = [], None
@@ -286,7 +289,7 @@ def run_hf_step(args, argv, torch, commit):
             "command": "python -m softlight bench " + " ".join(argv if argv is not None else sys.argv[1:]),
             "softlight_version": __import__("softlight").__version__, "torch": torch.__version__,
             "transformers": transformers.__version__, "date": datetime.date.today().isoformat(), "op": "hf_step"}
-    for name in ("transformers", "softlight", "softlight-low_memory", "liger"):
+    for name in ("transformers", "softlight", "softlight-low_memory", "liger", "liger-flce"):
         row = {"op": "hf_step", "device": device, "provider": name, "model": "llama", "config": HF_LLAMA,
                "shape": [batch, seq], "dtype": "bfloat16", "status": "ok", "ms": None, "peak_mib": None}
         try:
@@ -321,7 +324,7 @@ def run_hf_step(args, argv, torch, commit):
               flush=True)
     if args.out_dir:
         write_results(meta, rows, Path(args.out_dir), args.name, plot_fn=plot_hf_step)
-    return 0 if all(r["status"] == "ok" for r in rows if r["provider"] != "liger") else 1
+    return 0 if all(r["status"] == "ok" for r in rows if not r["provider"].startswith("liger")) else 1
 
 
 def plot_hf_step(meta, rows, path):
@@ -329,11 +332,11 @@ def plot_hf_step(meta, rows, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     ok = [r for r in rows if r["status"] == "ok"]
-    fig, axes = plt.subplots(1, 2, figsize=(8, 3.2))
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
     for ax, key, label in zip(axes, ("ms", "peak_mib"), ("step time (ms)", "peak above the model (MiB)")):
         ax.bar([r["provider"] for r in ok], [r[key] for r in ok])
         ax.set_ylabel(label)
-        ax.tick_params(axis="x", labelrotation=15)
+        plt.setp(ax.get_xticklabels(), rotation=30, ha="right")
         ax.grid(alpha=0.3, axis="y")
     return save_figure(fig, f"Llama training step (2 layers, vocabulary 128256), {meta['gpu']}, {meta['date']}, "
                             f"commit {meta['commit']}", path)
