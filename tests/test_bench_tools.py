@@ -217,10 +217,13 @@ def test_committed_results_follow_the_schema(path):
         assert r["op"] == doc["rows"][0]["op"] if consumer else r["op"] in ("forward", "backward")
         assert r["provider"] in ("softlight", "copy", "torch", "torch.compile", "quack", "liger") or \
             ("cpu" in doc["meta"] and r["provider"] == "numpy") or (consumer and r["provider"] == "gather-lse") or \
-            (r["op"] == "cross_entropy" and r["provider"] == "softlight-in-place") or \
+            (r["op"] == "cross_entropy" and r["provider"] in ("softlight-in-place", "softlight-loss",
+                                                              "torch-loss")) or \
             (r["op"] == "token_logprobs" and r["provider"] in ("softlight-backward", "torch-backward",
                                                              "gather-lse-backward", "torch.compile-backward"))
-        if r["op"] == "cross_entropy" and r["provider"].startswith("softlight"):
+        if r["op"] == "cross_entropy" and r["provider"].endswith("-loss"):
+            assert r["mode"] == "loss", r
+        elif r["op"] == "cross_entropy" and r["provider"].startswith("softlight"):
             assert r["mode"] == ("in-place" if r["provider"] == "softlight-in-place" else "new"), r
         if r["op"] == "token_logprobs" and r["provider"] != "copy" and "mode" in r:  # (older files: forward alone)
             assert r["mode"] == ("backward" if r["provider"].endswith("-backward") else "forward"), r
@@ -282,6 +285,9 @@ def test_consumer_bench_runs_checks_and_writes_its_results(tmp_path):
         if op == "token_logprobs":  # the backward too, each mode named
             assert {r["provider"] for r in doc["rows"]} >= {"softlight-backward", "torch-backward"}
             assert {r.get("mode") for r in doc["rows"]} == {None, "forward", "backward"}
+        if op == "cross_entropy":  # the loss alone too
+            assert {r["provider"] for r in doc["rows"]} >= {"softlight-loss", "torch-loss"}
+            assert {r.get("mode") for r in doc["rows"]} == {None, "new", "in-place", "loss"}
         assert all(r["status"] == "ok" and r["ms"] > 0 and r["copy_ms"] > 0 for r in doc["rows"])
         # (The plot needs matplotlib, the bench extra; without it the run says so and writes none.)
         assert (tmp_path / f"{op}-cpu.png").exists() == (importlib.util.find_spec("matplotlib") is not None)

@@ -5,7 +5,9 @@ they are installed, side by side in one run, over vocabularies of 32000 to 26214
 - cross_entropy times the forward and the backward together: `loss.backward()` of each provider's mean
   loss. Its floor is one read and one write of the logits. softlight runs in both its modes ("mode" in
   the rows): the gradient into a new array under autograd ("new"), and written over the logits
-  (softlight.cross_entropy(x, t, grad=x), "in-place").
+  (softlight.cross_entropy(x, t, grad=x), "in-place"). softlight and torch also give the mean loss
+  alone, of logits that need no gradient (an evaluation's loss: "-loss", "mode" "loss"), whose floor
+  is one read.
 - token_logprobs times the log-probabilities of one chosen token a row: torch's
   `log_softmax(x.float()).gather` and the memory-saving `x.gather - logsumexp(x)` that RL libraries
   use. Its floor is one read. Each runs in two modes ("mode"): the forward, and the backward alone
@@ -55,6 +57,14 @@ def with_backward(loss_fn):
     return run
 
 
+class Loss:
+    """A provider timed in its forward alone, of logits that need no gradient: fn(x, t, idx) -> the
+    loss."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+
 class Backward:
     """A provider timed in its backward alone: the gradient of the logits for an upstream gradient of
     forward(x, t, idx), through the graph of one forward, kept (retain_graph)."""
@@ -78,6 +88,8 @@ def providers(torch, op, device, no_compile):
         p["torch"] = with_backward(lambda x, t: F.cross_entropy(x, t))
         if not no_compile:
             p["torch.compile"] = with_backward(torch.compile(lambda x, t: F.cross_entropy(x, t)))
+        p["softlight-loss"] = Loss(lambda x, t, idx: slt.cross_entropy(x, t))
+        p["torch-loss"] = Loss(lambda x, t, idx: F.cross_entropy(x, t))
         if device == "cuda":
             try:
                 from liger_kernel.transformers import LigerCrossEntropyLoss
@@ -142,12 +154,15 @@ def reference(torch, op, x, t, idx, dy=None):
 
 
 def check(torch, op, got, want, want_grad, dtype, backward=False):
-    """None, or what is wrong (backward: got is the logits' gradient alone)."""
+    """None, or what is wrong (backward: got is the logits' gradient alone; cross_entropy's loss
+    alone: got is (loss, None))."""
     tol = TOL[dtype]
     if op == "cross_entropy" or backward:
         loss, g = got if op == "cross_entropy" else (None, got)
         if loss is not None and not math.isclose(float(loss.detach()), float(want), rel_tol=tol, abs_tol=tol):
             return f"wrong loss ({float(loss.detach()):.6g} against {float(want):.6g})"
+        if g is None:
+            return None
         err = (g.double() - want_grad.double()).abs().max().item()
         scale = want_grad.double().abs().max().item()
         return None if err <= tol * scale + 1e-12 else f"wrong gradient (max |error| {err:.3g})"
@@ -177,22 +192,25 @@ def run(args, argv, torch, commit):
         for name, fn in provs.items():
             row = {"op": op, "device": device, "provider": name, "shape": [rows, vocab], "dtype": dtype,
                    "status": "ok", "ms": None}
-            if op == "cross_entropy" and name.startswith("softlight"):
-                row["mode"] = "in-place" if name == "softlight-in-place" else "new"
+            if op == "cross_entropy" and (name.startswith("softlight") or isinstance(fn, Loss)):
+                row["mode"] = "loss" if isinstance(fn, Loss) else "in-place" if name == "softlight-in-place" else "new"
             if op == "token_logprobs":
                 row["mode"] = "backward" if isinstance(fn, Backward) else "forward"
             # A copy of its own: Liger's cross-entropy, like softlight's in-place mode, writes the
             # gradient over the logits it is given, which the next provider would otherwise read.
             arg = x.detach().clone().requires_grad_(op == "cross_entropy" and name != "softlight-in-place"
-                                                    or isinstance(fn, Backward))
+                                                    and not isinstance(fn, Loss) or isinstance(fn, Backward))
             y = None  # (a Backward's output, whose graph its calls run back through)
             try:
                 if isinstance(fn, Backward):
                     y = fn.forward(arg, t, t)
                     call = lambda: torch.autograd.grad(y, arg, dy, retain_graph=True)[0]  # noqa: E731
+                elif isinstance(fn, Loss):
+                    call = lambda: fn.fn(arg, t, t)  # noqa: E731
                 else:
                     call = lambda: fn(arg, t, t)  # noqa: E731
-                wrong = check(torch, op, call(), want, want_grad, dtype, isinstance(fn, Backward))
+                got = (call(), None) if isinstance(fn, Loss) else call()  # (the loss alone: no gradient)
+                wrong = check(torch, op, got, want, want_grad, dtype, isinstance(fn, Backward))
                 row["status"] = wrong or "ok"
                 row["ms"] = time_ms(torch, call, device, args.reps)
             except Exception as e:  # noqa: BLE001 - a provider that fails is reported, not fatal
