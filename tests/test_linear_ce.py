@@ -305,11 +305,14 @@ def test_row_stats_no_worse_than_torch_eager(dtype, memory, monkeypatch):
         assert a <= 1.1 * e, (name, a, e)
 
 
-def test_why_the_weight_gradient_is_summed_in_float32(monkeypatch):
+@pytest.mark.parametrize("chunks, over", [(2, 1.15), (4, 1.5), (8, 2.0)])
+def test_why_the_weight_gradient_is_summed_in_float32(monkeypatch, chunks, over):
     """The reason for speed's float32 buffer (docs/consumers.md): the weight gradient summed in its own
-    bfloat16 over four token chunks errs well over torch eager's (1.36 x at 4096 tokens, summed over
-    twelve draws), where the float32 sum errs as eager does."""
+    bfloat16 over token chunks errs over the 1.1 x torch eager's that the loss allows, already in two
+    chunks (1.25 x, 1.74 x in four, 2.26 x in eight, at 4096 tokens, the max error summed over twelve
+    draws), where the float32 sum errs as eager does."""
     from softlight import _linear
+    monkeypatch.setattr(_linear, "_SPEED_CHUNKS", chunks)
 
     def err_ratio():
         ours, eager = 0.0, 0.0
@@ -328,7 +331,7 @@ def test_why_the_weight_gradient_is_summed_in_float32(monkeypatch):
         self._w = torch.zeros_like(weight)  # summed chunk after chunk in bfloat16
 
     monkeypatch.setattr(_linear._TokenGrads, "__init__", in_bf16)
-    assert err_ratio() > 1.25
+    assert err_ratio() > over
 
 
 @pytest.mark.parametrize("memory", ["speed", "low_memory"])
