@@ -322,6 +322,163 @@ def _bits(a):
     return a.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()])
 
 
+def _consumer_plan(rows, cols, dtype, aligned=True, peelable=True, forced=None, **what):
+    """The planner's consumer plan on this GPU (contiguous rows by default, as _on_chip's; aligned
+    and peelable as paths.rows_problem takes them)."""
+    import gpu_util
+    e = torch.empty((), dtype=tdtype(dtype)).element_size()
+    prob = paths.rows_problem(rows, cols, e, aligned=aligned, peelable=peelable)
+    return gpu_util._planner().plan_consumer(dict(prob, **what), gpu_util.device_plan_args(), forced or {})
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])
+@pytest.mark.parametrize("shape", paths.CE_OVER_THE_LOGITS, ids=str)
+def test_cross_entropy_loss_alone(dtype, shape):
+    """Cross-entropy without its gradient takes the statistics' plan (asserted from the planner: on
+    chip for rows to 128 KiB, else consumer_rows.cu's kernel): loss and lse against float64, with
+    targets at each row's first and last columns and next to them, an ignored row, one outside the
+    row (NaN), special values, T = 0.6 and z-loss; each reduction against float64 on logits without
+    special values; where the gradient's call takes the same plan, the same bits of loss and lse as
+    it (the loss from the same logit, CrossEntropyLossOut)."""
+    rows, cols = shape
+    alone = _consumer_plan(rows, cols, dtype, cross_entropy=True)
+    assert alone == _consumer_plan(rows, cols, dtype), alone
+    same_plan = alone == _consumer_plan(rows, cols, dtype, cross_entropy=True, writes_grad=True)
+    t = torch.randint(0, cols, (rows,), generator=torch.Generator().manual_seed(44))
+    for i in range(8):
+        t[9 + i], t[17 + i] = i, cols - 1 - i
+    t[7], t[8] = -100, cols
+    t = t.cuda()
+    for special, T, z in ((True, 1.0, 1e-3), (True, 0.6, 0.0), (False, 0.6, 1e-4)):
+        x0 = _logits(shape, dtype, special, 45 + int(special))
+        z64 = x0.double().cuda() / T
+        want_lse = torch.logsumexp(z64, -1)
+        tc = t.clamp(0, cols - 1)
+        per_row = torch.nn.functional.cross_entropy(z64, tc, reduction="none") + z * want_lse ** 2
+        x0 = x0.cuda()
+        what = f"{dtype} {shape} T={T} z={z} special={special} plan={alone['family']}"
+        loss, lse = softlight.cross_entropy(x0, t, reduction="none", z_loss=z, temperature=T, return_lse=True)
+        fine = torch.isfinite(x0.double()).all(-1) & (t >= 0) & (t < cols)
+        _check(lse[fine], want_lse[fine].cpu().numpy(), dtype, f"{what} lse")
+        _check(loss[fine], per_row[fine].cpu().numpy(), dtype, f"{what} loss")
+        assert loss[7] == 0 and torch.isnan(loss[8]), what
+        if same_plan:
+            loss2, lse2, _ = softlight.cross_entropy(x0, t, reduction="none", z_loss=z, temperature=T,
+                                                     return_lse=True, grad=True)
+            assert torch.equal(_bits(loss), _bits(loss2)) and torch.equal(_bits(lse), _bits(lse2)), what
+        if special:
+            continue
+        kept = t.clone()
+        kept[8] = 0
+        per_row = torch.nn.functional.cross_entropy(z64, kept, reduction="none") + z * torch.where(
+            kept != -100, want_lse, torch.zeros_like(want_lse)) ** 2
+        for reduction, want in (("sum", per_row.sum()), ("mean", per_row.sum() / (kept != -100).sum())):
+            got = softlight.cross_entropy(x0, kept, reduction=reduction, z_loss=z, temperature=T)
+            _check_loss(torch.as_tensor(got), want.cpu().numpy(), dtype, f"{what} {reduction}")
+
+
+def _check_ce_rows(x0, t, T, z, loss, lse, g, dtype, what):
+    """cross_entropy(reduction="none") of x0 against float64: the loss, lse and gradient of the rows
+    whose logits are finite and whose target lies in the row; row 7 (ignored) 0, row 8 (a target
+    outside the row) NaN."""
+    cols = x0.shape[1]
+    z64 = x0.double() / T
+    want_lse = torch.logsumexp(z64, -1)
+    tc = t.clamp(0, cols - 1)
+    want = torch.nn.functional.cross_entropy(z64, tc, reduction="none") + z * want_lse ** 2
+    onehot = torch.nn.functional.one_hot(tc, cols).double()
+    want_g = (torch.softmax(z64, -1) * (1 + 2 * z * want_lse)[:, None] - onehot) / T
+    fine = torch.isfinite(x0.double()).all(-1) & (t >= 0) & (t < cols)
+    _check(lse[fine], want_lse[fine].cpu().numpy(), dtype, f"{what} lse")
+    _check(loss[fine], want[fine].cpu().numpy(), dtype, f"{what} loss")
+    atol, rtol = TOL[dtype]
+    err = (g.double() - want_g)[fine].abs()
+    assert (err <= 4 * (atol + rtol * (1 + want_g[fine].abs()))).all(), (what, err.max().item())
+    assert loss[7] == 0 and (g[7] == 0).all() and torch.isnan(loss[8]) and torch.isnan(g[8]).all(), what
+
+
+def _edge_targets(rows, cols, seed):
+    t = torch.randint(0, cols, (rows,), generator=torch.Generator().manual_seed(seed))
+    for i in range(8):
+        t[9 + i], t[17 + i] = i, cols - 1 - i
+    t[7], t[8] = -100, cols
+    return t.cuda()
+
+
+@pytest.mark.parametrize("dtype", ["float32"])
+@pytest.mark.parametrize("cols", [20000, 32000, 32777], ids=str)
+def test_cross_entropy_in_block_rows(dtype, cols):
+    """fp32 logits one element into their rows (a column slice) with a fresh gradient: no 16-byte
+    packs line up, and block_rows holds each row in shared memory (asserted from the planner) and writes
+    the gradient from there, element by element. Loss, lse and gradient against float64 with
+    special values, targets at the rows' edges, an ignored row, one outside the row, z-loss, T = 0.6."""
+    rows = 40
+    p = _consumer_plan(rows, cols, dtype, aligned=False, peelable=False, cross_entropy=True, writes_grad=True)
+    on_path((p["family"], p["resident"]) == ("block_rows", True), f"{dtype} {cols} in block_rows")
+    t = _edge_targets(rows, cols, 50)
+    for special, T, z in ((True, 1.0, 1e-3), (False, 0.6, 0.0)):
+        big = _logits((rows, cols + 1), dtype, special, 51 + int(special)).cuda()
+        x = big[:, 1:]
+        what = f"{dtype} {cols} T={T} special={special}"
+        loss, lse, g = softlight.cross_entropy(x, t, reduction="none", z_loss=z, temperature=T, return_lse=True,
+                                               grad=True)
+        _check_ce_rows(x, t, T, z, loss, lse, g, dtype, what)
+
+
+@pytest.mark.parametrize("dtype", ["float32"])
+@pytest.mark.parametrize("cols", [20001, 50257], ids=str)
+def test_cross_entropy_in_block_rows_peeled(dtype, cols, force):
+    """The gradient over logits whose rows are off 16 bytes alike (grad=x), the clusters' peeling
+    forced off (peel_clusters 0): block_rows peels each row and holds it in shared memory (asserted
+    from the planner), its packs written whole between the edges. Against float64 as above."""
+    rows = 40
+    force(peel_clusters=0)
+    p = _consumer_plan(rows, cols, dtype, aligned=False, forced=dict(peel_clusters=0), cross_entropy=True,
+                       writes_grad=True)
+    on_path((p["family"], p["resident"], p["peel"]) == ("block_rows", True, True), f"{dtype} {cols} peeled")
+    t = _edge_targets(rows, cols, 52)
+    for special, T, z in ((True, 1.0, 1e-3), (False, 0.6, 0.0)):
+        big = _logits((rows, cols + 3), dtype, special, 53 + int(special)).cuda()
+        x0 = big[:, 3:].clone()
+        x = big[:, 3:]
+        what = f"{dtype} {cols} T={T} special={special}"
+        loss, lse, g = softlight.cross_entropy(x, t, reduction="none", z_loss=z, temperature=T, return_lse=True,
+                                               grad=x)
+        assert g.data_ptr() == x.data_ptr(), what
+        _check_ce_rows(x0, t, T, z, loss, lse, g, dtype, what)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cross_entropy_reduces_many_rows(dtype):
+    """The mean's count of kept rows over a grid (integer atomics) and the losses' sum in pieces of
+    rows, then over the pieces (past 65536 rows): 65536, 65537 and 3000017 rows of 10 classes, about
+    a tenth of the targets ignored, the loss alone and with its gradient, against float64; the same
+    bits at every call; the gradient of the mean that of the sum over the kept rows' count."""
+    for rows in (65536, 65537, 3000017):
+        g = torch.Generator(device="cuda").manual_seed(rows)
+        x = (torch.randn(rows, 10, device="cuda", generator=g) * 3).to(tdtype(dtype))
+        t = torch.randint(0, 10, (rows,), device="cuda", generator=g)
+        t[torch.rand(rows, device="cuda", generator=g) < 0.1] = -100
+        x64 = x.double()
+        per_row = torch.nn.functional.cross_entropy(x64, t, reduction="none")
+        kept = int((t != -100).sum())
+        ignored = t == -100
+        onehot = torch.nn.functional.one_hot(t.clamp(0, 9), 10).double()
+        want_g = torch.where(ignored[:, None], 0.0, torch.softmax(x64, -1) - onehot)
+        for reduction, want, k in (("sum", per_row.sum(), 1.0), ("mean", per_row.sum() / kept, kept)):
+            what = f"{dtype} {rows} {reduction}"
+            a = softlight.cross_entropy(x, t, reduction=reduction)
+            b = softlight.cross_entropy(x, t, reduction=reduction)
+            loss, grad = softlight.cross_entropy(x, t, reduction=reduction, grad=True)
+            assert torch.equal(_bits(torch.as_tensor(a)), _bits(torch.as_tensor(b))), what
+            assert torch.equal(_bits(torch.as_tensor(a)), _bits(torch.as_tensor(loss))), what
+            _check_loss(torch.as_tensor(a), want.cpu().numpy(), dtype, what)
+            assert (grad[ignored] == 0).all(), what
+            atol, rtol = TOL[dtype]
+            err = (grad.double() * k - want_g).abs()
+            assert (err <= 4 * (atol + rtol * (1 + want_g.abs()))).all(), (what, err.max().item())
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])
 @pytest.mark.parametrize("shape", paths.CE_OVER_THE_LOGITS, ids=str)
 def test_cross_entropy_over_the_logits(dtype, shape):

@@ -94,6 +94,24 @@ CASES = {
     "row_stats_short_rows_moment": dict(op="row_stats", shape=(1000, 8), dtype="float32", stats="no_sum"),
     "row_stats_flat_rows": dict(op="row_stats", shape=(300, 100), dtype="bfloat16", stats="max_sum"),
     "row_stats_flat_rows_moment": dict(op="row_stats", shape=(300, 7), dtype="float32", stats="no_sum"),
+    # Cross-entropy's loss alone (no gradient) where the statistics are planned: a group's registers,
+    # the register clusters (peeled), short rows and flat tiles.
+    "cross_entropy_loss_registers": dict(op="cross_entropy", shape=(37, 3000), dtype="float16", smoothing=0.0,
+                                         loss_only=True),
+    "cross_entropy_loss_clusters": dict(op="cross_entropy", shape=(9, 50257), dtype="bfloat16", offset=(3, 0),
+                                        smoothing=0.0, loss_only=True),
+    "cross_entropy_loss_short_rows": dict(op="cross_entropy", shape=(1000, 16), dtype="float32", smoothing=0.0,
+                                          loss_only=True),
+    "cross_entropy_loss_flat_rows": dict(op="cross_entropy", shape=(300, 10), dtype="bfloat16", smoothing=0.0,
+                                         loss_only=True),
+    # Cross-entropy's gradient in block_rows' shared memory: x one element into its rows and a fresh
+    # gradient (element by element); rows misaligned alike, peeled, the clusters' peeling off.
+    "cross_entropy_block_rows": dict(op="cross_entropy", shape=(9, 20000), dtype="float32", offset=(1, 0),
+                                     smoothing=0.0),
+    "cross_entropy_block_rows_peeled": dict(op="cross_entropy", shape=(9, 20001), dtype="float32", offset=(3, 3),
+                                            smoothing=0.0, force={"peel_clusters": 0}),
+    # More than 65536 rows: the kept rows' count over a grid and the losses' sum in pieces.
+    "cross_entropy_pieces": dict(op="cross_entropy", shape=(70001, 10), dtype="bfloat16", smoothing=0.0),
     "grad_scale": dict(op="grad_scale", shape=(37, 3001), dtype="float64", offset=(1, 1)),
 }
 CONSUMERS = ("row_stats", "row_stats_grad", "cross_entropy", "grad_scale")
@@ -132,19 +150,24 @@ def kernel_of(name, device=None):
     dev = device or _device()
     c = _case(name)
     if c["op"] in CONSUMERS:
+        if c["op"] == "cross_entropy" and c["shape"][0] > 65536:
+            return "cross_entropy_pieces"
         if (c["op"] == "cross_entropy" and c.get("smoothing", 0.1) == 0.0) or c.get("stats") in ("max_sum", "no_sum"):
-            # (row_stats plans its rows with x as y: the library writes no element)
-            flags = _rows_flags(dict(c, offset=(c["offset"][0],) * 2) if c["op"] == "row_stats" else c,
-                                ELEM[c["dtype"]])
-            p = gpu_util.plan(*c["shape"], ELEM[c["dtype"]], flags.pop("aligned16"), **flags, **dev)
+            # (row_stats and the loss alone plan their rows with x as y: the library writes no element)
+            gathers = c["op"] == "row_stats" or c.get("loss_only")
+            flags = _rows_flags(dict(c, offset=(c["offset"][0],) * 2) if gathers else c, ELEM[c["dtype"]])
+            p = gpu_util.plan(*c["shape"], ELEM[c["dtype"]], flags.pop("aligned16"), **flags, **dev, **c["force"])
+            op = "cross_entropy_loss" if c.get("loss_only") else c["op"]
+            if op == "cross_entropy" and p["family"] == "block_rows" and p["resident"]:
+                return "cross_entropy_block_rows" + ("_peeled" if p["peel"] else "")
             if p["family"] == "register_clusters":
-                return c["op"] + "_clusters" + ("_moment" if c.get("stats") == "no_sum" else "")
+                return op + "_clusters" + ("_moment" if c.get("stats") == "no_sum" else "")
             if p["family"] == "register_rows" and p["vec"] * ELEM[c["dtype"]] == 16:
                 if c["op"] == "row_stats":
                     return "row_stats_registers" + ("_moment" if c.get("stats") == "no_sum" else "")
-                return "cross_entropy_registers" + ("_peeled" if p["peel"] else "")
+                return op + "_registers" + ("_peeled" if p["peel"] else "")
             if p["family"] == "flat_rows" or (p["family"] == "short_rows" and p["rows_per_lane"] == 4):
-                return f"{c['op']}_{p['family']}" + ("_moment" if c.get("stats") == "no_sum" else "")
+                return f"{op}_{p['family']}" + ("_moment" if c.get("stats") == "no_sum" else "")
             if c["op"] == "cross_entropy" and p["family"] == "cluster_rows":
                 return "cross_entropy_ring" + ("_peeled" if p["peel"] else "")
         if c["op"] == "row_stats_grad":  # (contiguous rows of at least a pack)
@@ -281,17 +304,20 @@ CHILD = textwrap.dedent(r"""
             tgt[1] = -100
             tr = dev(tgt)
             loss, lse = dev(small(1)), dev(small(rows))
-            grad = dev(np.zeros_like(xh), c["offset"][1])
+            alone = c.get("loss_only", False)
+            grad = None if alone else dev(np.zeros_like(xh), c["offset"][1])
             hl, hs, hg = small(1), small(rows), np.zeros_like(xh)
             eps = c.get("smoothing", 0.1)
             assert softlight._C.cross_entropy(xr.ptr, cols, tr.ptr, rows, cols, code, 1.0, eps, 1e-3, True, -100, 2,
-                                              loss.ptr, lse.ptr, grad.ptr, cols, 0, True, 0) == 0
+                                              loss.ptr, lse.ptr, 0 if alone else grad.ptr, cols, 0, True, 0) == 0
             assert softlight._C.cross_entropy(xh.ctypes.data, cols, tgt.ctypes.data, rows, cols, code, 1.0, eps, 1e-3,
-                                              True, -100, 2, hl.ctypes.data, hs.ctypes.data, hg.ctypes.data, cols,
-                                              0) == 0
+                                              True, -100, 2, hl.ctypes.data, hs.ctypes.data,
+                                              0 if alone else hg.ctypes.data, cols, 0) == 0
             same(loss.get(), hl, "loss")
             same(lse.get(), hs, "lse")
-            if dtype in ("float16", "bfloat16"):  # (compared as values)
+            if alone:
+                pass
+            elif dtype in ("float16", "bfloat16"):  # (compared as values)
                 a, b = torch.from_numpy(grad.get()), torch.from_numpy(hg)
                 a, b = ((a.view(torch.bfloat16), b.view(torch.bfloat16)) if dtype == "bfloat16" else (a, b))
                 assert torch.allclose(a.double(), b.double(), rtol=1e-2, atol=1e-4), (name, "grad")

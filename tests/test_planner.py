@@ -420,14 +420,69 @@ def test_consumers_on_chip_where_the_log_softmax_holds_rows():
         assert got == p if cols * e <= 128 << 10 else got["family"] == "consumer_rows", (rows, cols, dtype, got)
 
 
+def test_the_loss_alone_takes_the_statistics_plan():
+    """Cross-entropy without its gradient writes none of the row's elements, as the statistics
+    without the row's sum: the same plan for every row of the consumers' cases and around the
+    128 KiB bound, each type (float64: consumer_rows), on a GPU with clusters and without; with
+    label smoothing (the row's sum), consumer_rows."""
+    cases = [(r, c) for r, c, _, _ in paths.CE_ON_CHIP] + [s for _, s in paths.STATS_IN_REGISTERS] + \
+        [(64, 65536), (64, 65537), (64, 32768), (64, 32769), (1000, 1), (0, 100)]
+    for (rows, cols), dtype in itertools.product(cases, ("float32", "float16", "bfloat16", "float64")):
+        for dev in (None, A100):
+            p = _consumer(rows, cols, dtype, dev, cross_entropy=True)
+            assert p == _consumer(rows, cols, dtype, dev), (rows, cols, dtype, dev, p)
+            if rows and cols > 1:
+                smoothed = _consumer(rows, cols, dtype, dev, cross_entropy=True, label_smoothing=True)
+                assert smoothed["family"] == "consumer_rows", (rows, cols, dtype)
+    assert _consumer(64, 32000, "float32", cross_entropy=True)["family"] == "register_clusters"
+    assert _consumer(1000, 10, "bfloat16", cross_entropy=True)["family"] == "flat_rows"
+    assert _consumer(1000, 16, "float32", cross_entropy=True)["family"] == "short_rows"
+    assert _consumer(64, 4096, "float32", cross_entropy=True)["family"] == "register_rows"
+
+
+def test_cross_entropy_gradient_in_block_rows():
+    """Cross-entropy's gradient of fp32 rows where the log-softmax plans block_rows with the row
+    resident in shared memory: rows whose x and gradient are misaligned unlike (element by element),
+    rows misaligned alike with the clusters' peeling off (peeled), and on a GPU without clusters
+    aligned rows past one group's registers. 16-bit rows (faster in consumer_rows' two reads), rows
+    past shared memory (read twice either way), the loss alone and the statistics (one read either
+    way): consumer_rows."""
+    ce = dict(cross_entropy=True, writes_grad=True)
+
+    def consumer(rows, cols, dtype, device=paths.H100, forced=None, aligned=True, peelable=True, **what):
+        prob = dict(paths.rows_problem(rows, cols, paths.ELEM[dtype], aligned=aligned, peelable=peelable), **what)
+        return _planner.plan_consumer(prob, device, forced or {})
+
+    for cols in (20000, 32000, 32777):
+        p = consumer(40, cols, "float32", aligned=False, peelable=False, **ce)
+        assert (p["family"], p["resident"], p["vec"], p["peel"]) == ("block_rows", True, 1, False), (cols, p)
+        p = consumer(40, cols, "float32", aligned=False, forced=dict(peel_clusters=0), **ce)
+        assert (p["family"], p["resident"], p["peel"], p["vec"]) == ("block_rows", True, True, 4), (cols, p)
+        for dtype in ("float32", "bfloat16", "float16"):
+            for what in (dict(cross_entropy=True), {}):
+                assert consumer(40, cols, dtype, aligned=False, peelable=False, **what)["family"] == "consumer_rows"
+        for dtype in ("bfloat16", "float16"):  # 16-bit rows: consumer_rows (faster there)
+            assert consumer(40, cols, dtype, aligned=False, peelable=False, **ce)["family"] == "consumer_rows"
+            p = consumer(40, cols, dtype, aligned=False, forced=dict(peel_clusters=0), **ce)
+            assert p["family"] == "consumer_rows", (cols, dtype, p)
+    p = consumer(40, 20000, "float32", A100, **ce)
+    assert (p["family"], p["resident"], p["vec"]) == ("block_rows", True, 4), p
+    assert consumer(40, 20000, "float32", A100)["family"] == "consumer_rows"
+    for cols in (32000, 50257):
+        assert consumer(40, cols, "bfloat16", A100, **ce)["family"] == "consumer_rows"
+    assert consumer(40, 128256, "bfloat16", aligned=False, peelable=False, **ce)["family"] == "consumer_rows"
+    assert consumer(40, 128256, "bfloat16", A100, **ce)["family"] == "consumer_rows"
+
+
 def test_consumers_off_chip():
-    """consumer_rows where no family holds the row for the consumer: float64; no gradient; label
-    smoothing (the row's sum); the statistics with the row's sum, or past 128 KiB rows (a ring takes
-    them only for cross-entropy); a GPU without clusters, as the GPU entry's fallback plans with
-    none; rows of one element; nothing to do; short rows at other than four rows a lane."""
+    """consumer_rows where no family holds the row for the consumer: float64; label smoothing (the
+    row's sum); the statistics and the loss alone with the row's sum, or past 128 KiB rows (a ring
+    takes them only for cross-entropy's gradient); a GPU without clusters, as the GPU entry's
+    fallback plans with none; rows of one element; nothing to do; short rows at other than four rows
+    a lane."""
     ce = dict(cross_entropy=True, writes_grad=True)
     assert _consumer(64, 32000, "float64", **ce)["family"] == "consumer_rows"
-    assert _consumer(64, 32000, "float32", cross_entropy=True)["family"] == "consumer_rows"
+    assert _consumer(64, 151936, "bfloat16", cross_entropy=True)["family"] == "consumer_rows"
     assert _consumer(64, 32000, "float32", label_smoothing=True, **ce)["family"] == "consumer_rows"
     assert _consumer(64, 32000, "bfloat16", asks_sum=True)["family"] == "consumer_rows"
     assert _consumer(64, 151936, "bfloat16")["family"] == "consumer_rows"  # 297 KiB: no ring for the statistics
@@ -440,11 +495,11 @@ def test_consumers_off_chip():
     assert _consumer(0, 32000, "float32", **ce)["family"] == "none"
     # A forced CTA wider than the ring's writers take: consumer_rows' kernel, not the ring.
     assert _consumer(64, 151936, "bfloat16", forced=dict(threads=800), **ce)["family"] == "consumer_rows"
-    # Short rows and flat tiles: float64, no gradient, label smoothing and the row's sum off chip;
+    # Short rows and flat tiles: float64, label smoothing and the row's sum off chip;
     # short rows at other than four rows a lane (forced) too, as their consumers' kernels take four.
     for cols in (16, 10):
         assert _consumer(1000, cols, "float64", **ce)["family"] == "consumer_rows"
-        assert _consumer(1000, cols, "float32", cross_entropy=True)["family"] == "consumer_rows"
+        assert _consumer(1000, cols, "float32", cross_entropy=True, label_smoothing=True)["family"] == "consumer_rows"
         assert _consumer(1000, cols, "float32", label_smoothing=True, **ce)["family"] == "consumer_rows"
         assert _consumer(1000, cols, "float32", asks_sum=True)["family"] == "consumer_rows"
     for n in (1, 2, 8):

@@ -137,17 +137,42 @@ template <class T> struct CrossEntropyOut {
   }
 };
 
-// Calls launch(T{}, CrossEntropyOut<T>{...}) for the rows of call a (x, their gradient in y), T the
-// element type of a.dtype; float64 rows have no such output (consumer_rows.cu takes them).
+// Cross-entropy's loss and lse alone, no gradient (an evaluation's loss): nothing of the row's
+// elements is written (kGather), and the leader writes what CrossEntropyOut's row writes, the loss
+// of a row that keeps its target from the target's logit read again (the same bits as the gradient's
+// call, whose writer of the target's element computes it from the same logit).
+template <class T> struct CrossEntropyLossOut {
+  using A = acc_t<T>;
+  static constexpr bool kMoment = false, kGather = true;
+  CrossEntropyOut<T> ce;
+  const T* x;
+  int64_t xs;
+  struct Row {
+    __device__ __forceinline__ void pack(T*, uint4, int64_t) const {}
+    __device__ __forceinline__ void part(T*, uint4, int, int, int64_t) const {}
+  };
+  __device__ __forceinline__ Row row(int64_t r, A m, A s, A log_sum, int lane, int lanes) const {
+    if (lane != 0) return {};
+    const typename CrossEntropyOut<T>::Row w = ce.row(r, m, s, log_sum, lane, lanes);
+    if (!w.skip) w.loss(to_acc(x[r * xs + w.t]));
+    return {};
+  }
+};
+
+// Calls launch(T{}, out) for the rows of call a (x, their gradient in y), T the element type of
+// a.dtype, out a CrossEntropyOut<T>, or where loss_only a CrossEntropyLossOut<T> (y is x, not
+// written); float64 rows have no such output (consumer_rows.cu takes them).
 template <class F>
 cudaError_t with_cross_entropy_out(const Call& a, const int64_t* target, const CrossEntropyArgs<float>& args,
-                                   F&& launch) {
+                                   bool loss_only, F&& launch) {
   return with_element_type(a.dtype, [&](auto tag) {
     using T = decltype(tag);
     if constexpr (sizeof(T) == 8) {
       return cudaErrorInvalidValue;
     } else {
-      return launch(tag, CrossEntropyOut<T>{a.cols(), target, static_cast<float>(a.scale), args});
+      const CrossEntropyOut<T> out{a.cols(), target, static_cast<float>(a.scale), args};
+      if (loss_only) return launch(tag, CrossEntropyLossOut<T>{out, static_cast<const T*>(a.x()), a.x_stride()});
+      return launch(tag, out);
     }
   });
 }

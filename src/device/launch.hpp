@@ -142,9 +142,10 @@ template <class A> struct CrossEntropyArgs {
   A* lse;
 };
 // plan and call (both null, or neither): a plan of short_rows, flat_rows, register_rows, register
-// clusters or cluster_rows for the rows of x and o.grad (fp32, fp16 and bf16, no label smoothing; the
-// gradient may be x), which then writes the gradient (launch_short_rows_ce, launch_flat_rows_ce,
-// launch_register_rows_ce, launch_register_clusters_ce, launch_cluster_rows_ce).
+// clusters, block_rows or cluster_rows for the rows of x and o.grad (fp32, fp16 and bf16, no label
+// smoothing; the gradient may be x), which then writes the gradient (launch_short_rows_ce,
+// launch_flat_rows_ce, launch_register_rows_ce, launch_register_clusters_ce, launch_block_rows_ce,
+// launch_cluster_rows_ce), or where o.grad is null the loss alone (the first four).
 cudaError_t launch_cross_entropy(const ConsumerCall& c, const softlight_cross_entropy_options& o, cudaStream_t stream,
                                  const Plan* plan, const Call* call);
 // row_stats's lse, max, sumexp, picked, logprobs, entropy and moment (not the sum) by the register
@@ -161,15 +162,22 @@ cudaError_t launch_flat_rows_stats(const Plan& plan, const Call& call, const Con
                                    cudaStream_t stream);
 // Cross-entropy's loss, lse and gradient (into call.y) by the register clusters of plan.
 cudaError_t launch_register_clusters_ce(const Plan& plan, const Call& call, const int64_t* target,
-                                        const CrossEntropyArgs<float>& args, cudaStream_t stream);
+                                        const CrossEntropyArgs<float>& args, bool loss_only,
+                                        cudaStream_t stream);
 // The same by the register_rows plan `plan` of rows in 16-byte packs, a group of lanes a row.
 cudaError_t launch_register_rows_ce(const Plan& plan, const Call& call, const int64_t* target,
-                                    const CrossEntropyArgs<float>& args, cudaStream_t stream);
+                                    const CrossEntropyArgs<float>& args, bool loss_only,
+                                    cudaStream_t stream);
 // The same by the short_rows plan `plan` (kShortRowsPerLane rows a lane) or the flat_rows plan `plan`.
 cudaError_t launch_short_rows_ce(const Plan& plan, const Call& call, const int64_t* target,
-                                 const CrossEntropyArgs<float>& args, cudaStream_t stream);
+                                 const CrossEntropyArgs<float>& args, bool loss_only,
+                                 cudaStream_t stream);
 cudaError_t launch_flat_rows_ce(const Plan& plan, const Call& call, const int64_t* target,
-                                const CrossEntropyArgs<float>& args, cudaStream_t stream);
+                                const CrossEntropyArgs<float>& args, bool loss_only,
+                                cudaStream_t stream);
+// The same by the block_rows plan `plan` (a resident row: shared memory in between).
+cudaError_t launch_block_rows_ce(const Plan& plan, const Call& call, const int64_t* target,
+                                 const CrossEntropyArgs<float>& args, cudaStream_t stream);
 // The same by the cluster_rows plan `plan`, the row in the ring in between.
 cudaError_t launch_cluster_rows_ce(const Plan& plan, const Call& call, const int64_t* target,
                                    const CrossEntropyArgs<float>& args, cudaStream_t stream);

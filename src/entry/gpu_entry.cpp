@@ -406,8 +406,9 @@ extern "C" softlight_status softlight_cross_entropy(const void* x, int64_t x_row
   if (st != SOFTLIGHT_SUCCESS) return st;
   // Rows that the log-softmax holds on chip, in registers or shared memory (short rows, flat tiles, a
   // group of lanes, or a cluster) or cluster_rows' ring, write the gradient from there (one read, one
-  // write; x itself too); any other, consumer_rows' kernel (a second read). (No rows: the reduction
-  // of nothing, 0 or NaN, is still written, on the device.)
+  // write; x itself too), or the loss alone (the first four); any other, consumer_rows' kernel (a
+  // second read for the gradient). (No rows: the reduction of nothing, 0 or NaN, is still written, on
+  // the device.)
   ConsumerProblem what;
   what.cross_entropy = true;
   what.writes_grad = o.grad != nullptr;

@@ -645,9 +645,10 @@ cudaError_t launch_cluster_rows(const Plan& p, const Call& a, cudaStream_t strea
 cudaError_t launch_cluster_rows_ce(const Plan& p, const Call& a, const int64_t* target,
                                    const CrossEntropyArgs<float>& args, cudaStream_t stream) {
   const Operands o{a.x(), a.x_stride(), nullptr, 0, a.y(), a.y_stride(), a.rows(), a.cols(), a.scale, nullptr};
-  return with_cross_entropy_out(a, target, args, [&](auto tag, const auto& out) {
+  return with_cross_entropy_out(a, target, args, false, [&](auto tag, const auto& out) -> cudaError_t {
     using T = decltype(tag);
-    return launch<T, false, CrossEntropyKernels<T>>(p, o, stream, out);
+    if constexpr (std::decay_t<decltype(out)>::kGather) return cudaErrorInvalidValue;  // (the gradient alone)
+    else return launch<T, false, CrossEntropyKernels<T>>(p, o, stream, out);
   });
 }
 

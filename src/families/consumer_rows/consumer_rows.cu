@@ -461,14 +461,23 @@ cudaError_t launch_row_stats_grad(const ConsumerCall& c, const GradArgs<float>& 
 namespace softlight {
 namespace {
 
-// The rows whose target is not ignored, into *count (one CTA).
-__global__ void __launch_bounds__(1024) count_kept(const int64_t* target, int64_t rows, bool ignore,
-                                                   int64_t ignore_index, int64_t* count) {
+// The reductions' kernels: CTAs of kReduceThreads; the mean's count in at most kReduceCtas CTAs of
+// at least kCountRowsPerThread rows a thread; the losses summed in pieces of at least kPieceRows
+// rows a CTA, at most kReduceCtas pieces (one CTA sums the pieces' sums after).
+constexpr int kReduceThreads = 1024, kReduceCtas = 1024, kCountRowsPerThread = 16;
+constexpr int64_t kPieceRows = 65536;
+
+// The rows whose target is not ignored, added into *count (zeroed before): a grid over the rows,
+// each CTA's count added by an integer atomic (the same count in any order).
+__global__ void __launch_bounds__(kReduceThreads) count_kept(const int64_t* target, int64_t rows, bool ignore,
+                                                             int64_t ignore_index, unsigned long long* count) {
   __shared__ double red[32];
   double n = 0;
-  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) n += !(ignore && target[r] == ignore_index);
+  const int64_t step = int64_t{gridDim.x} * blockDim.x;
+  for (int64_t r = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; r < rows; r += step)
+    n += !(ignore && target[r] == ignore_index);
   n = block_sum(n, red, blockDim.x, 1);
-  if (threadIdx.x == 0) *count = static_cast<int64_t>(n);
+  if (threadIdx.x == 0 && n != 0) atomicAdd(count, static_cast<unsigned long long>(n));
 }
 
 // Each row's loss (into `losses`, double, or the loss array itself for no reduction), lse, and where
@@ -528,11 +537,22 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_kernel(const T* x, int
   }
 }
 
-// The reduced loss: the rows' losses summed in a fixed order (one CTA), over the kept rows' count
-// for the mean (NaN where none is kept).
+// The sum of each piece of `piece` rows' losses (a CTA a piece), into sums.
+__global__ void __launch_bounds__(kReduceThreads) sum_pieces(const double* losses, int64_t rows, int64_t piece,
+                                                             double* sums) {
+  __shared__ double red[32];
+  const int64_t first = int64_t{blockIdx.x} * piece, end = first + piece < rows ? first + piece : rows;
+  double s = 0;
+  for (int64_t r = first + threadIdx.x; r < end; r += blockDim.x) s += losses[r];
+  s = block_sum(s, red, blockDim.x, 1);
+  if (threadIdx.x == 0) sums[blockIdx.x] = s;
+}
+
+// The reduced loss: the values (each row's loss, or the pieces' sums) summed by one CTA, over the
+// kept rows' count for the mean (NaN where none is kept).
 template <class A>
-__global__ void __launch_bounds__(1024) reduce_losses(const double* losses, int64_t rows, bool mean,
-                                                      const int64_t* count, A* loss) {
+__global__ void __launch_bounds__(kReduceThreads) reduce_losses(const double* losses, int64_t rows, bool mean,
+                                                                const int64_t* count, A* loss) {
   __shared__ double red[32];
   double s = 0;
   for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) s += losses[r];
@@ -547,14 +567,30 @@ cudaError_t launch_cross_entropy(const ConsumerCall& c, const softlight_cross_en
   int red;
   memcpy(&red, &o.reduction, sizeof red);
   const bool reduce = red != SOFTLIGHT_REDUCTION_NONE, mean = red == SOFTLIGHT_REDUCTION_MEAN;
+  // The losses' sum: one CTA over the rows' losses, or over more than kPieceRows rows the sums of
+  // pieces of rows (a CTA a piece) summed after by one CTA. The pieces depend on the rows alone:
+  // the same sum at every call.
+  const int64_t piece = std::max(kPieceRows, (c.rows + kReduceCtas - 1) / kReduceCtas);
+  const int64_t pieces = c.rows > kPieceRows ? (c.rows + piece - 1) / piece : 0;
   cudaMemPool_t pool;
-  void* ws = nullptr;  // the kept rows' count, then each row's loss (reductions)
-  const size_t bytes = 8 + (reduce ? static_cast<size_t>(c.rows) * 8 : 0);
+  void* ws = nullptr;  // the kept rows' count, then each row's loss and the pieces' sums (reductions)
+  const size_t bytes = 8 + (reduce ? static_cast<size_t>(c.rows + pieces) * 8 : 0);
   cudaError_t e;
   if ((e = workspace_pool(&pool)) || (e = cudaMallocFromPoolAsync(&ws, bytes, pool, stream))) return e;
   int64_t* count = static_cast<int64_t*>(ws);
   double* losses = reinterpret_cast<double*>(count + 1);
-  count_kept<<<1, 1024, 0, stream>>>(c.index, c.rows, c.ignore, c.ignore_index, count);
+  double* sums = losses + c.rows;
+  if (mean) {  // (the count is read for the mean alone)
+    const int64_t per_cta = int64_t{kReduceThreads} * kCountRowsPerThread;
+    const int grid = static_cast<int>(std::clamp<int64_t>((c.rows + per_cta - 1) / per_cta, 1, kReduceCtas));
+    if ((e = cudaMemsetAsync(count, 0, sizeof *count, stream)) != cudaSuccess) {
+      (void)cudaFreeAsync(ws, stream);
+      return e;
+    }
+    count_kept<<<grid, kReduceThreads, 0, stream>>>(c.index, c.rows, c.ignore, c.ignore_index,
+                                                    reinterpret_cast<unsigned long long*>(count));
+  }
+  const bool loss_only = o.grad == nullptr;
   e = with_element_type(c.dtype, [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
@@ -568,13 +604,20 @@ cudaError_t launch_cross_entropy(const ConsumerCall& c, const softlight_cross_en
       cudaError_t on_chip = cudaErrorInvalidValue;
       if constexpr (sizeof(A) == 4) {
         switch (plan->family) {
-          case Family::short_rows: on_chip = launch_short_rows_ce(*plan, *call, c.index, a, stream); break;
-          case Family::flat_rows: on_chip = launch_flat_rows_ce(*plan, *call, c.index, a, stream); break;
-          case Family::register_rows: on_chip = launch_register_rows_ce(*plan, *call, c.index, a, stream); break;
-          case Family::register_clusters:
-            on_chip = launch_register_clusters_ce(*plan, *call, c.index, a, stream);
+          case Family::short_rows: on_chip = launch_short_rows_ce(*plan, *call, c.index, a, loss_only, stream); break;
+          case Family::flat_rows: on_chip = launch_flat_rows_ce(*plan, *call, c.index, a, loss_only, stream); break;
+          case Family::register_rows:
+            on_chip = launch_register_rows_ce(*plan, *call, c.index, a, loss_only, stream);
             break;
-          case Family::cluster_rows: on_chip = launch_cluster_rows_ce(*plan, *call, c.index, a, stream); break;
+          case Family::register_clusters:
+            on_chip = launch_register_clusters_ce(*plan, *call, c.index, a, loss_only, stream);
+            break;
+          case Family::block_rows:  // (these two for the gradient alone: the loss alone never plans them)
+            if (!loss_only) on_chip = launch_block_rows_ce(*plan, *call, c.index, a, stream);
+            break;
+          case Family::cluster_rows:
+            if (!loss_only) on_chip = launch_cluster_rows_ce(*plan, *call, c.index, a, stream);
+            break;
           default: break;
         }
       }
@@ -584,18 +627,25 @@ cudaError_t launch_cross_entropy(const ConsumerCall& c, const softlight_cross_en
           static_cast<const T*>(c.x), c.x_stride, c.index, c.rows, c.cols, static_cast<A>(c.scale), a,
           static_cast<T*>(o.grad), o.grad_row_stride);
     }
-    if (reduce) reduce_losses<A><<<1, 1024, 0, stream>>>(losses, c.rows, mean, count, static_cast<A*>(o.loss));
+    if (reduce && pieces > 0) {
+      sum_pieces<<<static_cast<unsigned>(pieces), kReduceThreads, 0, stream>>>(losses, c.rows, piece, sums);
+      reduce_losses<A><<<1, kReduceThreads, 0, stream>>>(sums, pieces, mean, count, static_cast<A*>(o.loss));
+    } else if (reduce) {
+      reduce_losses<A><<<1, kReduceThreads, 0, stream>>>(losses, c.rows, mean, count, static_cast<A*>(o.loss));
+    }
     return cudaGetLastError();
   });
   const cudaError_t f = cudaFreeAsync(ws, stream);
   return e != cudaSuccess ? e : f;
 }
 
-// Each CTA a row at a time: the row's factor read once; a factor of 1 leaves the row unread.
+// Each CTA a row at a time: the row's factor read once; a factor of 1 leaves the row unread (one
+// factor of 1 for every row: the CTA returns at once).
 template <class T>
 __global__ void __launch_bounds__(kThreads) grad_scale_kernel(T* g, int64_t gs, int64_t rows, int64_t cols,
                                                               const acc_t<T>* f, bool per_row) {
   using A = acc_t<T>;
+  if (!per_row && f[0] == A(1)) return;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const A k = f[per_row ? r : 0];
     if (k == A(1)) continue;

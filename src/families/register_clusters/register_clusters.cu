@@ -201,20 +201,20 @@ register_cluster_ce_bounded_kernel(const T* __restrict__ x, int64_t xs, T* __res
   register_cluster_row<T, kWarpRowsMaxIters, Peel, true>(x, xs, grad, gs, cols, span, scale, out);
 }
 
-// The row's statistics alone (RowStatsOut; with the moment where Moment): the row is read once and
-// nothing of it is written (y is x, untouched). The packs die at the reduction: no kernel keeps them
-// for a write.
-template <class T, int ITERS, bool Peel, bool Moment>
+// An output that writes none of the row's elements (Out::kGather: the row's statistics, with the
+// moment where asked, or cross-entropy's loss alone): the row is read once and nothing of it is
+// written (y is x, untouched). The packs die at the reduction: no kernel keeps them for a write.
+template <class T, int ITERS, bool Peel, class Out>
 __global__ void __launch_bounds__(kRegisterClusterMaxThreads)
-register_cluster_stats_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t ys, int cols, int span,
-                              acc_t<T> scale, RowStatsOut<T, Moment> out) {
+register_cluster_gather_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t ys, int cols, int span,
+                               acc_t<T> scale, Out out) {
   register_cluster_row<T, ITERS, Peel, false>(x, xs, y, ys, cols, span, scale, out);
 }
 
-template <class T, bool Peel, bool Moment>
+template <class T, bool Peel, class Out>
 __global__ void __launch_bounds__(kRegisterClusterMaxThreads, kRegisterClusterMinBlocks)
-register_cluster_stats_bounded_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t ys, int cols,
-                                      int span, acc_t<T> scale, RowStatsOut<T, Moment> out) {
+register_cluster_gather_bounded_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t ys, int cols,
+                                       int span, acc_t<T> scale, Out out) {
   register_cluster_row<T, kWarpRowsMaxIters, Peel, false>(x, xs, y, ys, cols, span, scale, out);
 }
 
@@ -227,10 +227,10 @@ template <class T> struct LogSoftmaxKernels {
   template <int I, bool P> static constexpr auto plain = register_cluster_kernel<T, I, P>;
   template <bool P> static constexpr auto bounded = register_cluster_bounded_kernel<T, P>;
 };
-template <class T, bool Moment> struct RowStatsKernels {
+template <class T, class Out> struct GatherKernels {
   static constexpr bool kBoundPeeled = false;
-  template <int I, bool P> static constexpr auto plain = register_cluster_stats_kernel<T, I, P, Moment>;
-  template <bool P> static constexpr auto bounded = register_cluster_stats_bounded_kernel<T, P, Moment>;
+  template <int I, bool P> static constexpr auto plain = register_cluster_gather_kernel<T, I, P, Out>;
+  template <bool P> static constexpr auto bounded = register_cluster_gather_bounded_kernel<T, P, Out>;
 };
 template <class T> struct CrossEntropyKernels {
   static constexpr bool kBoundPeeled = true;
@@ -274,10 +274,12 @@ cudaError_t launch_register_clusters(const Plan& p, const Call& a, cudaStream_t 
 }
 
 cudaError_t launch_register_clusters_ce(const Plan& p, const Call& a, const int64_t* target,
-                                        const CrossEntropyArgs<float>& args, cudaStream_t stream) {
-  return with_cross_entropy_out(a, target, args, [&](auto tag, const auto& out) {
+                                        const CrossEntropyArgs<float>& args, bool loss_only, cudaStream_t stream) {
+  return with_cross_entropy_out(a, target, args, loss_only, [&](auto tag, const auto& out) {
     using T = decltype(tag);
-    return launch_clusters<CrossEntropyKernels<T>, T>(p, a, out, stream);
+    using O = std::decay_t<decltype(out)>;
+    if constexpr (O::kGather) return launch_clusters<GatherKernels<T, O>, T>(p, a, out, stream);
+    else return launch_clusters<CrossEntropyKernels<T>, T>(p, a, out, stream);
   });
 }
 
@@ -285,7 +287,7 @@ cudaError_t launch_register_clusters_stats(const Plan& p, const Call& a, const C
                                            cudaStream_t stream) {
   return with_row_stats_out(a, args, [&](auto tag, const auto& out) {
     using T = decltype(tag);
-    return launch_clusters<RowStatsKernels<T, std::decay_t<decltype(out)>::kMoment>, T>(p, a, out, stream);
+    return launch_clusters<GatherKernels<T, std::decay_t<decltype(out)>>, T>(p, a, out, stream);
   });
 }
 

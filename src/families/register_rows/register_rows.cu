@@ -214,11 +214,12 @@ rows_in_registers_ce_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__
   rows_in_registers<T, ITERS, Peel>(x, xs, grad, gs, rows, length, group, scale, out);
 }
 
-// The row's statistics alone (y is x, not written).
-template <class T, int ITERS, bool Peel, bool Moment>
+// An output that writes none of the row's elements (Out::kGather: the row's statistics, or
+// cross-entropy's loss alone; y is x, not written).
+template <class T, int ITERS, bool Peel, class Out>
 __global__ void __launch_bounds__(1024)
-rows_in_registers_stats_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t ys, int64_t rows,
-                               int length, int group, acc_t<T> scale, RowStatsOut<T, Moment> out) {
+rows_in_registers_gather_kernel(const T* __restrict__ x, int64_t xs, T* __restrict__ y, int64_t ys, int64_t rows,
+                                int length, int group, acc_t<T> scale, Out out) {
   rows_in_registers<T, ITERS, Peel>(x, xs, y, ys, rows, length, group, scale, out);
 }
 
@@ -229,8 +230,8 @@ template <class T> struct LogSoftmaxKernels {
 template <class T> struct CrossEntropyKernels {
   template <int I, bool P> static auto kernel() { return rows_in_registers_ce_kernel<T, I, P>; }
 };
-template <class T, bool Moment> struct RowStatsKernels {
-  template <int I, bool P> static auto kernel() { return rows_in_registers_stats_kernel<T, I, P, Moment>; }
+template <class T, class Out> struct GatherKernels {
+  template <int I, bool P> static auto kernel() { return rows_in_registers_gather_kernel<T, I, P, Out>; }
 };
 
 // Rows in 16-byte packs in registers: plan.warp.iters packs a thread (4 or 5 where peeled), groups
@@ -298,10 +299,12 @@ cudaError_t launch_register_rows(const Plan& p, const Call& a, cudaStream_t stre
 }
 
 cudaError_t launch_register_rows_ce(const Plan& p, const Call& a, const int64_t* target,
-                                    const CrossEntropyArgs<float>& args, cudaStream_t stream) {
-  return with_cross_entropy_out(a, target, args, [&](auto tag, const auto& out) {
+                                    const CrossEntropyArgs<float>& args, bool loss_only, cudaStream_t stream) {
+  return with_cross_entropy_out(a, target, args, loss_only, [&](auto tag, const auto& out) {
     using T = decltype(tag);
-    return launch_packed<CrossEntropyKernels<T>, T>(p, a, out, stream);
+    using O = std::decay_t<decltype(out)>;
+    if constexpr (O::kGather) return launch_packed<GatherKernels<T, O>, T>(p, a, out, stream);
+    else return launch_packed<CrossEntropyKernels<T>, T>(p, a, out, stream);
   });
 }
 
@@ -309,7 +312,7 @@ cudaError_t launch_register_rows_stats(const Plan& p, const Call& a, const Consu
                                        cudaStream_t stream) {
   return with_row_stats_out(a, args, [&](auto tag, const auto& out) {
     using T = decltype(tag);
-    return launch_packed<RowStatsKernels<T, std::decay_t<decltype(out)>::kMoment>, T>(p, a, out, stream);
+    return launch_packed<GatherKernels<T, std::decay_t<decltype(out)>>, T>(p, a, out, stream);
   });
 }
 

@@ -213,9 +213,10 @@ cudaError_t launch_short_rows(const Plan& p, const Call& a, cudaStream_t stream)
 }
 
 cudaError_t launch_short_rows_ce(const Plan& p, const Call& a, const int64_t* target,
-                                 const CrossEntropyArgs<float>& args, cudaStream_t stream) {
-  return with_cross_entropy_out(
-      a, target, args, [&](auto tag, const auto& out) { return launch_short<decltype(tag)>(p, a, out, stream); });
+                                 const CrossEntropyArgs<float>& args, bool loss_only, cudaStream_t stream) {
+  return with_cross_entropy_out(a, target, args, loss_only, [&](auto tag, const auto& out) {
+    return launch_short<decltype(tag)>(p, a, out, stream);
+  });
 }
 
 cudaError_t launch_short_rows_stats(const Plan& p, const Call& a, const ConsumerArgs<float>& args,
